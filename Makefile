@@ -1,0 +1,36 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast lint bench demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+lint: install
+	$(BIN)/ruff check aiworker tests benchmarks migrations
+	$(BIN)/ruff format --check aiworker tests benchmarks migrations
+	$(BIN)/mypy aiworker
+
+bench: install
+	@for script in benchmarks/*; do \
+	  case "$$script" in *.md|*/__pycache__) continue;; esac; \
+	  echo "== $$script"; $(BIN)/python "$$script" || exit 1; done
+
+demo: install
+	$(BIN)/python -m aiworker.demo
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

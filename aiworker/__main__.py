@@ -1,0 +1,5 @@
+import sys
+
+from aiworker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""The `aiworker` console script: global options, command groups, one error handler."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.main import get_command
+
+from aiworker import __version__
+from aiworker.commands import config as config_commands
+from aiworker.commands import db as db_commands
+from aiworker.commands import doctor as doctor_commands
+from aiworker.commands import status as status_commands
+from aiworker.errors import EXIT_FAILED, AiworkerError
+from aiworker.invocation import Invocation, default_config_path, default_state_dir
+from aiworker.render import emit_error
+
+app = typer.Typer(
+    name="aiworker",
+    help="Turn forge issues into reviewed, CI-verified pull requests written by coding agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"aiworker {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="Configuration file (default: $AIWORKER_CONFIG, else "
+            "$XDG_CONFIG_HOME/aiworker/config.toml).",
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="State directory (default: $AIWORKER_STATE_DIR, else $XDG_STATE_HOME/aiworker).",
+        ),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")
+    ] = False,
+    verbose: Annotated[
+        int, typer.Option("-v", "--verbose", count=True, help="Log JSON lines to stderr.")
+    ] = 0,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    from aiworker import logs
+
+    logs.configure(verbose)
+    default_config, explicit = default_config_path()
+    ctx.obj = Invocation(
+        config_path=config or default_config,
+        config_required=config is not None or explicit,
+        state_dir=state_dir or default_state_dir(),
+        json=json_output,
+        verbose=verbose,
+    )
+
+
+app.add_typer(config_commands.app, name="config")
+app.add_typer(db_commands.app, name="db")
+app.command("status")(status_commands.status)
+app.command("doctor")(doctor_commands.doctor)
+
+
+def _wants(args: list[str], flag: str) -> bool:
+    options = args[: args.index("--")] if "--" in args else args
+    return flag in options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    json_mode = _wants(args, "--json")
+    verbose = any(a in ("-v", "--verbose") or a.startswith("-vv") for a in args)
+    try:
+        result = get_command(app).main(args=args, prog_name="aiworker", standalone_mode=False)
+    except AiworkerError as exc:
+        emit_error(json_mode, exc.code, exc.message, getattr(exc, "problems", None))
+        return exc.exit_code
+    except typer.Abort:
+        emit_error(json_mode, "aborted", "aborted")
+        return EXIT_FAILED
+    except typer.TyperException as exc:
+        # Usage errors from the vendored click: bad options, missing arguments.
+        format_message = getattr(exc, "format_message", None)
+        message = format_message() if format_message else str(exc)
+        emit_error(json_mode, "usage", message)
+        return int(getattr(exc, "exit_code", 2))
+    except KeyboardInterrupt:
+        emit_error(json_mode, "interrupted", "interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a sentence
+        logging.getLogger("aiworker").debug("unexpected error", exc_info=True)
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        hint = "" if verbose else "; rerun with -v for details"
+        emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {exc}{hint}")
+        return EXIT_FAILED
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,60 @@
+"""`aiworker db`: create, migrate, inspect and back up the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+app = typer.Typer(
+    help="Create, migrate, inspect and back up the database.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@app.command("upgrade")
+def upgrade(ctx: typer.Context) -> None:
+    """Create the database, or migrate it to this version's schema."""
+    from aiworker.core.database import upgrade_database
+
+    inv: Invocation = ctx.obj
+    report = upgrade_database(inv.environment()).as_dict()
+
+    def human(console: Any) -> None:
+        if report["before"] == report["current"]:
+            console.print(f"{report['database']}: already at {report['current']}", markup=False)
+        else:
+            before = report["before"] or "empty"
+            console.print(f"{report['database']}: {before} -> {report['current']}", markup=False)
+
+    emit(inv.json, report, human)
+
+
+@app.command("current")
+def current(ctx: typer.Context) -> None:
+    """Show the database's schema revision and this version's head."""
+    from aiworker.core.database import database_revision
+
+    inv: Invocation = ctx.obj
+    report = database_revision(inv.environment()).as_dict()
+    line = f"{report['database']}: {report['current'] or 'not initialised'} (head {report['head']})"
+    emit(inv.json, report, lambda c: c.print(line, markup=False))
+
+
+@app.command("backup")
+def backup(
+    ctx: typer.Context,
+    to: Annotated[Path, typer.Option("--to", help="New absolute path for the snapshot.")],
+) -> None:
+    """Write a consistent snapshot of the live database to a new 0600 file."""
+    from aiworker.core.database import backup_database
+
+    inv: Invocation = ctx.obj
+    report = backup_database(inv.environment(), to).as_dict()
+    line = f"backed up {report['source']} to {report['target']} ({report['bytes']} bytes)"
+    emit(inv.json, report, lambda c: c.print(line, markup=False))

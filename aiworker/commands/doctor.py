@@ -1,0 +1,34 @@
+"""`aiworker doctor`: check configuration, tokens, state, database, git, qemu and KVM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
+
+
+def doctor(ctx: typer.Context) -> int:
+    """Run every health check; exit 1 when any check fails."""
+    from aiworker.core.doctor import run_doctor
+
+    inv: Invocation = ctx.obj
+    checks = run_doctor(inv.state_dir.absolute(), inv.config_path, inv.config_required)
+    failed = any(c.status == "fail" for c in checks)
+    report = {"ok": not failed, "checks": [vars(c) for c in checks]}
+
+    def human(console: Any) -> None:
+        from rich.markup import escape
+
+        for check in checks:
+            style = _STYLE[check.status]
+            console.print(
+                f"[{style}]{check.status:>4}[/{style}]  {check.name:<14} {escape(check.detail)}"
+            )
+
+    emit(inv.json, report, human)
+    return 1 if failed else 0

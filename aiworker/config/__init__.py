@@ -1,0 +1,1 @@
+"""Configuration: a TOML file read into strict pydantic models."""

@@ -1,0 +1,129 @@
+"""Reading, validating and describing the configuration file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from aiworker.config.models import Config, Identity
+from aiworker.errors import ConfigInvalid
+from aiworker.secrets import register_secret
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: Config
+    path: Path
+    exists: bool
+    # sha256 of the file's bytes; "absent" when there is no file yet.
+    revision: str
+
+
+def revision_of(data: bytes | None) -> str:
+    return "absent" if data is None else hashlib.sha256(data).hexdigest()
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def problems_of(error: ValidationError) -> list[str]:
+    """One line per problem, naming the key path; input values are never echoed."""
+    lines = []
+    for item in error.errors(include_input=False, include_url=False):
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{key_path(loc)}: {message}")
+    return lines
+
+
+def parse_config(data: bytes, origin: str) -> Config:
+    try:
+        document = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigInvalid(f"{origin}: not UTF-8 text") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigInvalid(f"{origin}: not valid TOML: {exc}") from exc
+    return validate_document(document, origin)
+
+
+def validate_document(document: dict[str, Any], origin: str) -> Config:
+    try:
+        return Config.model_validate(document)
+    except ValidationError as exc:
+        problems = problems_of(exc)
+        count = f"{len(problems)} problem" + ("s" if len(problems) != 1 else "")
+        raise ConfigInvalid(f"{origin}: invalid configuration ({count})", problems) from None
+
+
+def load_config(path: Path, *, required: bool) -> LoadedConfig:
+    """Load PATH; a missing file gives embedded defaults unless REQUIRED."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise ConfigInvalid(f"{path}: configuration file does not exist") from None
+        return LoadedConfig(Config(), path, exists=False, revision=revision_of(None))
+    except OSError as exc:
+        raise ConfigInvalid(f"{path}: cannot read: {exc.strerror}") from None
+    config = parse_config(data, str(path))
+    loaded = LoadedConfig(config, path, exists=True, revision=revision_of(data))
+    register_config_secrets(loaded)
+    return loaded
+
+
+def read_token(identity: Identity, base: Path) -> str | None:
+    """The token an identity names, or None when its source is empty or missing."""
+    if identity.token_env is not None:
+        value = os.environ.get(identity.token_env, "").strip()
+    else:
+        assert identity.token_file is not None
+        token_path = Path(identity.token_file).expanduser()
+        if not token_path.is_absolute():
+            token_path = base / token_path
+        try:
+            value = token_path.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    return value or None
+
+
+def register_config_secrets(loaded: LoadedConfig) -> None:
+    """Teach the redactor every secret this configuration can reach."""
+    forge = loaded.config.forge
+    if forge is not None:
+        for _name, identity in identities_of(loaded.config):
+            token = read_token(identity, loaded.path.parent)
+            if token:
+                register_secret(token)
+    url = loaded.config.database.url
+    if url:
+        match = re.match(r"^[^:]+://[^:/@]*:([^@]+)@", url)
+        if match:
+            register_secret(match.group(1))
+
+
+def identities_of(config: Config) -> list[tuple[str, Identity]]:
+    if config.forge is None:
+        return []
+    ids = config.forge.identities
+    pairs = [
+        ("planner", ids.planner),
+        ("worker", ids.worker),
+        ("reviewer", ids.reviewer),
+        ("operator", ids.operator),
+    ]
+    return [(name, ident) for name, ident in pairs if ident is not None]

@@ -1,0 +1,139 @@
+"""Strict, bounded configuration models. Unknown keys are errors, never ignored."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
+ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Identity(Strict):
+    """A forge identity. Its token is read from a file or an environment variable."""
+
+    token_file: str | None = None
+    token_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_token(cls, data: object) -> object:
+        if isinstance(data, dict) and "token" in data:
+            # The value is never echoed: it is a secret in the wrong place.
+            raise ValueError("inline tokens are not accepted; use token_file or token_env")
+        return data
+
+    @field_validator("token_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError("must be an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Identity:
+        if (self.token_file is None) == (self.token_env is None):
+            raise ValueError("set exactly one of token_file or token_env")
+        return self
+
+
+class Identities(Strict):
+    planner: Identity | None = None
+    worker: Identity | None = None
+    reviewer: Identity | None = None
+    # Admin identity used only to read other users' permissions (see discovery).
+    operator: Identity | None = None
+
+
+class Forge(Strict):
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+    identities: Identities = Identities()
+    timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 30.0
+
+
+class Repository(Strict):
+    index: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    owner: Annotated[str, Field(min_length=1, max_length=100)]
+    name: Annotated[str, Field(min_length=1, max_length=100)]
+
+    @field_validator("owner", "name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("may contain only letters, digits, '.', '_' and '-'")
+        return value
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.owner}/{self.name}"
+
+
+class ProviderPhaseSettings(Strict):
+    enabled: bool = True
+    model: str | None = None
+    effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class PhaseSettings(Strict):
+    providers: dict[ProviderName, ProviderPhaseSettings] = {}
+
+
+class Phases(Strict):
+    planning: PhaseSettings = PhaseSettings()
+    implementation: PhaseSettings = PhaseSettings()
+    review: PhaseSettings = PhaseSettings()
+    # Layered over implementation for milestones marked simple and minor review fixes.
+    simple_implementation: PhaseSettings = PhaseSettings()
+
+
+class Database(Strict):
+    # None means SQLite at $STATE_DIR/aiworker.db.
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(sqlite|postgresql)(\+\w+)?://", value):
+            raise ValueError("must start with sqlite:// or postgresql://")
+        return value
+
+
+class Config(Strict):
+    forge: Forge | None = None
+    repositories: list[Repository] = []
+    shares: Annotated[int, Field(ge=1, le=3)] = 1
+    check_interval: Annotated[int, Field(ge=10, le=86_400)] = 180
+    providers: list[ProviderName] = []
+    phases: Phases = Phases()
+    reserve_percent: Annotated[float, Field(ge=0, lt=100)] = 10.0
+    # None inherits reserve_percent.
+    weekly_reserve_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
+    database: Database = Database()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Config:
+        indexes = [r.index for r in self.repositories]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError("repositories: each index must be unique")
+        names = [r.full_name.lower() for r in self.repositories]
+        if len(set(names)) != len(names):
+            raise ValueError("repositories: each owner/name must appear once")
+        if len(set(self.providers)) != len(self.providers):
+            raise ValueError("providers: each provider may appear once")
+        if self.repositories and self.forge is None:
+            raise ValueError("forge: required when repositories are configured")
+        return self
+
+    @property
+    def effective_weekly_reserve(self) -> float:
+        if self.weekly_reserve_percent is None:
+            return self.reserve_percent
+        return self.weekly_reserve_percent

@@ -1,0 +1,69 @@
+"""Saving the configuration: validated first, atomic, and guarded by a revision."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from aiworker.config.loader import parse_config, revision_of
+from aiworker.errors import Conflict, InvalidInput
+from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.locks import FileLock
+
+
+def _current_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
+    """Replace PATH with DATA if its content is still EXPECTED_REVISION; return the new one.
+
+    Invalid DATA raises ConfigInvalid and nothing is written; a concurrent change
+    raises Conflict and nothing is written.
+    """
+    parse_config(data, str(path))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with FileLock(path.with_name(f".{path.name}.lock"), description=f"{path} (being saved)") as _:
+        current = revision_of(_current_bytes(path))
+        if current != expected_revision:
+            raise Conflict(
+                f"{path} changed since revision {expected_revision[:12]} "
+                f"(now {current[:12]}); re-read it and try again"
+            )
+        write_private_file(path, data)
+    return revision_of(data)
+
+
+def parse_value(raw: str) -> Any:
+    """A TOML value (number, boolean, array, quoted string); anything else is a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def set_config_value(
+    path: Path, key: str, raw_value: str, expected_revision: str | None
+) -> tuple[str, str]:
+    """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
+    data = _current_bytes(path)
+    revision = revision_of(data)
+    document: dict[str, Any] = tomllib.loads(data.decode("utf-8")) if data else {}
+    parts = key.split(".")
+    if not all(parts):
+        raise InvalidInput(f"invalid key {key!r}: use dotted names such as forge.url")
+    table = document
+    for part in parts[:-1]:
+        child = table.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise InvalidInput(f"invalid key {key!r}: {part!r} is not a table")
+        table = child
+    table[parts[-1]] = parse_value(raw_value)
+    new = tomli_w.dumps(document).encode("utf-8")
+    return revision, save_config_bytes(path, new, expected_revision or revision)

@@ -1,0 +1,29 @@
+"""Describing the configuration with every secret redacted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiworker.config.loader import LoadedConfig, identities_of, read_token
+from aiworker.secrets import redact_url_password
+
+
+def describe_config(loaded: LoadedConfig) -> dict[str, Any]:
+    """The effective configuration; token sources are named, token values never appear."""
+    document = loaded.config.model_dump(mode="json")
+    tokens = {}
+    for name, identity in identities_of(loaded.config):
+        present = read_token(identity, loaded.path.parent) is not None
+        source = (
+            f"env:{identity.token_env}" if identity.token_env else f"file:{identity.token_file}"
+        )
+        tokens[name] = {"source": source, "present": present}
+    if document["database"]["url"]:
+        document["database"]["url"] = redact_url_password(document["database"]["url"])
+    return {
+        "path": str(loaded.path),
+        "exists": loaded.exists,
+        "revision": loaded.revision,
+        "config": document,
+        "tokens": tokens,
+    }

@@ -1,0 +1,112 @@
+"""Health checks: configuration, tokens, state directory, database, git, qemu, KVM."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworker.config.loader import LoadedConfig, identities_of, load_config, read_token
+from aiworker.core.environment import Environment, state_dir_mode
+from aiworker.errors import AiworkerError
+from aiworker.runtime.accel import kvm_static_verdict
+from aiworker.runtime.processes import run_command, which
+from aiworker.store.engine import sqlite_path
+from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+def run_doctor(state_dir: Path, config_path: Path, config_required: bool) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        loaded = load_config(config_path, required=config_required)
+    except AiworkerError as exc:
+        checks.append(Check("config", "fail", exc.message))
+        details = getattr(exc, "problems", [])
+        checks.extend(Check("config", "fail", line) for line in details)
+        return [*checks, _check_state_dir(state_dir), _check_git(), *_check_guests()]
+    checks.append(_check_config(loaded))
+    checks.extend(_check_tokens(loaded))
+    checks.append(_check_state_dir(state_dir))
+    checks.append(_check_database(Environment(state_dir, loaded)))
+    checks.append(_check_git())
+    checks.extend(_check_guests())
+    return checks
+
+
+def _check_config(loaded: LoadedConfig) -> Check:
+    if not loaded.exists:
+        return Check("config", "warn", f"no file at {loaded.path}; using embedded defaults")
+    repos = len(loaded.config.repositories)
+    return Check("config", "ok", f"{loaded.path} is valid ({repos} repositories)")
+
+
+def _check_tokens(loaded: LoadedConfig) -> list[Check]:
+    checks = []
+    for name, identity in identities_of(loaded.config):
+        source = f"${identity.token_env}" if identity.token_env else str(identity.token_file)
+        if read_token(identity, loaded.path.parent) is None:
+            checks.append(Check(f"token:{name}", "fail", f"no token readable from {source}"))
+        else:
+            checks.append(Check(f"token:{name}", "ok", f"token present in {source}"))
+    return checks
+
+
+def _check_state_dir(state_dir: Path) -> Check:
+    mode = state_dir_mode(state_dir)
+    if mode is None:
+        return Check("state-dir", "warn", f"{state_dir} does not exist yet; it will be created")
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        return Check("state-dir", "fail", f"{state_dir} is not writable by this user")
+    if os.stat(state_dir).st_uid != os.getuid():
+        return Check("state-dir", "fail", f"{state_dir} is owned by another user")
+    if mode & 0o077:
+        return Check("state-dir", "warn", f"{state_dir} has mode {mode:04o}; 0700 is expected")
+    return Check("state-dir", "ok", f"{state_dir} (mode {mode:04o})")
+
+
+def _check_database(env: Environment) -> Check:
+    path = sqlite_path(env.database_url)
+    if path is not None and not path.exists():
+        return Check("database", "warn", f"no database at {path}; run `aiworker db upgrade`")
+    try:
+        db = env.open_database(require_current=False)
+        try:
+            revision = current_revision(db)
+        finally:
+            db.dispose()
+        ensure_not_newer(revision)
+    except AiworkerError as exc:
+        return Check("database", "fail", exc.message)
+    except Exception as exc:  # noqa: BLE001 - any driver error is a failed check
+        return Check("database", "fail", f"cannot open: {type(exc).__name__}")
+    if revision != HEAD_REVISION:
+        return Check("database", "fail", f"at revision {revision}; run `aiworker db upgrade`")
+    return Check("database", "ok", f"schema at {revision}")
+
+
+def _check_git() -> Check:
+    result = run_command(["git", "--version"], timeout=10)
+    if not result.ok:
+        return Check("git", "fail", "git is not installed or does not run")
+    return Check("git", "ok", result.stdout.strip())
+
+
+def _check_guests() -> list[Check]:
+    qemu = which("qemu-system-x86_64")
+    if qemu is None:
+        qemu_check = Check("qemu", "warn", "qemu-system-x86_64 not found; guest phases unavailable")
+    else:
+        version = run_command([qemu, "--version"], timeout=10).stdout.splitlines()
+        qemu_check = Check("qemu", "ok", version[0] if version else qemu)
+    verdict = kvm_static_verdict()
+    kvm_check = Check(
+        "kvm", "ok" if verdict.kvm else "warn", verdict.reason + ("" if verdict.kvm else "; TCG")
+    )
+    return [qemu_check, kvm_check]

@@ -1,0 +1,50 @@
+"""What every core operation works against: a state directory and a configuration."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworker.config.loader import LoadedConfig
+from aiworker.runtime.locks import LockDir
+from aiworker.store.engine import Database, default_url
+from aiworker.store.schema import ensure_current
+
+
+@dataclass(frozen=True)
+class Environment:
+    state_dir: Path
+    loaded: LoadedConfig
+
+    @property
+    def database_url(self) -> str:
+        return self.loaded.config.database.url or default_url(self.state_dir)
+
+    @property
+    def locks(self) -> LockDir:
+        return LockDir(self.state_dir)
+
+    def ensure_state_dir(self) -> Path:
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.state_dir
+
+    def open_database(self, *, require_current: bool = True) -> Database:
+        """Open the store; by default refuse a schema that is missing, older or newer."""
+        if self.database_url == default_url(self.state_dir):
+            self.ensure_state_dir()
+        db = Database(self.database_url)
+        if require_current:
+            try:
+                ensure_current(db)
+            except BaseException:
+                db.dispose()
+                raise
+        return db
+
+
+def state_dir_mode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,62 @@
+"""The operator's overview: tasks by state, slots and the last check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from aiworker.core.environment import Environment
+from aiworker.store.tasks import TASK_STATES, claims_by_slot, count_by_state, latest_event
+
+CHECK_EVENT = "scheduler.check"
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    slot: int
+    busy: bool
+    holder_pid: int | None
+    task_id: int | None
+    task_state: str | None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    tasks: dict[str, int]
+    slots: list[SlotStatus] = field(default_factory=list)
+    last_check: datetime | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "tasks": self.tasks,
+            "total_tasks": sum(self.tasks.values()),
+            "slots": [vars(s) for s in self.slots],
+            "last_check": self.last_check.isoformat() if self.last_check else None,
+        }
+
+
+def collect_status(env: Environment) -> StatusReport:
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            counts = count_by_state(session)
+            claims = claims_by_slot(session)
+            check = latest_event(session, CHECK_EVENT)
+            last_check = check.created_at if check else None
+    finally:
+        db.dispose()
+    tasks = {state: counts.get(state, 0) for state in TASK_STATES}
+    slots = []
+    for number in range(1, env.loaded.config.shares + 1):
+        lock = env.locks.slot(number)
+        claimed = claims.get(number)
+        slots.append(
+            SlotStatus(
+                slot=number,
+                busy=lock.is_locked(),
+                holder_pid=lock.holder_pid(),
+                task_id=claimed.id if claimed else None,
+                task_state=claimed.state if claimed else None,
+            )
+        )
+    return StatusReport(tasks=tasks, slots=slots, last_check=last_check)

@@ -1,0 +1,63 @@
+"""The one error tree: every expected failure carries a stable code and an exit code.
+
+Exit codes follow DESIGN.md: 1 the operation failed, 2 usage/configuration/input
+invalid, 75 temporarily unavailable (a lock is held, nothing eligible now).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_UNAVAILABLE = 75
+
+
+class AiworkerError(Exception):
+    """Base of every error the CLI turns into one sentence and an exit code."""
+
+    code = "failed"
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidInput(AiworkerError):
+    """Usage, configuration or input is invalid; nothing was changed."""
+
+    code = "invalid_input"
+    exit_code = EXIT_INVALID
+
+
+class ConfigInvalid(InvalidInput):
+    code = "config_invalid"
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
+class SchemaMismatch(InvalidInput):
+    """The database schema is newer than this code, or not yet migrated."""
+
+    code = "schema_mismatch"
+
+
+class Unavailable(AiworkerError):
+    """Try again later: a lock is held or nothing is eligible now."""
+
+    code = "unavailable"
+    exit_code = EXIT_UNAVAILABLE
+
+
+class LockHeld(Unavailable):
+    code = "lock_held"
+
+
+class Conflict(AiworkerError):
+    """Someone else changed the thing first (a stale revision or version)."""
+
+    code = "conflict"

@@ -1,0 +1,41 @@
+"""Output: one JSON document with --json, else a human rendering with rich."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aiworker.secrets import redact
+
+
+def emit(json_mode: bool, data: Any, human: Callable[[Any], None] | None = None) -> None:
+    """Write DATA to stdout: JSON with --json, else HUMAN(console) or the JSON pretty-printed."""
+    if json_mode or human is None:
+        text = json.dumps(data, indent=None if json_mode else 2, default=str, sort_keys=False)
+        sys.stdout.write(redact(text) + "\n")
+        sys.stdout.flush()
+        return
+    human(console())
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:
+    message = redact(message)
+    if json_mode:
+        error: dict[str, Any] = {"code": code, "message": message}
+        if details:
+            error["details"] = [redact(d) for d in details]
+        sys.stdout.write(json.dumps({"error": error}) + "\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(f"aiworker: error: {message}\n")
+        for detail in details or []:
+            sys.stderr.write(f"  - {redact(detail)}\n")
+        sys.stderr.flush()

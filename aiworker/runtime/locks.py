@@ -1,0 +1,144 @@
+"""Named kernel flock locks under $STATE_DIR/locks/.
+
+The kernel releases a flock when its holder dies, so a free lock always means
+nobody holds it. The holder writes its pid into the file for diagnosis only;
+the pid is never used to decide who holds the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from aiworker.errors import InvalidInput, LockHeld
+
+_LOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_POLL_SECONDS = 0.01
+
+
+class FileLock:
+    """An exclusive flock on one file. Not reentrant; one holder per instance."""
+
+    def __init__(self, path: Path, *, description: str | None = None) -> None:
+        self.path = path
+        self.description = description or path.name
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; never waits."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.description} is already held by this process")
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return True
+
+    def acquire(self, timeout: float | None = None) -> None:
+        """Wait up to TIMEOUT seconds (None: forever); raise LockHeld when it runs out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_SECONDS
+        while not self.try_acquire():
+            if deadline is not None and time.monotonic() >= deadline:
+                holder = self.holder_pid()
+                who = f" by pid {holder}" if holder else ""
+                raise LockHeld(f"{self.description} is held{who}; try again later")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        # Unlock before close so a waiter never sees our stale pid as the holder.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def is_locked(self) -> bool:
+        """True when some process (possibly this one) holds the lock now."""
+        if self._fd is not None:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def holder_pid(self) -> int | None:
+        """The pid the holder recorded, if the lock is held and the record is readable."""
+        if not self.is_locked():
+            return None
+        try:
+            text = self.path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return int(text) if text.isdigit() else None
+
+    def __enter__(self) -> FileLock:
+        if not self.try_acquire():
+            holder = self.holder_pid()
+            who = f" by pid {holder}" if holder else ""
+            raise LockHeld(f"{self.description} is held{who}; try again later")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class LockDir:
+    """The named locks of one state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "locks"
+
+    def lock(self, name: str) -> FileLock:
+        if not _LOCK_NAME.match(name):
+            raise InvalidInput(f"invalid lock name {name!r}")
+        return FileLock(self.root / f"{name}.lock", description=f"lock {name!r}")
+
+    def slot(self, number: int) -> FileLock:
+        return self.lock(f"slot-{number}")
+
+    @contextlib.contextmanager
+    def held(self, name: str, timeout: float | None = 0) -> Iterator[FileLock]:
+        lock = self.lock(name)
+        if timeout == 0:
+            lock.__enter__()
+        else:
+            lock.acquire(timeout)
+        try:
+            yield lock
+        finally:
+            lock.release()

@@ -1,0 +1,56 @@
+"""The one place short helper subprocesses are started from (git, qemu-img, probes)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    input_text: str | None = None,
+) -> CommandResult:
+    """Run ARGV (never through a shell) and capture its output as text.
+
+    A missing program or a timeout is reported as a failed result (127 / 124),
+    never as an exception, so callers have one shape to handle.
+    """
+    try:
+        done = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
+    except subprocess.TimeoutExpired:
+        return CommandResult(tuple(argv), 124, "", f"{argv[0]}: timed out after {timeout}s")
+    return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+
+def which(program: str) -> str | None:
+    return shutil.which(program)

@@ -1,0 +1,1 @@
+"""The shared store: SQLAlchemy models, engine setup and every query."""

@@ -1,0 +1,92 @@
+"""Engine and session setup.
+
+SQLite runs in WAL mode with synchronous=FULL and foreign keys on; the busy
+timeout is the first statement on every connection. Write transactions start
+with BEGIN IMMEDIATE so that two writers never both read and then collide on
+upgrade to a write lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def default_url(state_dir: Path) -> str:
+    return f"sqlite:///{state_dir / 'aiworker.db'}"
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def sqlite_path(url: str) -> Path | None:
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url == prefix or ":memory:" in url:
+        return None
+    return Path(url[len(prefix) :].split("?", 1)[0])
+
+
+def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+    # Driver-level autocommit: we issue BEGIN ourselves in _on_begin.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _on_begin(connection: Connection) -> None:
+    mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
+    connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_engine(url: str) -> Engine:
+    if not is_sqlite(url):
+        return create_engine(url, pool_pre_ping=True)
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _on_sqlite_connect, insert=True)
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+class Database:
+    """One database: read sessions and BEGIN IMMEDIATE write sessions."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.sqlite = is_sqlite(url)
+        self.write_engine = (
+            self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.sqlite else self.engine
+        )
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        """A session whose transaction holds the write lock from its first statement."""
+        with Session(self.write_engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
