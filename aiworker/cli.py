@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -112,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         emit_error(json_mode, "interrupted", "interrupted")
         return 130
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors become a sentence
-        logging.getLogger("aiworker").debug("unexpected error", exc_info=True)
+    except Exception as exc:
         if verbose:
+            import traceback
+
             traceback.print_exc(file=sys.stderr)
         hint = "" if verbose else "; rerun with -v for details"
-        emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {exc}{hint}")
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {first_line}{hint}")
         return EXIT_FAILED
     return result if isinstance(result, int) else 0

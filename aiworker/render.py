@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,8 @@ from aiworker.secrets import redact
 def emit(json_mode: bool, data: Any, human: Callable[[Any], None] | None = None) -> None:
     """Write DATA to stdout: JSON with --json, else HUMAN(console) or the JSON pretty-printed."""
     if json_mode or human is None:
+        import json
+
         text = json.dumps(data, indent=None if json_mode else 2, default=str, sort_keys=False)
         sys.stdout.write(redact(text) + "\n")
         sys.stdout.flush()
@@ -29,6 +30,8 @@ def console() -> Any:
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:
     message = redact(message)
     if json_mode:
+        import json
+
         error: dict[str, Any] = {"code": code, "message": message}
         if details:
             error["details"] = [redact(d) for d in details]

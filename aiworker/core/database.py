@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
+from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
-from aiworker.secrets import redact_url_password
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class RevisionReport:
     current: str | None
     head: str
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "database": redact_url_password(self.url),
             "before": self.before,
@@ -56,7 +57,7 @@ class BackupReport:
     bytes: int
     revision: str | None
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "source": str(self.source),
             "target": str(self.target),

@@ -84,7 +84,7 @@ def _check_database(env: Environment) -> Check:
         ensure_not_newer(revision)
     except AiworkerError as exc:
         return Check("database", "fail", exc.message)
-    except Exception as exc:  # noqa: BLE001 - any driver error is a failed check
+    except Exception as exc:
         return Check("database", "fail", f"cannot open: {type(exc).__name__}")
     if revision != HEAD_REVISION:
         return Check("database", "fail", f"at revision {revision}; run `aiworker db upgrade`")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from aiworker.core.environment import Environment
 from aiworker.store.tasks import TASK_STATES, claims_by_slot, count_by_state, latest_event
@@ -26,7 +27,7 @@ class StatusReport:
     slots: list[SlotStatus] = field(default_factory=list)
     last_check: datetime | None = None
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "tasks": self.tasks,
             "total_tasks": sum(self.tasks.values()),

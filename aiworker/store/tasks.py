@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Update, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Event, Repository, Task, utcnow
@@ -47,6 +48,9 @@ def ensure_repository(session: Session, index: int, owner: str, name: str) -> Re
     return repo
 
 
+_INSERT_EVENT = insert(Event)
+
+
 def append_event(
     session: Session,
     kind: str,
@@ -57,15 +61,19 @@ def append_event(
     actor: str | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> None:
-    session.add(
-        Event(
-            task_id=task_id,
-            kind=kind,
-            from_state=from_state,
-            to_state=to_state,
-            actor=actor,
-            data=dict(data or {}),
-        )
+    # Straight to the connection: events are never read back in the same
+    # transaction, and the ORM's unit of work costs more than the statement.
+    session.connection().execute(
+        _INSERT_EVENT,
+        {
+            "task_id": task_id,
+            "kind": kind,
+            "from_state": from_state,
+            "to_state": to_state,
+            "actor": actor,
+            "data": dict(data or {}),
+            "created_at": utcnow(),
+        },
     )
 
 
@@ -98,6 +106,26 @@ def create_task(
     return task
 
 
+@functools.cache
+def _transition_statement(columns: tuple[str, ...]) -> Update:
+    """One prebuilt compare-and-update per set of changed columns (built once, reused)."""
+    values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
+    return (
+        update(Task)
+        .where(
+            Task.id == bindparam("task_id"),
+            Task.version == bindparam("expected_version"),
+            Task.state == bindparam("from_state"),
+        )
+        .values(
+            state=bindparam("to_state"),
+            version=Task.version + 1,
+            updated_at=bindparam("now"),
+            **values,
+        )
+    )
+
+
 def transition(
     session: Session,
     task_id: int,
@@ -120,17 +148,20 @@ def transition(
     unknown = set(changes) - _MUTABLE
     if unknown:
         raise ValueError(f"transition cannot set {sorted(unknown)}")
-    result = session.execute(
-        update(Task)
-        .where(
-            Task.id == task_id,
-            Task.version == expected_version,
-            Task.state == from_state,
-        )
-        .values(state=to_state, version=Task.version + 1, updated_at=utcnow(), **changes)
-        .execution_options(synchronize_session=False)
+    columns = tuple(sorted(changes))
+    params = {f"new_{name}": changes[name] for name in columns}
+    result = session.connection().execute(
+        _transition_statement(columns),
+        {
+            "task_id": task_id,
+            "expected_version": expected_version,
+            "from_state": from_state,
+            "to_state": to_state,
+            "now": utcnow(),
+            **params,
+        },
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if result.rowcount != 1:
         return False
     append_event(
         session,
@@ -146,7 +177,8 @@ def transition(
 
 def claim(
     session: Session,
-    task: Task,
+    task_id: int,
+    expected_version: int,
     slot: int,
     holder_token: str,
     *,
@@ -155,8 +187,8 @@ def claim(
     """Claim a ready task for SLOT; False when someone else changed it first."""
     return transition(
         session,
-        task.id,
-        task.version,
+        task_id,
+        expected_version,
         "ready",
         "claimed",
         actor=f"slot-{slot}",
@@ -166,6 +198,21 @@ def claim(
         claim_token=holder_token,
         claimed_at=now or utcnow(),
     )
+
+
+_OLDEST_READY = (
+    select(Task.id, Task.version).where(Task.state == "ready").order_by(Task.id).limit(1)
+)
+
+
+def claim_next_ready(session: Session, slot: int, holder_token: str) -> int | None:
+    """Inside a write transaction: claim the oldest ready task; return its id or None."""
+    while True:
+        row = session.connection().execute(_OLDEST_READY).first()
+        if row is None:
+            return None
+        if claim(session, row.id, row.version, slot, holder_token):
+            return int(row.id)
 
 
 def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
@@ -180,7 +227,7 @@ def get_task(session: Session, task_id: int) -> Task | None:
 
 def count_by_state(session: Session) -> dict[str, int]:
     rows = session.execute(select(Task.state, func.count()).group_by(Task.state)).all()
-    return {state: count for state, count in rows}
+    return {str(state): int(count) for state, count in rows}
 
 
 def claims_by_slot(session: Session) -> dict[int, Task]:

@@ -1,0 +1,214 @@
+"""Configuration: strict validation with key paths, redaction, atomic revision-guarded saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_process
+
+CANARY = "canary-3f9a1c77e2b04d5e"
+
+GOOD = """
+shares = 2
+check_interval = 120
+providers = ["script", "codex"]
+reserve_percent = 15
+
+[forge]
+url = "http://127.0.0.1:3000"
+
+[forge.identities.planner]
+token_env = "AIWORKER_TEST_PLANNER_TOKEN"
+
+[forge.identities.worker]
+token_file = "worker.token"
+
+[forge.identities.reviewer]
+token_env = "AIWORKER_TEST_MISSING_TOKEN"
+
+[[repositories]]
+index = 1
+owner = "team"
+name = "app"
+
+[phases.implementation.providers.codex]
+model = "gpt-5-codex"
+effort = "high"
+
+[database]
+url = "sqlite:////tmp/never-used-%s.db"
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(GOOD % "x")
+    (tmp_path / "worker.token").write_text(CANARY + "\n")
+    monkeypatch.setenv("AIWORKER_TEST_PLANNER_TOKEN", CANARY + "-planner")
+    monkeypatch.delenv("AIWORKER_TEST_MISSING_TOKEN", raising=False)
+    return path
+
+
+def test_valid_config_is_shown_with_defaults(cli, config_file):
+    result = cli("--json", "--config", str(config_file), "config", "show")
+    assert result.exit_code == 0, result
+    shown = result.json()
+    assert shown["config"]["shares"] == 2
+    assert shown["config"]["weekly_reserve_percent"] is None
+    assert shown["config"]["phases"]["implementation"]["providers"]["codex"]["effort"] == "high"
+    assert shown["tokens"]["worker"] == {"source": "file:worker.token", "present": True}
+    assert shown["tokens"]["reviewer"]["present"] is False
+    assert len(shown["revision"]) == 64
+
+
+def test_validate_reports_every_key_path(cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        textwrap.dedent(
+            """
+            shares = 7
+            check_interval = "often"
+            colour = "blue"
+
+            [[repositories]]
+            index = 0
+            owner = "team"
+            name = "a b"
+            """
+        )
+    )
+    result = cli("--config", str(bad), "config", "validate")
+    assert result.exit_code == 2, result
+    for key in ("shares", "check_interval", "colour", "repositories[0].index"):
+        assert f"  - {key}:" in result.stderr, key
+    assert "repositories[0].name" in result.stderr
+    as_json = cli("--json", "--config", str(bad), "config", "validate")
+    assert as_json.exit_code == 2
+    error = as_json.json()["error"]
+    assert error["code"] == "config_invalid"
+    assert any(d.startswith("shares:") for d in error["details"])
+
+
+def test_validate_accepts_good_file(cli, config_file):
+    result = cli("--config", str(config_file), "config", "validate")
+    assert result.exit_code == 0, result
+    assert "valid" in result.stdout
+
+
+def test_missing_explicit_config_is_an_error(cli, tmp_path):
+    result = cli("--config", str(tmp_path / "nope.toml"), "config", "show")
+    assert result.exit_code == 2, result
+    assert "does not exist" in result.stderr
+
+
+def test_missing_default_config_uses_embedded_defaults(cli):
+    result = cli("--json", "config", "show")
+    assert result.exit_code == 0, result
+    assert result.json()["exists"] is False
+    assert result.json()["config"]["check_interval"] == 180
+
+
+def test_broken_toml_names_the_line(cli, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("shares = \n")
+    result = cli("--config", str(path), "config", "validate")
+    assert result.exit_code == 2
+    assert "not valid TOML" in result.stderr
+    assert "line 1" in result.stderr
+
+
+def test_inline_token_is_refused_without_echo(cli, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\ntoken = "{CANARY}"\n')
+    result = cli("--json", "--config", str(path), "config", "validate")
+    assert result.exit_code == 2
+    assert "forge.identities.worker: inline tokens are not accepted" in result.stdout
+    assert CANARY not in result.output
+
+
+def test_canary_never_appears_in_output_or_logs(tmp_path, config_file):
+    config_file.write_text(
+        (GOOD % "x")
+        .replace("never-used-x.db", "x.db")
+        .replace('url = "sqlite:////tmp/x.db"', f'url = "postgresql://bot:{CANARY}@127.0.0.1:1/db"')
+    )
+    env = {"AIWORKER_TEST_PLANNER_TOKEN": CANARY + "-planner"}
+    outputs = []
+    for args in (
+        ("config", "show"),
+        ("--json", "config", "show"),
+        ("-vv", "--json", "config", "show"),
+        ("-vv", "doctor"),
+        ("-vv", "--json", "status"),
+    ):
+        result = run_process("--config", str(config_file), *args, env=env)
+        outputs.append(result.output)
+    joined = "\n".join(outputs)
+    assert "postgresql://bot:***@127.0.0.1:1/db" in joined
+    assert CANARY not in joined
+
+
+def test_set_creates_a_private_file(cli, tmp_path):
+    path = tmp_path / "new" / "config.toml"
+    result = cli("--json", "--config", str(path), "config", "set", "shares", "3")
+    assert result.exit_code == 0, result
+    assert result.json()["previous"] == "absent"
+    assert path.read_text() == "shares = 3\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_set_replaces_atomically_with_private_mode(cli, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("shares = 1\n")
+    os.chmod(path, 0o644)
+    result = cli("--json", "--config", str(path), "config", "set", "shares", "3")
+    assert result.exit_code == 0, result
+    assert "shares = 3" in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+    shown = cli("--json", "--config", str(path), "config", "show").json()
+    assert shown["revision"] == result.json()["revision"]
+
+
+def test_set_refuses_invalid_value_and_keeps_file(cli, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("shares = 1\n")
+    before = path.read_bytes()
+    result = cli("--config", str(path), "config", "set", "shares", "9")
+    assert result.exit_code == 2, result
+    assert "shares:" in result.stderr
+    assert path.read_bytes() == before
+
+
+def test_set_with_stale_revision_is_a_conflict(cli, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("shares = 1\n")
+    first = cli("--json", "--config", str(path), "config", "show").json()["revision"]
+    assert cli("--config", str(path), "config", "set", "check_interval", "60").exit_code == 0
+    content = path.read_bytes()
+    stale = cli(
+        "--json", "--config", str(path), "config", "set", "shares", "2", "--if-revision", first
+    )
+    assert stale.exit_code == 1, stale
+    assert stale.json()["error"]["code"] == "conflict"
+    assert path.read_bytes() == content
+
+
+def test_set_nested_key_creates_tables(cli, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("")
+    assert (
+        cli("--config", str(path), "config", "set", "forge.url", "http://127.0.0.1:3000").exit_code
+        == 0
+    )
+    result = cli("--json", "--config", str(path), "config", "show")
+    assert result.json()["config"]["forge"]["url"] == "http://127.0.0.1:3000"
+    assert json.dumps(result.json())  # one document

@@ -1,0 +1,145 @@
+"""The store: migrations, connection pragmas, fail-closed schema checks, compare-and-update."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import select, text
+
+from aiworker.store.engine import Database
+from aiworker.store.models import Base, Event, Task
+from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
+from aiworker.store.tasks import claim, create_task, ensure_repository, transition
+
+
+def sqlite_cli(db: Path, sql: str) -> str:
+    return subprocess.run(
+        ["sqlite3", str(db), sql], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_upgrade_creates_a_wal_database(cli, state_dir):
+    result = cli("--json", "db", "upgrade")
+    assert result.exit_code == 0, result
+    assert result.json()["before"] is None
+    assert result.json()["current"] == HEAD_REVISION
+    db = state_dir / "aiworker.db"
+    assert sqlite_cli(db, "pragma journal_mode") == "wal"
+    assert (state_dir.stat().st_mode & 0o777) == 0o700
+
+
+def test_upgrade_rerun_is_a_noop(cli, upgraded):
+    before = sqlite_cli(upgraded, "select group_concat(name) from sqlite_master")
+    result = cli("--json", "db", "upgrade")
+    assert result.exit_code == 0, result
+    assert result.json()["before"] == result.json()["current"] == HEAD_REVISION
+    assert sqlite_cli(upgraded, "select group_concat(name) from sqlite_master") == before
+
+
+def test_known_revisions_match_the_migration_scripts():
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    scripts = ScriptDirectory.from_config(config)
+    ordered = [rev.revision for rev in reversed(list(scripts.walk_revisions()))]
+    assert tuple(ordered) == KNOWN_REVISIONS
+    assert scripts.get_current_head() == HEAD_REVISION
+
+
+def test_models_match_migrated_schema(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    db.dispose()
+    assert diff == []
+
+
+def test_every_connection_gets_the_pragmas(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("pragma busy_timeout").scalar() == 30000
+        assert conn.exec_driver_sql("pragma synchronous").scalar() == 2  # FULL
+        assert conn.exec_driver_sql("pragma foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("pragma journal_mode").scalar() == "wal"
+    db.dispose()
+
+
+def test_write_sessions_take_the_write_lock_at_begin(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    other = sqlite3.connect(upgraded, timeout=0, isolation_level=None)
+    with db.write() as session:
+        session.execute(text("select 1"))
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("ROLLBACK")
+    other.close()
+    db.dispose()
+
+
+def test_newer_schema_fails_closed(cli, upgraded):
+    sqlite_cli(upgraded, "update alembic_version set version_num = '9999_future'")
+    for args in (("status",), ("db", "upgrade"), ("db", "current")):
+        result = cli(*args)
+        assert result.exit_code == 2, (args, result)
+        assert "9999_future" in result.stderr
+        assert HEAD_REVISION in result.stderr
+    assert sqlite_cli(upgraded, "select version_num from alembic_version") == "9999_future"
+
+
+def test_uninitialised_database_is_refused(cli):
+    result = cli("--json", "status")
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["code"] == "schema_mismatch"
+    assert "db upgrade" in result.json()["error"]["message"]
+
+
+def test_foreign_keys_are_enforced(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with pytest.raises(Exception, match="FOREIGN KEY"), db.write() as session:
+        create_task(session, repository_id=999, kind="issue", issue_number=1)
+    db.dispose()
+
+
+def test_compare_and_update_refuses_a_stale_version(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task = create_task(session, repo.id, "issue", issue_number=7, title="fix it")
+        task_id, version = task.id, task.version
+    with db.write() as session:
+        assert transition(session, task_id, version, "ready", "paused", actor="test")
+    with db.write() as session:
+        # A writer that read version 1 is now stale: nothing changes.
+        assert not transition(session, task_id, version, "ready", "running", actor="stale")
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        assert (task.state, task.version) == ("paused", 2)
+        kinds = session.scalars(select(Event.kind).where(Event.task_id == task_id)).all()
+        assert kinds == ["task.created", "task.transition"]
+    db.dispose()
+
+
+def test_claim_records_slot_holder_and_event(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task = create_task(session, repo.id, "issue", issue_number=8)
+    with db.write() as session:
+        assert claim(session, task.id, task.version, slot=2, holder_token="holder-a")
+    with db.write() as session:
+        assert not claim(session, task.id, task.version, slot=3, holder_token="holder-b")
+    with db.read() as session:
+        stored = session.get(Task, task.id)
+        assert (stored.state, stored.claim_slot, stored.claim_token) == ("claimed", 2, "holder-a")
+        assert stored.claimed_at is not None
+        assert stored.claimed_at.tzinfo is not None
+        event = session.scalars(select(Event).where(Event.kind == "task.claimed")).one()
+        assert event.data == {"slot": 2, "holder": "holder-a"}
+    db.dispose()

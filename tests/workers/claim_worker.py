@@ -1,0 +1,58 @@
+"""A racing claimer: one process of the multi-process claim tests and benchmark.
+
+Usage: claim_worker.py DB_URL GO_LOCK SLOT MODE
+
+MODE "optimistic" reads the candidate outside the write transaction and lets
+compare-and-update arbitrate; "next" selects inside the write transaction, as
+the scheduler's claim does.
+Waits until the parent releases GO_LOCK, then claims ready tasks through the
+store's compare-and-update until none are left; prints one JSON line with the
+ids it won and how many compare-and-updates it lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+
+from aiworker.store.engine import Database
+from aiworker.store.tasks import claim, claim_next_ready, ready_tasks
+
+
+def main() -> None:
+    url, go_lock, slot, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    db = Database(url)
+    holder = f"pid-{os.getpid()}"
+    with db.read() as session:  # open the connection before the start signal
+        ready_tasks(session, limit=1)
+    fd = os.open(go_lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    started = time.perf_counter()
+    won: list[int] = []
+    lost = 0
+    while mode == "next":
+        with db.write() as session:
+            task_id = claim_next_ready(session, slot, holder)
+        if task_id is None:
+            break
+        won.append(task_id)
+    while mode == "optimistic":
+        with db.read() as session:
+            candidates = ready_tasks(session, limit=1)
+        if not candidates:
+            break
+        with db.write() as session:
+            if claim(session, candidates[0].id, candidates[0].version, slot, holder):
+                won.append(candidates[0].id)
+            else:
+                lost += 1
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"slot": slot, "won": won, "lost": lost, "seconds": elapsed}))
+    db.dispose()
+
+
+if __name__ == "__main__":
+    main()
