@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -212,3 +214,44 @@ def test_set_nested_key_creates_tables(cli, tmp_path):
     result = cli("--json", "--config", str(path), "config", "show")
     assert result.json()["config"]["forge"]["url"] == "http://127.0.0.1:3000"
     assert json.dumps(result.json())  # one document
+
+
+def test_two_concurrent_writers_cannot_both_win(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("shares = 1\n")
+    revision = run_process("--json", "--config", str(path), "config", "show").json()["revision"]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "aiworker",
+                "--json",
+                "--config",
+                str(path),
+                "config",
+                "set",
+                "shares",
+                str(value),
+                "--if-revision",
+                revision,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for value in (2, 3)
+    ]
+    outcomes = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        outcomes.append((proc.returncode, json.loads(out)))
+    codes = sorted(code for code, _ in outcomes)
+    assert codes == [0, 1], outcomes
+    winner = next(doc for code, doc in outcomes if code == 0)
+    loser = next(doc for code, doc in outcomes if code == 1)
+    assert loser["error"]["code"] == "conflict"
+    assert (
+        run_process("--json", "--config", str(path), "config", "show").json()["revision"]
+        == winner["revision"]
+    )

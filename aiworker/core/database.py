@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,9 @@ from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ def upgrade_database(env: Environment) -> RevisionReport:
         before, after = upgrade(db)
     finally:
         db.dispose()
+    log.info("database %s: %s -> %s", redact_url_password(env.database_url), before, after)
     return RevisionReport(env.database_url, before, after, HEAD_REVISION)
 
 
@@ -84,4 +89,5 @@ def backup_database(env: Environment, target: Path) -> BackupReport:
         size = backup_sqlite(source, target)
     except FileExistsError:
         raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
+    log.info("backed up %s to %s (%d bytes)", source, target, size)
     return BackupReport(source, target, size, revision)

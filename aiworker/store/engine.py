@@ -84,6 +84,12 @@ class Database:
             yield session
 
     @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A bare connection in a write transaction: the lean path for hot statements."""
+        with self.write_engine.begin() as connection:
+            yield connection
+
+    @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session

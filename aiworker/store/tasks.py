@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Update, bindparam, func, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Event, Repository, Task, utcnow
@@ -39,6 +40,14 @@ _MUTABLE = frozenset(
 )
 
 
+# Hot paths take either an ORM session or a bare connection from Database.transaction().
+Executor = Session | Connection
+
+
+def _connection(target: Executor) -> Connection:
+    return target.connection() if isinstance(target, Session) else target
+
+
 def ensure_repository(session: Session, index: int, owner: str, name: str) -> Repository:
     repo = session.scalar(select(Repository).where(Repository.index == index))
     if repo is None:
@@ -52,7 +61,7 @@ _INSERT_EVENT = insert(Event)
 
 
 def append_event(
-    session: Session,
+    session: Executor,
     kind: str,
     *,
     task_id: int | None = None,
@@ -63,7 +72,7 @@ def append_event(
 ) -> None:
     # Straight to the connection: events are never read back in the same
     # transaction, and the ORM's unit of work costs more than the statement.
-    session.connection().execute(
+    _connection(session).execute(
         _INSERT_EVENT,
         {
             "task_id": task_id,
@@ -127,7 +136,7 @@ def _transition_statement(columns: tuple[str, ...]) -> Update:
 
 
 def transition(
-    session: Session,
+    session: Executor,
     task_id: int,
     expected_version: int,
     from_state: str,
@@ -150,7 +159,7 @@ def transition(
         raise ValueError(f"transition cannot set {sorted(unknown)}")
     columns = tuple(sorted(changes))
     params = {f"new_{name}": changes[name] for name in columns}
-    result = session.connection().execute(
+    result = _connection(session).execute(
         _transition_statement(columns),
         {
             "task_id": task_id,
@@ -176,7 +185,7 @@ def transition(
 
 
 def claim(
-    session: Session,
+    session: Executor,
     task_id: int,
     expected_version: int,
     slot: int,
@@ -205,10 +214,10 @@ _OLDEST_READY = (
 )
 
 
-def claim_next_ready(session: Session, slot: int, holder_token: str) -> int | None:
+def claim_next_ready(session: Executor, slot: int, holder_token: str) -> int | None:
     """Inside a write transaction: claim the oldest ready task; return its id or None."""
     while True:
-        row = session.connection().execute(_OLDEST_READY).first()
+        row = _connection(session).execute(_OLDEST_READY).first()
         if row is None:
             return None
         if claim(session, row.id, row.version, slot, holder_token):

@@ -34,7 +34,7 @@ def main() -> None:
     won: list[int] = []
     lost = 0
     while mode == "next":
-        with db.write() as session:
+        with db.transaction() as session:
             task_id = claim_next_ready(session, slot, holder)
         if task_id is None:
             break
