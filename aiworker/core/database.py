@@ -14,7 +14,6 @@ from aiworker.store.backup import backup_sqlite
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
-
 log = logging.getLogger(__name__)
 
 
