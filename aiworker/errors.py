@@ -12,6 +12,17 @@ EXIT_INVALID = 2
 EXIT_UNAVAILABLE = 75
 
 
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """A validation location as an operator writes it: repositories[0].index."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
 class AiworkerError(Exception):
     """Base of every error the CLI turns into one sentence and an exit code."""
 

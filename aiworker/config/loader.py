@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.config.models import Config, Identity
-from aiworker.errors import ConfigInvalid
+from aiworker.errors import ConfigInvalid, key_path
 from aiworker.secrets import register_secret
 
 
@@ -28,16 +28,6 @@ class LoadedConfig:
 
 def revision_of(data: bytes | None) -> str:
     return "absent" if data is None else hashlib.sha256(data).hexdigest()
-
-
-def key_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
 
 
 def problems_of(error: ValidationError) -> list[str]:

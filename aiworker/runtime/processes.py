@@ -54,3 +54,23 @@ def run_command(
 
 def which(program: str) -> str | None:
     return shutil.which(program)
+
+
+def start_process_group(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start a job in a new session (its own process group) with piped stdout and stderr.
+
+    Direct argv, never a shell string; stdin is /dev/null; no file descriptor of
+    ours leaks into the job.
+    """
+    return subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )

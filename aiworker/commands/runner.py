@@ -1,0 +1,75 @@
+"""`aiworker runner`: the CI execution plane."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aiworker.render import emit
+
+app = typer.Typer(
+    help="Run CI jobs in bounded, isolated attempts.", no_args_is_help=True, rich_markup_mode=None
+)
+
+SCHEMA_NAMES = ("request", "result", "error")
+
+
+@app.command("schema")
+def schema(
+    name: Annotated[str, typer.Argument(help="request, result or error.")] = "request",
+) -> None:
+    """Print the JSON Schema of a runner contract."""
+    from aiworker.contracts.runner import SCHEMAS
+    from aiworker.errors import InvalidInput
+
+    if name not in SCHEMAS:
+        raise InvalidInput(f"unknown schema {name!r}; choose one of {', '.join(SCHEMA_NAMES)}")
+    emit(True, SCHEMAS[name].model_json_schema())
+
+
+@app.command("execute")
+def execute(
+    request: Annotated[str, typer.Option("--request", help="Request file, or - for stdin.")] = "-",
+    source_root: Annotated[
+        Path, typer.Option("--source-root", help="Local sources must lie inside this directory.")
+    ] = Path("."),
+    attempt_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--attempt-root",
+            help="Where attempt directories are made (default: $TMPDIR/aiworker/attempts).",
+        ),
+    ] = None,
+    kill_grace_ms: Annotated[
+        int, typer.Option("--kill-grace-ms", min=0, max=600_000, help="SIGTERM to SIGKILL.")
+    ] = 10_000,
+    drain_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            "--drain-timeout-ms",
+            min=0,
+            max=600_000,
+            help="How long to wait for output after the job exits.",
+        ),
+    ] = 10_000,
+    tail_bytes: Annotated[
+        int, typer.Option("--tail-bytes", min=0, max=16 * 1024 * 1024, help="Tail kept per stream.")
+    ] = 64 * 1024,
+) -> int:
+    """Run one job request; print one result JSON (exit 0 only when it succeeded)."""
+    from aiworker.core.runner_cli import read_request_bytes, run_execute
+
+    raw = read_request_bytes(request, sys.stdin.buffer)
+    document, code = run_execute(
+        raw,
+        source_root=source_root,
+        attempt_root=attempt_root,
+        kill_grace_ms=kill_grace_ms,
+        drain_timeout_ms=drain_timeout_ms,
+        tail_bytes=tail_bytes,
+    )
+    emit(True, document)
+    return code

@@ -1,0 +1,138 @@
+"""The runner's JSON contracts: job request, result and error."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import Field, StringConstraints, field_validator
+
+from aiworker.contracts.base import Contract
+
+REQUEST_CONTRACT: Final = "ait.runner.native-job.v3"
+RESULT_CONTRACT: Final = "ait.runner.native-result.v1"
+ERROR_CONTRACT: Final = "ait.runner.error.v1"
+ENTRYPOINT_SELECTOR = "./ci/run"
+MAX_REQUEST_BYTES = 1024 * 1024
+
+Label = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+ShortText = Annotated[str, StringConstraints(max_length=4096)]
+
+
+class LocalDirectorySource(Contract):
+    kind: Literal["local_directory"]
+    path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+
+class RemoteSnapshotSource(Contract):
+    kind: Literal["remote_snapshot"]
+    repository_index: Annotated[int, Field(ge=1)]
+    repository_name: Label
+    snapshot_id: Label
+    external: dict[str, ShortText] = {}
+
+
+Source = Annotated[LocalDirectorySource | RemoteSnapshotSource, Field(discriminator="kind")]
+
+
+class Command(Contract):
+    argv: Annotated[list[ShortText], Field(min_length=1, max_length=256)]
+    working_directory: Annotated[str, StringConstraints(min_length=1, max_length=4096)] = "."
+    environment: Annotated[dict[str, ShortText], Field(max_length=256)] = {}
+    # Names of environment variables whose values are masked in the kept tails.
+    secret_environment: Annotated[list[str], Field(max_length=256)] = []
+
+    @field_validator("argv")
+    @classmethod
+    def _selector(cls, argv: list[str]) -> list[str]:
+        if argv[0] != ENTRYPOINT_SELECTOR:
+            raise ValueError(f"argv[0] must be the logical selector {ENTRYPOINT_SELECTOR!r}")
+        return argv
+
+
+class JobRequest(Contract):
+    contract: Literal["ait.runner.native-job.v3"]
+    label: Label
+    source: Source
+    command: Command
+    timeout_ms: Annotated[int, Field(ge=1, le=7 * 24 * 3600 * 1000)]
+    suite_id: Label
+
+
+Status = Literal["succeeded", "command_failed", "timed_out"]
+
+
+class StreamEvidence(Contract):
+    total_bytes: int
+    sha256: str
+    tail_base64: str
+    tail_bytes: int
+    truncated: bool
+    masked: bool
+
+
+class Evidence(Contract):
+    stdout: StreamEvidence
+    stderr: StreamEvidence
+
+
+class SuiteRecord(Contract):
+    suite_id: str
+    status: Literal["pass", "fail"]
+    duration_ms: int
+
+
+class Materialization(Contract):
+    files: int
+    directories: int
+    symlinks: int
+    skipped_special: int
+    bytes: int
+    duration_ms: int
+
+
+class Termination(Contract):
+    signals_sent: list[str]
+    drain_timed_out: bool
+    leftover_processes_killed: int
+
+
+class Cleanup(Contract):
+    removed: bool
+    attempt_path: str
+    entries_removed: int
+    duration_ms: int
+    error: str | None = None
+
+
+class JobResult(Contract):
+    contract: Literal["ait.runner.native-result.v1"] = RESULT_CONTRACT
+    label: str
+    suite_id: str
+    attempt_id: str
+    status: Status
+    tests_status: Literal["pass", "fail"]
+    exit_code: int | None
+    signal: str | None
+    spawn_error: str | None = None
+    started_at: str
+    finished_at: str
+    duration_ms: int
+    suites: list[SuiteRecord]
+    materialization: Materialization
+    evidence: Evidence
+    termination: Termination
+    cleanup: Cleanup
+
+
+class RunnerError(Contract):
+    contract: Literal["ait.runner.error.v1"] = ERROR_CONTRACT
+    code: str
+    message: str
+    field: str | None = None
+
+
+SCHEMAS: dict[str, type[Contract]] = {
+    "request": JobRequest,
+    "result": JobResult,
+    "error": RunnerError,
+}

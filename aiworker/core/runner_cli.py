@@ -1,0 +1,51 @@
+"""The `runner execute` operation: bytes in, one result or error document out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Any
+
+from aiworker.contracts.runner import MAX_REQUEST_BYTES, RunnerError
+from aiworker.core.runner_execute import RunnerSettings, execute_request
+from aiworker.core.runner_requests import RequestRejected, parse_request
+from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
+from aiworker.runtime.attempts import default_attempt_root
+
+
+def read_request_bytes(source: str, stdin: IO[bytes]) -> bytes:
+    """Read at most one byte past the limit, so an oversized request is never buffered whole."""
+    if source == "-":
+        return stdin.read(MAX_REQUEST_BYTES + 1)
+    try:
+        with open(source, "rb") as handle:
+            return handle.read(MAX_REQUEST_BYTES + 1)
+    except OSError as exc:
+        raise RequestRejected(
+            "request_unreadable", f"cannot read request {source}: {exc.strerror}"
+        ) from None
+
+
+def run_execute(
+    raw: bytes,
+    *,
+    source_root: Path,
+    attempt_root: Path | None,
+    kill_grace_ms: int,
+    drain_timeout_ms: int,
+    tail_bytes: int,
+) -> tuple[dict[str, Any], int]:
+    try:
+        request = parse_request(raw)
+        settings = RunnerSettings(
+            source_root=source_root,
+            attempt_root=attempt_root or default_attempt_root(),
+            kill_grace_s=kill_grace_ms / 1000,
+            drain_timeout_s=drain_timeout_ms / 1000,
+            tail_bytes=tail_bytes,
+        )
+        result = execute_request(request, settings)
+    except RequestRejected as exc:
+        error = RunnerError(code=exc.code, message=exc.message, field=exc.field)
+        return error.model_dump(mode="json"), EXIT_INVALID
+    code = EXIT_OK if result.status == "succeeded" else EXIT_FAILED
+    return result.model_dump(mode="json"), code

@@ -1,0 +1,173 @@
+"""One bounded execution attempt: validate, materialize, run ./ci/run, reduce, remove.
+
+Describing the job (parse_request, resolve_*) and executing it are separate
+steps; the fleet path (`runner run-job`) reuses execute_request unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiworker.contracts.runner import (
+    Cleanup,
+    Evidence,
+    JobRequest,
+    JobResult,
+    Materialization,
+    StreamEvidence,
+    SuiteRecord,
+    Termination,
+)
+from aiworker.core.runner_requests import RequestRejected, resolve_entrypoint, resolve_source
+from aiworker.runtime.attempts import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILES,
+    SourceTooLarge,
+    copy_tree,
+    create_attempt,
+    remove_attempt,
+    sweep_stale_attempts,
+)
+from aiworker.runtime.evidence import DEFAULT_TAIL_BYTES
+from aiworker.runtime.execution import Limits, Outcome, run_job
+
+log = logging.getLogger(__name__)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    source_root: Path
+    attempt_root: Path
+    kill_grace_s: float = 10.0
+    drain_timeout_s: float = 10.0
+    tail_bytes: int = DEFAULT_TAIL_BYTES
+    max_files: int = DEFAULT_MAX_FILES
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+def job_environment(
+    request: JobRequest, attempt_id: str, workspace: Path, home: Path
+) -> dict[str, str]:
+    """The child's whole environment: nothing is inherited but PATH."""
+    env = {
+        "PATH": os.environ.get("PATH", DEFAULT_PATH),
+        "LANG": "C.UTF-8",
+        "HOME": str(home),
+        "TMPDIR": str(home / "tmp"),
+        "CI": "true",
+    }
+    env.update(request.command.environment)
+    env.update(
+        {
+            "AIWORKER_ATTEMPT_ID": attempt_id,
+            "AIWORKER_WORKSPACE": str(workspace),
+            "AIWORKER_SUITE_ID": request.suite_id,
+        }
+    )
+    return env
+
+
+def execute_request(
+    request: JobRequest,
+    settings: RunnerSettings,
+    on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
+) -> JobResult:
+    source = resolve_source(request, settings.source_root)
+    workdir, entry = resolve_entrypoint(source, request.command.working_directory)
+    relative_workdir = workdir.relative_to(source)
+    stale = sweep_stale_attempts(settings.attempt_root)
+    if stale:
+        log.info("removed %d attempt directories left by dead runners", stale)
+    attempt = create_attempt(settings.attempt_root)
+    try:
+        copy_started = time.monotonic()
+        try:
+            counts = copy_tree(source, attempt.workspace, settings.max_files, settings.max_bytes)
+        except SourceTooLarge as exc:
+            raise RequestRejected("source_too_large", str(exc), "source.path") from None
+        materialization = Materialization(
+            **vars(counts), duration_ms=int((time.monotonic() - copy_started) * 1000)
+        )
+        home = attempt.path / "home"
+        (home / "tmp").mkdir(mode=0o700, parents=True)
+        env = job_environment(request, attempt.attempt_id, attempt.workspace, home)
+        secrets = [
+            request.command.environment[n].encode() for n in request.command.secret_environment
+        ]
+        cwd = attempt.workspace / relative_workdir
+        argv = [str(cwd / entry), *request.command.argv[1:]]
+        log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, cwd)
+        outcome = run_job(
+            argv,
+            cwd=cwd,
+            env=env,
+            limits=Limits(
+                timeout_s=request.timeout_ms / 1000,
+                kill_grace_s=settings.kill_grace_s,
+                drain_timeout_s=settings.drain_timeout_s,
+                tail_bytes=settings.tail_bytes,
+            ),
+            tag=f"AIWORKER_ATTEMPT_ID={attempt.attempt_id}",
+            secrets=secrets,
+            on_event=on_event or (lambda _kind, _data: None),
+        )
+    finally:
+        removal = remove_attempt(attempt.path)
+    cleanup = Cleanup(
+        removed=removal.removed,
+        attempt_path=str(attempt.path),
+        entries_removed=removal.entries,
+        duration_ms=removal.duration_ms,
+        error=removal.error,
+    )
+    return build_result(request, attempt.attempt_id, outcome, materialization, cleanup)
+
+
+def build_result(
+    request: JobRequest,
+    attempt_id: str,
+    outcome: Outcome,
+    materialization: Materialization,
+    cleanup: Cleanup,
+) -> JobResult:
+    if outcome.timed_out:
+        status = "timed_out"
+    elif outcome.exit_code == 0 and outcome.spawn_error is None:
+        status = "succeeded"
+    else:
+        status = "command_failed"
+    tests = "pass" if status == "succeeded" else "fail"
+    return JobResult(
+        label=request.label,
+        suite_id=request.suite_id,
+        attempt_id=attempt_id,
+        status=status,
+        tests_status=tests,
+        exit_code=outcome.exit_code,
+        signal=outcome.signal,
+        spawn_error=outcome.spawn_error,
+        started_at=outcome.started_at.isoformat(),
+        finished_at=outcome.finished_at.isoformat(),
+        duration_ms=outcome.duration_ms,
+        suites=[
+            SuiteRecord(suite_id=request.suite_id, status=tests, duration_ms=outcome.duration_ms)
+        ],
+        materialization=materialization,
+        evidence=Evidence(
+            stdout=StreamEvidence.model_validate(outcome.stdout.as_contract()),
+            stderr=StreamEvidence.model_validate(outcome.stderr.as_contract()),
+        ),
+        termination=Termination(
+            signals_sent=outcome.signals_sent,
+            drain_timed_out=outcome.drain_timed_out,
+            leftover_processes_killed=outcome.leftover_processes_killed,
+        ),
+        cleanup=cleanup,
+    )

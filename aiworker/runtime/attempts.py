@@ -1,0 +1,193 @@
+"""Attempt directories: private, uniquely named, filled by copying, always removed.
+
+Copying never follows a symbolic link: links are recreated as links, special
+files are skipped, and the copy stops with SourceTooLarge at the file or byte
+limit. Removal never follows links either and copes with read-only trees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = ".aiworker-attempt.json"
+DEFAULT_MAX_FILES = 100_000
+DEFAULT_MAX_BYTES = 4 * 1024**3
+
+
+class SourceTooLarge(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt_id: str
+    path: Path
+
+    @property
+    def workspace(self) -> Path:
+        return self.path / "workspace"
+
+
+@dataclass
+class CopyCounts:
+    files: int = 0
+    directories: int = 0
+    symlinks: int = 0
+    skipped_special: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Removal:
+    removed: bool
+    entries: int
+    duration_ms: int
+    error: str | None
+
+
+def default_attempt_root() -> Path:
+    return Path(tempfile.gettempdir()) / "aiworker" / "attempts"
+
+
+def ensure_private_root(root: Path) -> Path:
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = root.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"attempt root {root} is not a directory")
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"attempt root {root} belongs to another user")
+    return root
+
+
+def create_attempt(root: Path) -> Attempt:
+    ensure_private_root(root)
+    path = Path(tempfile.mkdtemp(prefix="attempt-", dir=root))
+    attempt_id = path.name.removeprefix("attempt-")
+    marker = {"attempt_id": attempt_id, "pid": os.getpid(), "created": time.time()}
+    (path / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+    os.chmod(path / MARKER, 0o600)
+    (path / "workspace").mkdir(mode=0o700)
+    return Attempt(attempt_id, path)
+
+
+def copy_tree(source: Path, target: Path, max_files: int, max_bytes: int) -> CopyCounts:
+    """Copy SOURCE's contents into the existing directory TARGET."""
+    counts = CopyCounts()
+    pending = [(source, target)]
+    while pending:
+        src_dir, dst_dir = pending.pop()
+        with os.scandir(src_dir) as entries:
+            for entry in entries:
+                dst = Path(dst_dir, entry.name)
+                info = entry.stat(follow_symlinks=False)
+                mode = info.st_mode
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(entry.path), dst)
+                    counts.symlinks += 1
+                elif stat.S_ISDIR(mode):
+                    os.mkdir(dst, 0o700)
+                    counts.directories += 1
+                    pending.append((Path(entry.path), dst))
+                elif stat.S_ISREG(mode):
+                    counts.files += 1
+                    counts.bytes += info.st_size
+                    if counts.files > max_files:
+                        raise SourceTooLarge(f"source has more than {max_files} files")
+                    if counts.bytes > max_bytes:
+                        raise SourceTooLarge(f"source has more than {max_bytes} bytes")
+                    _copy_file(entry.path, dst, stat.S_IMODE(mode))
+                else:
+                    counts.skipped_special += 1
+        # Directory modes last, so a read-only source directory can still be filled.
+        os.chmod(dst_dir, stat.S_IMODE(os.lstat(src_dir).st_mode) | 0o700)
+    return counts
+
+
+def _copy_file(src: str, dst: Path, mode: int) -> None:
+    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(src_fd).st_size
+            copied = 0
+            while copied < size:
+                sent = os.sendfile(dst_fd, src_fd, None, min(size - copied, 1 << 30))
+                if sent == 0:
+                    break
+                copied += sent
+            os.fchmod(dst_fd, mode)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
+def remove_attempt(path: Path) -> Removal:
+    """Remove an attempt directory without following links, read-only trees included."""
+    started = time.monotonic()
+    entries = 0
+    error = None
+    try:
+        entries = _make_removable(path)
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc.strerror or exc}"
+    duration = int((time.monotonic() - started) * 1000)
+    return Removal(not os.path.lexists(path), entries, duration, error)
+
+
+def _make_removable(root: Path) -> int:
+    """Give every directory owner rwx (top down, never through a link); count entries."""
+    count = 0
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        with contextlib.suppress(OSError):
+            os.chmod(directory, 0o700, follow_symlinks=False)
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    count += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(Path(entry.path))
+        except OSError:
+            continue
+    return count
+
+
+def sweep_stale_attempts(root: Path) -> int:
+    """Remove attempt directories left by runners that died; live ones are kept."""
+    removed = 0
+    if not root.is_dir():
+        return 0
+    for path in root.glob("attempt-*"):
+        try:
+            marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+            pid = int(marker["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        if remove_attempt(path).removed:
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
