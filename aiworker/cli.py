@@ -14,6 +14,7 @@ from aiworker.commands import config as config_commands
 from aiworker.commands import db as db_commands
 from aiworker.commands import doctor as doctor_commands
 from aiworker.commands import runner as runner_commands
+from aiworker.commands import sandbox as sandbox_commands
 from aiworker.commands import status as status_commands
 from aiworker.errors import EXIT_FAILED, AiworkerError
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
@@ -82,6 +83,7 @@ def root(
 app.add_typer(config_commands.app, name="config")
 app.add_typer(db_commands.app, name="db")
 app.add_typer(runner_commands.app, name="runner")
+app.add_typer(sandbox_commands.app, name="sandbox")
 app.command("status")(status_commands.status)
 app.command("doctor")(doctor_commands.doctor)
 

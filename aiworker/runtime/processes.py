@@ -74,3 +74,27 @@ def start_process_group(
         start_new_session=True,
         close_fds=True,
     )
+
+
+def run_binary(
+    argv: Sequence[str],
+    *,
+    input_bytes: bytes = b"",
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+) -> tuple[int, bytes, bytes]:
+    """Run ARGV with binary stdin and stdout (CGI programs such as git http-backend)."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            input=input_bytes,
+            capture_output=True,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, b"", f"{argv[0]}: timed out after {timeout}s".encode()
+    return done.returncode, done.stdout, done.stderr

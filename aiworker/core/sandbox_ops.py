@@ -1,0 +1,33 @@
+"""Starting and seeding the sandbox forge."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiworker.errors import InvalidInput
+
+
+def serve_forge(data: Path, host: str, port: int, announce: Callable[[str], None]) -> None:
+    from aiworker.sandbox.server import make_server
+
+    try:
+        server, app = make_server(data.absolute(), host, port)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    announce(app.root_url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def seed_forge(data: Path) -> dict[str, Any]:
+    from aiworker.sandbox.seed import seed
+
+    return seed(data.absolute())

@@ -1,0 +1,160 @@
+"""HTTP plumbing of the sandbox forge: requests, replies, routing, auth, pagination."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    raw_query: str
+    headers: dict[str, str]
+    body: bytes
+    user: str | None = None
+    query: dict[str, list[str]] = field(default_factory=dict)
+
+    def json(self) -> dict[str, Any]:
+        if not self.body:
+            return {}
+        try:
+            value = json.loads(self.body)
+        except json.JSONDecodeError:
+            raise HttpError(400, "request body is not valid JSON") from None
+        if not isinstance(value, dict):
+            raise HttpError(422, "request body must be a JSON object")
+        return value
+
+    def arg(self, name: str, default: str | None = None) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    def int_arg(self, name: str, default: int) -> int:
+        value = self.arg(name)
+        if value is None or value == "":
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise HttpError(422, f"{name} must be an integer") from None
+
+
+@dataclass
+class Reply:
+    status: int
+    payload: Any = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    raw: bytes | None = None
+
+    def encode(self) -> bytes:
+        if self.raw is not None:
+            return self.raw
+        if self.payload is None:
+            return b""
+        return json.dumps(self.payload).encode()
+
+
+Handler = Callable[..., Reply]
+
+
+class Router:
+    def __init__(self) -> None:
+        self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
+
+    def add(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
+        regex = re.compile(
+            "^"
+            + re.sub(
+                r"\{(\w+)(\.\.\.)?\}",
+                lambda m: f"(?P<{m.group(1)}>{'.+' if m.group(2) else '[^/]+'})",
+                pattern,
+            )
+            + "$"
+        )
+
+        def register(handler: Handler) -> Handler:
+            self.routes.append((method, regex, handler))
+            return handler
+
+        return register
+
+    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        allowed = False
+        for verb, regex, handler in self.routes:
+            found = regex.match(path)
+            if found:
+                if verb == method:
+                    return handler, found.groupdict()
+                allowed = True
+        raise HttpError(
+            405 if allowed else 404, "not found" if not allowed else "method not allowed"
+        )
+
+
+def credentials(headers: dict[str, str]) -> str | None:
+    """The token a request carries: `token X`, `Bearer X`, or basic auth (token as password)."""
+    value = headers.get("authorization", "").strip()
+    if not value:
+        return None
+    scheme, _, rest = value.partition(" ")
+    scheme = scheme.lower()
+    if scheme in ("token", "bearer"):
+        return rest.strip()
+    if scheme == "basic":
+        try:
+            user, _, password = base64.b64decode(rest.strip()).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if password in ("", "x-oauth-basic"):
+            return user
+        return password
+    return None
+
+
+def parse_query(raw: str) -> dict[str, list[str]]:
+    return parse_qs(raw, keep_blank_values=True)
+
+
+def paginate(
+    req: Request, items: list[Any], root_url: str, *, default: int, maximum: int
+) -> tuple[list[Any], list[tuple[str, str]]]:
+    """One page of ITEMS with Forgejo's Link and X-Total-Count headers."""
+    limit = req.int_arg("limit", default)
+    limit = default if limit <= 0 else min(limit, maximum)
+    page = max(req.int_arg("page", 1), 1)
+    total = len(items)
+    chunk = items[(page - 1) * limit : page * limit]
+    last = max((total + limit - 1) // limit, 1)
+    headers = [("X-Total-Count", str(total))]
+    links = []
+
+    def url(number: int) -> str:
+        query = {k: v for k, v in req.query.items() if k != "page"}
+        query["page"] = [str(number)]
+        return f"{root_url.rstrip('/')}{req.path}?{urlencode(query, doseq=True)}"
+
+    if page < last:
+        links.append(f'<{url(page + 1)}>; rel="next"')
+        links.append(f'<{url(last)}>; rel="last"')
+    if page > 1:
+        links.append(f'<{url(1)}>; rel="first"')
+        links.append(f'<{url(page - 1)}>; rel="prev"')
+    if links:
+        headers.append(("Link", ", ".join(links)))
+    return chunk, headers

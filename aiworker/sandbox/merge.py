@@ -1,0 +1,130 @@
+"""Merging a pull request in a bare repository with Forgejo's merge styles.
+
+The merge is done in a throwaway clone that borrows the bare repository's
+objects, then pushed back with a lease on the base branch, so a base that moved
+meanwhile is never overwritten.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from aiworker.runtime.processes import run_command
+from aiworker.sandbox.gitrepo import BareRepo
+
+STYLES = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only", "manually-merged")
+
+
+class MergeConflict(Exception):
+    pass
+
+
+class MergeNotPossible(Exception):
+    pass
+
+
+def merge_pull(
+    repo: BareRepo,
+    *,
+    base: str,
+    head_sha: str,
+    head_branch: str,
+    style: str,
+    number: int,
+    title: str,
+    merger: str,
+    message: str | None = None,
+) -> str:
+    """Merge HEAD_SHA into BASE with STYLE; return the new base head."""
+    base_sha = repo.branch_sha(base)
+    if base_sha is None:
+        raise MergeNotPossible(f"base branch {base} does not exist")
+    work = Path(tempfile.mkdtemp(prefix="sandbox-merge-"))
+    identity = {
+        "GIT_AUTHOR_NAME": merger,
+        "GIT_AUTHOR_EMAIL": f"{merger}@sandbox.invalid",
+        "GIT_COMMITTER_NAME": merger,
+        "GIT_COMMITTER_EMAIL": f"{merger}@sandbox.invalid",
+    }
+
+    def git(*args: str, author: bool = True) -> tuple[bool, str]:
+        env = repo.env(
+            identity
+            if author
+            else {k: v for k, v in identity.items() if k.startswith("GIT_COMMITTER")}
+        )
+        result = run_command(["git", "-C", str(work), *args], env=env, timeout=120)
+        return result.ok, (result.stdout + result.stderr).strip()
+
+    try:
+        ok, out = git("clone", "-q", "--shared", "--no-checkout", str(repo.path), ".")
+        if not ok:
+            raise MergeNotPossible(out)
+        git("checkout", "-q", "-B", "work", base_sha)
+        default_message = f"Merge pull request '{title}' (#{number}) from {head_branch} into {base}"
+        ok, out = _apply_style(
+            git,
+            style,
+            base_sha,
+            head_sha,
+            message or default_message,
+            message or f"{title} (#{number})",
+        )
+        if not ok:
+            raise MergeConflict(out[-500:])
+        new_sha = git("rev-parse", "work")[1]
+        ok, out = git(
+            "push",
+            "-q",
+            f"--force-with-lease=refs/heads/{base}:{base_sha}",
+            "origin",
+            f"{new_sha}:refs/heads/{base}",
+        )
+        if not ok:
+            raise MergeConflict(f"base branch moved during the merge: {out[-300:]}")
+        return new_sha
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _apply_style(  # noqa: PLR0911 - one return per merge style
+    git: Callable[..., tuple[bool, str]],
+    style: str,
+    base_sha: str,
+    head_sha: str,
+    merge_message: str,
+    squash_message: str,
+) -> tuple[bool, str]:
+    """Leave the merged result on branch `work` of the throwaway clone."""
+    if style == "merge":
+        return git("merge", "--no-ff", "-q", "-m", merge_message, head_sha)
+    if style == "squash":
+        ok, out = git("merge", "--squash", "-q", head_sha)
+        if not ok:
+            return ok, out
+        return git("commit", "-q", "--allow-empty", "-m", squash_message)
+    if style == "fast-forward-only":
+        ok, out = git("merge", "--ff-only", "-q", head_sha)
+        if not ok:
+            raise MergeNotPossible("head is not a descendant of base; cannot fast-forward")
+        return ok, out
+    if style in ("rebase", "rebase-merge"):
+        git("checkout", "-q", "-B", "rebasing", head_sha)
+        ok, out = git("rebase", "-q", base_sha, author=False)
+        if not ok:
+            return ok, out
+        rebased = git("rev-parse", "HEAD")[1]
+        if style == "rebase":
+            return git("checkout", "-q", "-B", "work", rebased)
+        git("checkout", "-q", "work")
+        return git("merge", "--no-ff", "-q", "-m", merge_message, rebased)
+    raise MergeNotPossible(f"merge style {style!r} is not supported")
+
+
+def mergeable(repo: BareRepo, base_sha: str, head_sha: str) -> bool:
+    """Whether HEAD merges into BASE without conflicts (no work tree needed)."""
+    result = repo.git("merge-tree", "--write-tree", base_sha, head_sha)
+    return result.ok

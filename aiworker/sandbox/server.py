@@ -1,0 +1,176 @@
+"""The sandbox forge server: a threading HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from aiworker.sandbox.gitrepo import BareRepo, http_backend
+from aiworker.sandbox.http import (
+    MAX_BODY,
+    HttpError,
+    Reply,
+    Request,
+    Router,
+    credentials,
+    parse_query,
+)
+from aiworker.sandbox.render import Renderer
+from aiworker.sandbox.state import ForgeState
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+GIT_PATH = "/{owner}/{repo}.git/"
+SETTINGS = {"default_paging_num": 30, "max_response_items": 50}
+
+
+class SandboxApp:
+    def __init__(self, data_dir: Path, root_url: str) -> None:
+        self.state = ForgeState(data_dir)
+        self.root_url = root_url.rstrip("/") + "/"
+        self.render = Renderer(self.state, self.root_url)
+        self.git_root = data_dir / "git"
+        self.router = Router()
+        from aiworker.sandbox import api_issues, api_pulls, api_repos
+
+        for module in (api_repos, api_issues, api_pulls):
+            module.register(self)
+
+    def git(self, repo: dict[str, Any]) -> BareRepo:
+        return BareRepo(self.git_root / repo["owner"] / f"{repo['name']}.git")
+
+    def repo_for(self, req: Request, owner: str, name: str, needed: str = "read") -> dict[str, Any]:
+        repo = self.state.repo(owner, name)
+        if repo is None or not self.state.can(repo, req.user, "read"):
+            raise HttpError(404, "repository not found")
+        if not self.state.can(repo, req.user, needed):
+            if req.user is None:
+                raise HttpError(401, "token required")
+            raise HttpError(403, f"user does not have {needed} permission")
+        return repo
+
+    def handle(self, req: Request) -> Reply:
+        token = credentials(req.headers)
+        with self.state.lock:
+            self.state.refresh()
+            if token is not None:
+                user = self.state.user_by_token(token)
+                if user is None:
+                    raise HttpError(401, "invalid token")
+                req.user = user["login"]
+            if req.path.startswith("/api/v1/"):
+                handler, params = self.router.match(req.method, req.path[len("/api/v1") :])
+                return handler(req, **params)
+            if req.path.startswith("/attachments/"):
+                return self.download(req, req.path.rsplit("/", 1)[1])
+        return self.git_http(req)
+
+    def download(self, req: Request, uuid: str) -> Reply:
+        found = self.state.data["attachments"].get(uuid)
+        if found is None:
+            raise HttpError(404, "attachment not found")
+        self.repo_for(req, found["owner"], found["repo"])
+        data = (self.state.dir / "attachments" / uuid).read_bytes()
+        return Reply(200, raw=data, headers=[("Content-Type", "application/octet-stream")])
+
+    def git_http(self, req: Request) -> Reply:
+        parts = req.path.lstrip("/").split("/", 2)
+        if len(parts) < 3 or not parts[1].endswith(".git"):
+            raise HttpError(404, "not found")
+        owner, name, rest = parts[0], parts[1][: -len(".git")], parts[2]
+        pushing = rest == "git-receive-pack" or req.arg("service") == "git-receive-pack"
+        with self.state.lock:
+            repo = self.state.repo(owner, name)
+            if repo is None:
+                raise HttpError(404, "repository not found")
+            needed = "write" if pushing else "read"
+            if (pushing or repo["private"]) and req.user is None:
+                return Reply(
+                    401,
+                    raw=b"authentication required\n",
+                    headers=[("WWW-Authenticate", 'Basic realm="sandbox forge"')],
+                )
+            if not self.state.can(repo, req.user, needed):
+                raise HttpError(403, f"user does not have {needed} permission")
+        status, headers, body = http_backend(
+            self.git_root,
+            method=req.method,
+            path_info=f"/{owner}/{name}.git/{rest}",
+            query=req.raw_query,
+            content_type=req.headers.get("content-type", ""),
+            body=req.body,
+            remote_user=req.user or "anonymous",
+            git_protocol=req.headers.get("git-protocol"),
+        )
+        return Reply(status, raw=body, headers=headers)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    app: SandboxApp
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def _serve(self) -> None:
+        path, _, raw_query = self.path.partition("?")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        length = int(headers.get("content-length", "0") or 0)
+        if length > MAX_BODY:
+            self._send(Reply(413, {"message": "request body too large", "url": ""}))
+            return
+        body = self.rfile.read(length) if length else b""
+        req = Request(self.command, path, raw_query, headers, body, query=parse_query(raw_query))
+        try:
+            reply = self.app.handle(req)
+        except HttpError as exc:
+            reply = Reply(
+                exc.status, {"message": exc.message, "url": self.app.root_url + "api/swagger"}
+            )
+        except Exception as exc:  # the sandbox answers 500 like Forgejo
+            reply = Reply(
+                500, {"message": f"internal error: {type(exc).__name__}: {exc}", "url": ""}
+            )
+        self._send(reply)
+
+    def _send(self, reply: Reply) -> None:
+        data = reply.encode()
+        self.send_response(reply.status)
+        names = {name.lower() for name, _ in reply.headers}
+        if "content-type" not in names:
+            self.send_header("Content-Type", "application/json;charset=utf-8")
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+
+def make_server(data_dir: Path, host: str, port: int) -> tuple[ThreadingHTTPServer, SandboxApp]:
+    if host not in LOOPBACK:
+        raise ValueError("the sandbox forge listens on loopback only")
+    server = ThreadingHTTPServer((host, port), _Handler)
+    server.daemon_threads = True
+    bound_port = server.server_address[1]
+    app = SandboxApp(data_dir, f"http://{host}:{bound_port}/")
+    server.RequestHandlerClass = type("Handler", (_Handler,), {"app": app})
+    return server, app
+
+
+def serve_in_thread(data_dir: Path, port: int = 0) -> tuple[ThreadingHTTPServer, SandboxApp]:
+    server, app = make_server(data_dir, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, app
+
+
+def settings_payload() -> dict[str, int]:
+    return {**SETTINGS, "default_max_blob_size": 10485760, "default_git_trees_per_page": 1000}
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value).encode()
