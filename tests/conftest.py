@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from aiworker.cli import main
+from tests.forge_fixtures import forge  # noqa: F401 - shared fixture
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

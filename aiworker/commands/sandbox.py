@@ -29,7 +29,11 @@ def serve(
     """Serve the sandbox forge's API and git smart HTTP until interrupted."""
     from aiworker.core.sandbox_ops import serve_forge
 
-    serve_forge(data, host, port, lambda url: sys.stderr.write(f"sandbox forge at {url}\n"))
+    def announce(url: str) -> None:
+        sys.stderr.write(f"sandbox forge at {url}\n")
+        sys.stderr.flush()
+
+    serve_forge(data, host, port, announce)
 
 
 @app.command("seed")

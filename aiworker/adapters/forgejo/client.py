@@ -1,0 +1,308 @@
+"""Forgejo operations for one identity (planner, worker, reviewer: three instances)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from aiworker.adapters.forgejo import models as m
+from aiworker.adapters.forgejo.errors import ForgeError, ForgeNotFound
+from aiworker.adapters.forgejo.transport import Transport, segment
+
+T = TypeVar("T", bound=BaseModel)
+REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
+STATUS_STATES = ("pending", "success", "error", "failure", "warning")
+MERGE_STYLES = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only")
+
+
+def rfc3339(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("use timezone-aware datetimes")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ForgejoClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        attempts: int = 5,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        extra = {"sleep": sleep} if sleep is not None else {}
+        self.http = Transport(
+            base_url,
+            token,
+            timeout=timeout,
+            attempts=attempts,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            **extra,
+        )
+
+    # plumbing --------------------------------------------------------------------------
+    def _get(self, model: type[T], path: str, **params: Any) -> T:
+        return model.model_validate(self.http.request("GET", path, params=params or None).json())
+
+    def _list(self, model: type[T], path: str, **params: Any) -> list[T]:
+        items = self.http.pages(path, params, self.page_size)
+        return [model.model_validate(item) for item in items]
+
+    def _send(
+        self, model: type[T], method: str, path: str, body: Any, ok: tuple[int, ...] = (200, 201)
+    ) -> T:
+        return model.model_validate(self.http.request(method, path, json=body, ok=ok).json())
+
+    @staticmethod
+    def _repo(owner: str, repo: str) -> str:
+        return f"/repos/{segment(owner)}/{segment(repo)}"
+
+    @cached_property
+    def settings(self) -> m.ApiSettings:
+        return self._get(m.ApiSettings, "/settings/api")
+
+    @property
+    def page_size(self) -> int:
+        return max(1, self.settings.max_response_items)
+
+    # identity and repository -----------------------------------------------------------
+    def current_user(self) -> m.User:
+        return self._get(m.User, "/user")
+
+    def repository(self, owner: str, repo: str) -> m.Repository:
+        return self._get(m.Repository, self._repo(owner, repo))
+
+    def collaborator_permission(self, owner: str, repo: str, user: str) -> m.CollaboratorPermission:
+        path = f"{self._repo(owner, repo)}/collaborators/{segment(user)}/permission"
+        return self._get(m.CollaboratorPermission, path)
+
+    def add_collaborator(self, owner: str, repo: str, user: str, permission: str = "write") -> None:
+        path = f"{self._repo(owner, repo)}/collaborators/{segment(user)}"
+        self.http.request("PUT", path, json={"permission": permission}, ok=(204,))
+
+    # issues ----------------------------------------------------------------------------
+    def list_issues(
+        self,
+        owner: str,
+        repo: str,
+        *,
+        state: str = "open",
+        labels: Iterable[str] = (),
+        assignee: str | None = None,
+        since: datetime | None = None,
+    ) -> list[m.Issue]:
+        params: dict[str, Any] = {"state": state, "type": "issues"}
+        names = ",".join(labels)
+        if names:
+            params["labels"] = names
+        if assignee:
+            params["assigned_by"] = assignee
+        if since is not None:
+            params["since"] = rfc3339(since)
+        return self._list(m.Issue, f"{self._repo(owner, repo)}/issues", **params)
+
+    def issue(self, owner: str, repo: str, number: int) -> m.Issue:
+        return self._get(m.Issue, f"{self._repo(owner, repo)}/issues/{number}")
+
+    def timeline(self, owner: str, repo: str, number: int) -> list[m.TimelineComment]:
+        return self._list(m.TimelineComment, f"{self._repo(owner, repo)}/issues/{number}/timeline")
+
+    def comments(self, owner: str, repo: str, number: int) -> list[m.Comment]:
+        response = self.http.request("GET", f"{self._repo(owner, repo)}/issues/{number}/comments")
+        return [m.Comment.model_validate(item) for item in response.json() or []]
+
+    def create_comment(self, owner: str, repo: str, number: int, body: str) -> m.Comment:
+        path = f"{self._repo(owner, repo)}/issues/{number}/comments"
+        return self._send(m.Comment, "POST", path, {"body": body}, ok=(201,))
+
+    def edit_comment(self, owner: str, repo: str, comment_id: int, body: str) -> m.Comment:
+        path = f"{self._repo(owner, repo)}/issues/comments/{comment_id}"
+        return self._send(m.Comment, "PATCH", path, {"body": body}, ok=(200, 201))
+
+    # labels ----------------------------------------------------------------------------
+    def repo_labels(self, owner: str, repo: str) -> list[m.Label]:
+        return self._list(m.Label, f"{self._repo(owner, repo)}/labels")
+
+    def create_label(
+        self, owner: str, repo: str, name: str, color: str = "#ededed", description: str = ""
+    ) -> m.Label:
+        body = {"name": name, "color": color, "description": description}
+        return self._send(m.Label, "POST", f"{self._repo(owner, repo)}/labels", body, ok=(201,))
+
+    def ensure_labels(self, owner: str, repo: str, names: Iterable[str]) -> dict[str, m.Label]:
+        """Every named label, creating the missing ones."""
+        existing = {label.name: label for label in self.repo_labels(owner, repo)}
+        for name in names:
+            if name not in existing:
+                existing[name] = self.create_label(owner, repo, name)
+        return existing
+
+    def add_labels(
+        self, owner: str, repo: str, number: int, labels: Iterable[int | str]
+    ) -> list[m.Label]:
+        path = f"{self._repo(owner, repo)}/issues/{number}/labels"
+        response = self.http.request("POST", path, json={"labels": list(labels)})
+        return [m.Label.model_validate(item) for item in response.json() or []]
+
+    def remove_label(self, owner: str, repo: str, number: int, label: int | str) -> None:
+        path = f"{self._repo(owner, repo)}/issues/{number}/labels/{segment(label)}"
+        self.http.request("DELETE", path, ok=(204,))
+
+    # attachments -----------------------------------------------------------------------
+    def attachments(self, owner: str, repo: str, number: int) -> list[m.Attachment]:
+        response = self.http.request("GET", f"{self._repo(owner, repo)}/issues/{number}/assets")
+        return [m.Attachment.model_validate(item) for item in response.json() or []]
+
+    def download_attachment(self, attachment: m.Attachment, max_bytes: int) -> bytes:
+        """The attachment's bytes; refuses (without reading on) past MAX_BYTES."""
+        if attachment.size > max_bytes:
+            raise ForgeError(
+                "GET",
+                f"/attachments/{attachment.uuid}",
+                None,
+                f"attachment is {attachment.size} bytes, over {max_bytes}",
+            )
+        response = self.http.request("GET", "", url=attachment.browser_download_url, stream=True)
+        data = bytearray()
+        try:
+            for chunk in response.iter_content(64 * 1024):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise ForgeError(
+                        "GET",
+                        f"/attachments/{attachment.uuid}",
+                        200,
+                        f"attachment exceeds {max_bytes} bytes",
+                    )
+        finally:
+            response.close()
+        return bytes(data)
+
+    # branches and refs -----------------------------------------------------------------
+    def branches(self, owner: str, repo: str) -> list[m.Branch]:
+        return self._list(m.Branch, f"{self._repo(owner, repo)}/branches")
+
+    def branch(self, owner: str, repo: str, name: str) -> m.Branch:
+        return self._get(
+            m.Branch, f"{self._repo(owner, repo)}/branches/{segment(name, slashes=True)}"
+        )
+
+    def create_branch(self, owner: str, repo: str, name: str, start: str) -> m.Branch:
+        body = {"new_branch_name": name, "old_ref_name": start}
+        return self._send(m.Branch, "POST", f"{self._repo(owner, repo)}/branches", body, ok=(201,))
+
+    def refs(self, owner: str, repo: str, prefix: str = "") -> list[m.Reference]:
+        path = f"{self._repo(owner, repo)}/git/refs"
+        if prefix:
+            path += "/" + segment(prefix.removeprefix("refs/"), slashes=True)
+        try:
+            response = self.http.request("GET", path)
+        except ForgeNotFound:
+            return []
+        return [m.Reference.model_validate(item) for item in response.json() or []]
+
+    # pull requests ---------------------------------------------------------------------
+    def create_pull(
+        self, owner: str, repo: str, *, head: str, base: str, title: str, body: str = ""
+    ) -> m.PullRequest:
+        payload = {"head": head, "base": base, "title": title, "body": body}
+        return self._send(
+            m.PullRequest, "POST", f"{self._repo(owner, repo)}/pulls", payload, ok=(201,)
+        )
+
+    def pull(self, owner: str, repo: str, number: int) -> m.PullRequest:
+        return self._get(m.PullRequest, f"{self._repo(owner, repo)}/pulls/{number}")
+
+    def pulls(self, owner: str, repo: str, state: str = "open") -> list[m.PullRequest]:
+        return self._list(m.PullRequest, f"{self._repo(owner, repo)}/pulls", state=state)
+
+    def update_pull(self, owner: str, repo: str, number: int, **fields: Any) -> m.PullRequest:
+        allowed = {"title", "body", "state", "base"}
+        if set(fields) - allowed:
+            raise ValueError(f"update_pull accepts only {sorted(allowed)}")
+        path = f"{self._repo(owner, repo)}/pulls/{number}"
+        return self._send(m.PullRequest, "PATCH", path, fields, ok=(200, 201))
+
+    def merge_pull(
+        self,
+        owner: str,
+        repo: str,
+        number: int,
+        *,
+        style: str = "merge",
+        head_commit_id: str | None = None,
+        title: str | None = None,
+        message: str | None = None,
+        delete_branch: bool = False,
+    ) -> None:
+        if style not in MERGE_STYLES:
+            raise ValueError(f"merge style must be one of {MERGE_STYLES}")
+        body: dict[str, Any] = {"Do": style, "delete_branch_after_merge": delete_branch}
+        if head_commit_id:
+            body["head_commit_id"] = head_commit_id
+        if title:
+            body["MergeTitleField"] = title
+        if message:
+            body["MergeMessageField"] = message
+        path = f"{self._repo(owner, repo)}/pulls/{number}/merge"
+        self.http.request("POST", path, json=body, ok=(200,))
+
+    def is_merged(self, owner: str, repo: str, number: int) -> bool:
+        path = f"{self._repo(owner, repo)}/pulls/{number}/merge"
+        return self.http.request("GET", path, ok=(204, 404)).status_code == 204
+
+    # reviews and statuses --------------------------------------------------------------
+    def create_review(
+        self,
+        owner: str,
+        repo: str,
+        number: int,
+        *,
+        event: str,
+        body: str,
+        commit_id: str | None = None,
+    ) -> m.PullReview:
+        if event not in REVIEW_EVENTS:
+            raise ValueError(f"review event must be one of {REVIEW_EVENTS}")
+        payload: dict[str, Any] = {"event": event, "body": body}
+        if commit_id:
+            payload["commit_id"] = commit_id
+        path = f"{self._repo(owner, repo)}/pulls/{number}/reviews"
+        return self._send(m.PullReview, "POST", path, payload, ok=(200,))
+
+    def reviews(self, owner: str, repo: str, number: int) -> list[m.PullReview]:
+        return self._list(m.PullReview, f"{self._repo(owner, repo)}/pulls/{number}/reviews")
+
+    def create_status(
+        self,
+        owner: str,
+        repo: str,
+        sha: str,
+        *,
+        state: str,
+        context: str,
+        description: str = "",
+        target_url: str = "",
+    ) -> m.CommitStatus:
+        if state not in STATUS_STATES:
+            raise ValueError(f"status state must be one of {STATUS_STATES}")
+        body = {
+            "state": state,
+            "context": context,
+            "description": description,
+            "target_url": target_url,
+        }
+        path = f"{self._repo(owner, repo)}/statuses/{segment(sha)}"
+        return self._send(m.CommitStatus, "POST", path, body, ok=(201,))
+
+    def combined_status(self, owner: str, repo: str, ref: str) -> m.CombinedStatus:
+        path = f"{self._repo(owner, repo)}/commits/{segment(ref, slashes=True)}/status"
+        return self._get(m.CombinedStatus, path)

@@ -1,0 +1,188 @@
+"""HTTP to one Forgejo base URL as one identity: timeouts, retries, pagination, errors.
+
+Connection errors, 429 and 5xx are retried with exponential backoff and full
+jitter, never sooner than a Retry-After the server sent; other 4xx are final.
+The token travels only in the Authorization header and never appears in an
+error or a log line.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import requests
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+
+from aiworker.adapters.forgejo.errors import BY_STATUS, ForgeError, ForgeUnavailable
+from aiworker.secrets import redact, register_secret
+
+log = logging.getLogger(__name__)
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _Retryable(Exception):
+    def __init__(self, status: int | None, reason: str, retry_after: float | None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds: a number, or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def segment(value: str | int, *, slashes: bool = False) -> str:
+    return quote(str(value), safe="/" if slashes else "")
+
+
+class Transport:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        attempts: int = 5,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base = base_url.rstrip("/")
+        self.api = self.base + "/api/v1"
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._sleep = sleep
+        register_secret(token)
+        self.session = requests.Session()
+        self.session.headers.update(
+            {
+                "Authorization": f"token {token}",
+                "Accept": "application/json",
+                "User-Agent": "aiworker",
+            }
+        )
+        self.requests_sent = 0
+        self.bytes_received = 0
+
+    def _wait(self, state: RetryCallState) -> float:
+        backoff = min(self.backoff_max, self.backoff_base * 2 ** (state.attempt_number - 1))
+        delay = random.uniform(0, backoff)
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        if isinstance(error, _Retryable) and error.retry_after is not None:
+            delay = max(delay, min(error.retry_after, self.backoff_max))
+        return delay
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        ok: tuple[int, ...] = (200,),
+        url: str | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        """Send one API call (PATH below /api/v1, or a full same-host URL)."""
+        target = url or self.api + path
+        shown = urlsplit(target).path
+        retrying = Retrying(
+            retry=retry_if_exception_type(_Retryable),
+            stop=stop_after_attempt(self.attempts),
+            wait=self._wait,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._send(method, target, shown, params, json, stream)
+        except _Retryable as exc:
+            raise ForgeUnavailable(method, shown, exc.status, exc.reason) from None
+        if response.status_code not in ok:
+            raise self._error(method, shown, response)
+        return response
+
+    def _send(
+        self,
+        method: str,
+        target: str,
+        shown: str,
+        params: Mapping[str, Any] | None,
+        body: Any,
+        stream: bool,
+    ) -> requests.Response:
+        started = time.monotonic()
+        self.requests_sent += 1
+        try:
+            response = self.session.request(
+                method, target, params=params, json=body, timeout=self.timeout, stream=stream
+            )
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            log.info("%s %s: %s; retrying", method, shown, type(exc).__name__)
+            raise _Retryable(None, type(exc).__name__, None) from None
+        if not stream:
+            self.bytes_received += len(response.content)
+        log.debug(
+            "%s %s -> %d in %.0f ms",
+            method,
+            shown,
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+        )
+        if response.status_code in RETRY_STATUSES:
+            after = retry_after_seconds(response.headers.get("Retry-After"))
+            raise _Retryable(response.status_code, f"HTTP {response.status_code}", after)
+        return response
+
+    def _error(self, method: str, shown: str, response: requests.Response) -> ForgeError:
+        detail = ""
+        try:
+            body = response.json()
+            if isinstance(body, dict):
+                # A server may echo what it got; the token must not come back through us.
+                detail = redact(str(body.get("message", ""))[:300])
+        except ValueError:
+            pass
+        kind = BY_STATUS.get(response.status_code, ForgeError)
+        return kind(method, shown, response.status_code, detail)
+
+    def pages(self, path: str, params: Mapping[str, Any] | None, page_size: int) -> Iterator[Any]:
+        """Every item of a list endpoint, following Link rel="next"."""
+        query = {**(params or {}), "limit": page_size, "page": 1}
+        response = self.request("GET", path, params=query)
+        while True:
+            items = response.json() or []
+            yield from items
+            following = response.links.get("next", {}).get("url")
+            if not following or len(items) < page_size:
+                return
+            response = self.request("GET", "", url=self._same_host(following))
+
+    def _same_host(self, url: str) -> str:
+        """Link URLs come from the server's ROOT_URL; keep requests on our base URL."""
+        parts = urlsplit(url)
+        base = urlsplit(self.base)
+        if (parts.scheme, parts.netloc) != (base.scheme, base.netloc):
+            return f"{self.base}{parts.path}?{parts.query}"
+        return url

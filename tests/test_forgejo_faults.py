@@ -1,0 +1,133 @@
+"""The adapter against a misbehaving server on loopback: retries, Retry-After, no token leaks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from aiworker.adapters.forgejo import ForgejoClient, ForgeUnavailable
+from aiworker.adapters.forgejo.errors import ForgeInvalid, ForgeNotFound
+
+CANARY = "canary-forge-token-5d1e9a0b7c"
+USER = {"id": 1, "login": "bot", "full_name": "", "email": "", "is_admin": False}
+
+
+class Script:
+    """What the fake server answers, one action per request, then 200 with USER."""
+
+    def __init__(self, *actions):
+        self.actions = list(actions)
+        self.seen = []
+
+
+def start(script):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            return None
+
+        def do_GET(self):
+            script.seen.append((time.monotonic(), self.path, self.headers.get("Authorization")))
+            action = script.actions.pop(0) if script.actions else ("json", 200, USER, {})
+            if action[0] == "drop":
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.connection.close()
+                return
+            _, status, body, headers = action
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def make(*actions):
+        script = Script(*actions)
+        server, url = start(script)
+        servers.append(server)
+        return script, url
+
+    yield make
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def client(url, **options):
+    options.setdefault("backoff_base", 0.01)
+    return ForgejoClient(url, CANARY, timeout=5, **options)
+
+
+def test_retries_503_then_succeeds(fake):
+    script, url = fake(("json", 503, {"message": "busy"}, {}), ("json", 502, {}, {}))
+    assert client(url).current_user().login == "bot"
+    assert len(script.seen) == 3
+    assert all(auth == f"token {CANARY}" for _, _, auth in script.seen)
+
+
+def test_retries_a_dropped_connection_then_succeeds(fake):
+    script, url = fake(("drop",))
+    assert client(url).current_user().login == "bot"
+    assert len(script.seen) == 2
+
+
+@pytest.mark.parametrize(("status", "error"), [(404, ForgeNotFound), (422, ForgeInvalid)])
+def test_never_retries_other_client_errors(fake, status, error):
+    script, url = fake(("json", status, {"message": "no", "url": ""}, {}))
+    with pytest.raises(error) as caught:
+        client(url).current_user()
+    assert caught.value.status == status
+    assert caught.value.method == "GET"
+    assert caught.value.path == "/api/v1/user"
+    assert len(script.seen) == 1
+
+
+def test_retry_after_is_honoured(fake):
+    script, url = fake(("json", 429, {"message": "slow down"}, {"Retry-After": "1"}))
+    waits = []
+    assert client(url, sleep=lambda s: (waits.append(s), time.sleep(s))).current_user()
+    assert waits
+    assert waits[0] >= 1.0
+    (first, _, _), (second, _, _) = script.seen
+    assert second - first >= 1.0
+
+
+def test_gives_up_after_the_attempts_with_an_unavailable_error(fake):
+    script, url = fake(*[("json", 500, {"message": f"broken {CANARY}"}, {})] * 3)
+    with pytest.raises(ForgeUnavailable) as caught:
+        client(url, attempts=3).current_user()
+    assert caught.value.exit_code == 75
+    assert len(script.seen) == 3
+
+
+def test_canary_token_never_in_errors_or_logs(fake, caplog):
+    caplog.set_level(logging.DEBUG, logger="aiworker")
+    _script, url = fake(
+        ("drop",),
+        ("json", 500, {}, {}),
+        ("json", 404, {"message": f"no user for token {CANARY}", "url": ""}, {}),
+    )
+    with pytest.raises(ForgeNotFound) as caught:
+        client(url).current_user()
+    texts = [str(caught.value), repr(caught.value), caught.value.message, caplog.text]
+    assert caplog.records
+    assert all(CANARY not in text for text in texts)
+    assert "***" in str(caught.value)
