@@ -15,7 +15,9 @@ from aiworker.commands import db as db_commands
 from aiworker.commands import doctor as doctor_commands
 from aiworker.commands import runner as runner_commands
 from aiworker.commands import sandbox as sandbox_commands
+from aiworker.commands import scheduler as scheduler_commands
 from aiworker.commands import status as status_commands
+from aiworker.commands import work as work_commands
 from aiworker.errors import EXIT_FAILED, AiworkerError
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
@@ -84,6 +86,9 @@ app.add_typer(config_commands.app, name="config")
 app.add_typer(db_commands.app, name="db")
 app.add_typer(runner_commands.app, name="runner")
 app.add_typer(sandbox_commands.app, name="sandbox")
+app.add_typer(scheduler_commands.app, name="scheduler")
+app.command("poll")(work_commands.poll)
+app.command("claim")(work_commands.claim)
 app.command("status")(status_commands.status)
 app.command("doctor")(doctor_commands.doctor)
 

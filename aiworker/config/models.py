@@ -106,6 +106,33 @@ class Database(Strict):
         return value
 
 
+class Labels(Strict):
+    """Label names that mark work; configurable per installation."""
+
+    plan: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-plan"
+    feature: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-feature"
+
+
+PHASES = ("plan", "implement", "review", "publish", "merge")
+
+
+class Scheduler(Strict):
+    # direct: the tick starts slot jobs itself (cron, shells); systemd: it starts
+    # aiworker-slot@N.service, so jobs live in their own units.
+    launcher: Literal["direct", "systemd"] = "direct"
+    # Replaces `aiworker <phase>` for a phase (a wrapper script, a dry run);
+    # `--task ID --slot N` are appended.
+    phase_commands: dict[str, Annotated[list[str], Field(min_length=1)]] = {}
+
+    @field_validator("phase_commands")
+    @classmethod
+    def _known(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        unknown = set(value) - set(PHASES)
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+        return value
+
+
 class Config(Strict):
     forge: Forge | None = None
     repositories: list[Repository] = []
@@ -117,6 +144,8 @@ class Config(Strict):
     # None inherits reserve_percent.
     weekly_reserve_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
     database: Database = Database()
+    labels: Labels = Labels()
+    scheduler: Scheduler = Scheduler()
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

@@ -33,6 +33,8 @@ def run_doctor(state_dir: Path, config_path: Path, config_required: bool) -> lis
         return [*checks, _check_state_dir(state_dir), _check_git(), *_check_guests()]
     checks.append(_check_config(loaded))
     checks.extend(_check_tokens(loaded))
+    if loaded.config.forge is not None:
+        checks.append(_check_operator(loaded))
     checks.append(_check_state_dir(state_dir))
     checks.append(_check_database(Environment(state_dir, loaded)))
     checks.append(_check_git())
@@ -56,6 +58,18 @@ def _check_tokens(loaded: LoadedConfig) -> list[Check]:
         else:
             checks.append(Check(f"token:{name}", "ok", f"token present in {source}"))
     return checks
+
+
+def _check_operator(loaded: LoadedConfig) -> Check:
+    assert loaded.config.forge is not None
+    if loaded.config.forge.identities.operator is not None:
+        return Check("operator", "ok", "an operator identity reads collaborators' permissions")
+    return Check(
+        "operator",
+        "warn",
+        "no forge.identities.operator: Forgejo shows other users' permissions only to admins, "
+        "so only the repository owner and the bot identities can authorise work",
+    )
 
 
 def _check_state_dir(state_dir: Path) -> Check:

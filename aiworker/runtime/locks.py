@@ -75,6 +75,22 @@ class FileLock:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
+    @property
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise RuntimeError(f"{self.description} is not held")
+        return self._fd
+
+    def hand_over(self, pid: int) -> None:
+        """Leave the lock to PID, which inherited our descriptor: record it and let go of
+        ours without unlocking (an unlock would release the lock the child holds too)."""
+        if self._fd is None:
+            raise RuntimeError(f"{self.description} is not held")
+        fd, self._fd = self._fd, None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{pid}\n".encode(), 0)
+        os.close(fd)
+
     def is_locked(self) -> bool:
         """True when some process (possibly this one) holds the lock now."""
         if self._fd is not None:

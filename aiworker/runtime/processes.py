@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -98,3 +99,31 @@ def run_binary(
     except subprocess.TimeoutExpired:
         return 124, b"", f"{argv[0]}: timed out after {timeout}s".encode()
     return done.returncode, done.stdout, done.stderr
+
+
+def spawn_detached(argv: Sequence[str], *, log_path: Path, keep_fds: Sequence[int] = ()) -> int:
+    """Start ARGV in its own session, outliving us, with output appended to LOG_PATH.
+
+    KEEP_FDS stay open in the child (a slot lock travels this way); return its pid.
+    """
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        child = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            pass_fds=tuple(keep_fds),
+            close_fds=True,
+        )
+    finally:
+        os.close(fd)
+    return child.pid
+
+
+def exec_keeping(argv: Sequence[str], keep_fd: int) -> None:
+    """Replace this process with ARGV; KEEP_FD (a held lock) stays open across exec."""
+    os.set_inheritable(keep_fd, True)
+    os.execvp(argv[0], list(argv))  # noqa: S606 - direct argv by design, never a shell

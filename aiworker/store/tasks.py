@@ -96,6 +96,7 @@ def create_task(
     state: str = "ready",
     parent_id: int | None = None,
     actor: str | None = None,
+    scope_fingerprint: str | None = None,
 ) -> Task:
     if kind not in TASK_KINDS:
         raise ValueError(f"unknown task kind {kind!r}")
@@ -108,6 +109,7 @@ def create_task(
         title=title,
         state=state,
         parent_id=parent_id,
+        scope_fingerprint=scope_fingerprint,
     )
     session.add(task)
     session.flush()
@@ -224,10 +226,78 @@ def claim_next_ready(session: Executor, slot: int, holder_token: str) -> int | N
             return int(row.id)
 
 
+def active_claims(session: Executor) -> list[Any]:
+    """(id, version, state, slot, token, claimed_at) of every task that holds a slot."""
+    return list(
+        _connection(session).execute(
+            select(
+                Task.id,
+                Task.version,
+                Task.state,
+                Task.claim_slot.label("slot"),
+                Task.claim_token.label("token"),
+                Task.claimed_at,
+            ).where(Task.claim_slot.is_not(None))
+        )
+    )
+
+
+def release_claim(session: Executor, task_id: int, version: int, state: str, reason: str) -> bool:
+    """Give a claimed task back (its holder died): ready again, with an event saying why."""
+    return transition(
+        session,
+        task_id,
+        version,
+        state,
+        "ready",
+        kind="task.claim_recovered",
+        data={"reason": reason},
+        claim_slot=None,
+        claim_token=None,
+        claimed_at=None,
+    )
+
+
+def claim_next_where(
+    session: Executor, slot: int, holder_token: str, kinds: Sequence[str]
+) -> int | None:
+    """Inside a write transaction: claim the oldest ready task of KINDS whose parent has no
+    other milestone in flight (a plan advances one milestone at a time)."""
+    if not kinds:
+        return None
+    busy_parent = select(Task.parent_id).where(
+        Task.parent_id.is_not(None),
+        Task.state.in_(("claimed", "running", "awaiting_ci", "awaiting_review")),
+    )
+    while True:
+        row = (
+            _connection(session)
+            .execute(
+                select(Task.id, Task.version)
+                .where(
+                    Task.state == "ready",
+                    Task.kind.in_(list(kinds)),
+                    (Task.parent_id.is_(None)) | (Task.parent_id.not_in(busy_parent)),
+                )
+                .order_by(Task.id)
+                .limit(1)
+            )
+            .first()
+        )
+        if row is None:
+            return None
+        if claim(session, row.id, row.version, slot, holder_token):
+            return int(row.id)
+
+
 def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
     return session.scalars(
         select(Task).where(Task.state == "ready").order_by(Task.id).limit(limit)
     ).all()
+
+
+def claimed_on(session: Session, slot: int) -> Task | None:
+    return session.scalar(select(Task).where(Task.claim_slot == slot, Task.state == "claimed"))
 
 
 def get_task(session: Session, task_id: int) -> Task | None:

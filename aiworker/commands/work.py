@@ -1,0 +1,61 @@
+"""`aiworker poll` and `aiworker claim`: discover authorised work and claim it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+
+def poll(ctx: typer.Context) -> None:
+    """Record labelled and assigned issues as tasks, verifying who authorised each."""
+    from aiworker.core.discovery import poll as poll_forge
+    from aiworker.core.forge_access import ForgeAccess
+
+    inv: Invocation = ctx.obj
+    env = inv.environment()
+    report = poll_forge(env, ForgeAccess(env.loaded)).as_dict()
+
+    def human(console: Any) -> None:
+        tasks = ", ".join(f"{k} {v}" for k, v in sorted(report["tasks"].items())) or "none"
+        console.print(f"polled {report['repositories']} repositories; tasks: {tasks}", markup=False)
+        for item in report["unauthorized"]:
+            console.print(
+                f"not authorised: {item['repository']}#{item['issue']}: {item['reason']}",
+                markup=False,
+            )
+        for item in report["paused"]:
+            console.print(
+                f"paused: {item['repository']}#{item['issue']} (task {item['task']})", markup=False
+            )
+
+    emit(inv.json, report, human)
+
+
+def claim(
+    ctx: typer.Context,
+    slot: Annotated[
+        int | None, typer.Option("--slot", min=1, max=3, help="Slot to claim for.")
+    ] = None,
+) -> int:
+    """Claim the next eligible task for a free slot (exit 75 when none is free).
+
+    Outside a scheduler tick nothing holds the slot afterwards, so the next tick
+    releases such a claim as stale after a minute unless a process takes slot-N.lock.
+    """
+    from aiworker.core.claims import claim_once
+
+    inv: Invocation = ctx.obj
+    result = claim_once(inv.environment(), slot)
+
+    def human(console: Any) -> None:
+        if result["claimed"]:
+            console.print(f"slot {result['slot']}: claimed task {result['task']}", markup=False)
+        else:
+            console.print(f"nothing claimed: {result['reason']}", markup=False)
+
+    emit(inv.json, result, human)
+    return 75 if result.get("reason") == "no free slot" else 0

@@ -1,0 +1,164 @@
+"""`aiworker poll`: find labelled and assigned issues, verify who authorised them, record tasks.
+
+Three kinds keep their own policies: a plan (the plan label), a feature (the
+legacy parallel feature label) and a direct issue (assigned to the worker
+identity). A second poll with nothing changed writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.models import Issue
+from aiworker.config.models import Config
+from aiworker.core.authorization import (
+    Decision,
+    PermissionReader,
+    assignment_actor,
+    decide,
+    label_actor,
+)
+from aiworker.core.environment import Environment
+from aiworker.core.forge_access import ForgeAccess
+from aiworker.store.discovery import pause_task, record_discovered, sync_repository, tasks_of
+
+log = logging.getLogger(__name__)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")
+
+
+def fingerprint(issue: Issue) -> str:
+    """What the requirements are: title, body, labels and eligible images."""
+    images = sorted(
+        (a.name, a.size, a.uuid) for a in issue.assets if a.name.lower().endswith(IMAGE_SUFFIXES)
+    )
+    document = {
+        "title": issue.title,
+        "body": issue.body,
+        "labels": sorted(issue.label_names),
+        "images": images,
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Candidate:
+    kind: str
+    issue: Issue
+    decision: Decision
+
+
+@dataclass
+class PollReport:
+    repositories: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    unauthorized: list[dict[str, Any]] = field(default_factory=list)
+    paused: list[dict[str, Any]] = field(default_factory=list)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "repositories": self.repositories,
+            "tasks": self.outcomes,
+            "unauthorized": self.unauthorized,
+            "paused": self.paused,
+        }
+
+
+def candidates(
+    client: ForgejoClient,
+    reader: PermissionReader,
+    config: Config,
+    owner: str,
+    name: str,
+    worker_login: str,
+) -> list[Candidate]:
+    """The open issues that ask for work, each with its authorisation decided now."""
+    labels = config.labels
+    found: dict[int, tuple[str, Issue]] = {}
+    for issue in client.list_issues(owner, name, assignee=worker_login):
+        found[issue.number] = ("issue", issue)
+    for kind, label in (("feature", labels.feature), ("plan", labels.plan)):
+        for issue in client.list_issues(owner, name, labels=[label]):
+            found[issue.number] = (kind, issue)
+    result = []
+    for number in sorted(found):
+        kind, issue = found[number]
+        timeline = client.timeline(owner, name, number)
+        if kind == "issue":
+            actor = assignment_actor(timeline, worker_login)
+            decision = decide(reader, owner, name, issue, actor, f"assigned to {worker_login}")
+        else:
+            label = labels.plan if kind == "plan" else labels.feature
+            decision = decide(
+                reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}"
+            )
+        result.append(Candidate(kind, issue, decision))
+    return result
+
+
+def poll(env: Environment, access: ForgeAccess) -> PollReport:
+    config = env.loaded.config
+    report = PollReport()
+    worker = access.required("worker")
+    worker_login = access.logins["worker"]
+    bots = {
+        access.logins[role]: client
+        for role, client in access._clients.items()
+        if role != "operator"
+    }
+    reader = PermissionReader(access.optional("operator"), bots)
+    db = env.open_database()
+    try:
+        for repo_config in config.repositories:
+            owner, name = repo_config.owner, repo_config.name
+            found = candidates(worker, reader, config, owner, name, worker_login)
+            report.repositories += 1
+            with db.write() as session:
+                repo = sync_repository(session, repo_config.index, owner, name)
+                known = tasks_of(session, repo.id)
+                wanted = set()
+                for candidate in found:
+                    key = (candidate.kind, candidate.issue.number)
+                    if not candidate.decision.authorized:
+                        report.unauthorized.append(
+                            {
+                                "repository": f"{owner}/{name}",
+                                "issue": candidate.issue.number,
+                                "kind": candidate.kind,
+                                "reason": candidate.decision.reason,
+                            }
+                        )
+                        continue
+                    wanted.add(key)
+                    report.count(
+                        record_discovered(
+                            session,
+                            repo.id,
+                            candidate.kind,
+                            candidate.issue.number,
+                            candidate.issue.title,
+                            fingerprint(candidate.issue),
+                            known.get(key),
+                            candidate.decision.actor,
+                        )
+                    )
+                for key, task in known.items():
+                    if (
+                        key not in wanted
+                        and task.kind != "milestone"
+                        and pause_task(session, task, "authorization withdrawn or issue closed")
+                    ):
+                        report.paused.append(
+                            {"repository": f"{owner}/{name}", "issue": key[1], "task": task.id}
+                        )
+    finally:
+        db.dispose()
+    log.info("polled %d repositories: %s", report.repositories, report.outcomes)
+    return report

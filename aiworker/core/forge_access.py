@@ -1,0 +1,65 @@
+"""Forge clients for the configured identities, built from the configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.config.loader import LoadedConfig, read_token
+from aiworker.config.models import Identity
+from aiworker.errors import ConfigInvalid
+
+
+@dataclass
+class ForgeAccess:
+    loaded: LoadedConfig
+
+    def _client(self, role: str, identity: Identity | None) -> ForgejoClient | None:
+        forge = self.loaded.config.forge
+        if forge is None or identity is None:
+            return None
+        token = read_token(identity, self.loaded.path.parent)
+        if token is None:
+            raise ConfigInvalid(f"forge.identities.{role}: no token readable from its source")
+        return ForgejoClient(forge.url, token, timeout=forge.timeout_seconds)
+
+    def required(self, role: str) -> ForgejoClient:
+        client = self.optional(role)
+        if client is None:
+            raise ConfigInvalid(f"forge.identities.{role}: required for this command")
+        return client
+
+    def optional(self, role: str) -> ForgejoClient | None:
+        return self._clients.get(role)
+
+    @cached_property
+    def _clients(self) -> dict[str, ForgejoClient]:
+        forge = self.loaded.config.forge
+        if forge is None:
+            raise ConfigInvalid("forge: not configured")
+        ids = forge.identities
+        built = {}
+        for role, identity in (
+            ("planner", ids.planner),
+            ("worker", ids.worker),
+            ("reviewer", ids.reviewer),
+            ("operator", ids.operator),
+        ):
+            client = self._client(role, identity)
+            if client is not None:
+                built[role] = client
+        return built
+
+    def bots(self) -> dict[str, ForgejoClient]:
+        """The three bot identities by login (never the operator)."""
+        return {
+            self.logins[role]: client
+            for role, client in self._clients.items()
+            if role != "operator"
+        }
+
+    @cached_property
+    def logins(self) -> dict[str, str]:
+        """Each configured identity's login, read once from the forge."""
+        return {role: client.current_user().login for role, client in self._clients.items()}

@@ -1,0 +1,146 @@
+"""`aiworker poll` against the sandbox forge: kinds, authorisation, pausing, fingerprints."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tests.conftest import run_process
+
+
+def configure(tmp_path, forge, monkeypatch, *, operator=True):
+    roles = {"planner": "planner-bot", "worker": "worker-bot", "reviewer": "reviewer-bot"}
+    if operator:
+        roles["operator"] = "admin"
+    lines = [f'[forge]\nurl = "{forge.url}"']
+    for role, login in roles.items():
+        variable = f"AIWORKER_TEST_{role.upper()}_TOKEN"
+        monkeypatch.setenv(variable, forge.tokens[login])
+        lines.append(f'[forge.identities.{role}]\ntoken_env = "{variable}"')
+    lines.append('[[repositories]]\nindex = 1\nowner = "team"\nname = "app"')
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("AIWORKER_CONFIG", str(path))
+    return path
+
+
+def snapshot(db_path) -> dict:
+    conn = sqlite3.connect(db_path)
+    tables = [r[0] for r in conn.execute("select name from sqlite_master where type='table'")]
+    data = {t: conn.execute(f"select * from {t} order by 1").fetchall() for t in tables}
+    conn.close()
+    return data
+
+
+def tasks(db_path) -> dict[int, tuple]:
+    conn = sqlite3.connect(db_path)
+    rows = conn.execute("select issue_number, kind, state, scope_fingerprint from tasks").fetchall()
+    conn.close()
+    return {row[0]: row[1:] for row in rows}
+
+
+def events(db_path, kind) -> list:
+    conn = sqlite3.connect(db_path)
+    rows = conn.execute("select task_id, data from events where kind = ?", (kind,)).fetchall()
+    conn.close()
+    return rows
+
+
+@pytest.fixture
+def polled(forge, upgraded, tmp_path, monkeypatch):
+    configure(tmp_path, forge, monkeypatch)
+    return upgraded
+
+
+def poll():
+    result = run_process("--json", "poll")
+    assert result.exit_code == 0, result
+    return result.json()
+
+
+def test_assigned_and_labelled_issues_become_tasks_of_their_kind(forge, polled):
+    alice = forge.client("alice")
+    alice.add_labels("team", "app", 2, ["aiworker-plan"])
+    alice.ensure_labels("team", "app", ["aiworker-feature"])
+    issue = forge.app.state.add_issue(forge.app.state.repo("team", "app"), "alice", "feature x")
+    alice.add_labels("team", "app", issue["number"], ["aiworker-feature"])
+    report = poll()
+    assert report["tasks"] == {"created": 3}
+    assert {n: t[:2] for n, t in tasks(polled).items()} == {
+        1: ("issue", "ready"),
+        2: ("plan", "ready"),
+        issue["number"]: ("feature", "ready"),
+    }
+
+
+def test_second_poll_adds_nothing_and_writes_nothing(forge, polled):
+    poll()
+    before = snapshot(polled)
+    report = poll()
+    assert report["tasks"] == {"unchanged": 1}
+    assert snapshot(polled) == before
+
+
+def test_label_from_a_read_only_user_creates_no_task(forge, polled):
+    owner = forge.client("team")
+    owner.add_collaborator("team", "app", "reader", "write")
+    forge.client("reader").add_labels("team", "app", 2, ["aiworker-plan"])
+    owner.add_collaborator("team", "app", "reader", "read")
+    report = poll()
+    assert list(tasks(polled)) == [1]
+    [refused] = report["unauthorized"]
+    assert refused["issue"] == 2
+    assert "reader, who has only read permission" in refused["reason"]
+
+
+def test_without_an_operator_only_bots_and_the_owner_can_authorise(
+    forge, upgraded, tmp_path, monkeypatch
+):
+    configure(tmp_path, forge, monkeypatch, operator=False)
+    forge.client("alice").add_labels("team", "app", 2, ["aiworker-plan"])
+    report = poll()
+    assert list(tasks(upgraded)) == []  # issue 1 was assigned by alice too
+    reasons = [item["reason"] for item in report["unauthorized"]]
+    assert all("configure forge.identities.operator" in r for r in reasons)
+    owner = forge.client("team")
+    owner.remove_label("team", "app", 2, "aiworker-plan")
+    owner.add_labels("team", "app", 2, ["aiworker-plan"])
+    assert poll()["tasks"] == {"created": 1}
+    assert tasks(upgraded)[2][:2] == ("plan", "ready")
+    doctor = run_process("--json", "doctor").json()
+    assert any(c["name"] == "operator" and c["status"] == "warn" for c in doctor["checks"])
+
+
+def test_removing_the_label_pauses_and_restoring_resumes(forge, polled):
+    alice = forge.client("alice")
+    alice.add_labels("team", "app", 2, ["aiworker-plan"])
+    poll()
+    alice.remove_label("team", "app", 2, "aiworker-plan")
+    report = poll()
+    assert [p["issue"] for p in report["paused"]] == [2]
+    assert tasks(polled)[2][1] == "paused"
+    assert events(polled, "task.paused")
+    alice.add_labels("team", "app", 2, ["aiworker-plan"])
+    assert poll()["tasks"]["resumed"] == 1
+    assert tasks(polled)[2][1] == "ready"
+
+
+def test_editing_the_body_changes_the_fingerprint(forge, polled):
+    poll()
+    before = tasks(polled)[1][2]
+    import requests
+
+    requests.patch(
+        f"{forge.url}/api/v1/repos/team/app/issues/1",
+        json={"body": "Also handle negative numbers."},
+        headers={"Authorization": f"token {forge.tokens['alice']}"},
+        timeout=10,
+    )
+    report = poll()
+    assert report["tasks"] == {"updated": 1}
+    after = tasks(polled)[1][2]
+    assert after != before
+    [(_task_id, data)] = events(polled, "task.scope_changed")
+    assert before in data
+    assert after in data

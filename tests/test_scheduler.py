@@ -1,0 +1,222 @@
+"""The scheduler's tick with real processes: slot limits, claims, stale recovery, gates, units."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from aiworker.store.engine import Database
+from aiworker.store.models import Event, Task
+from aiworker.store.tasks import create_task, ensure_repository
+from tests.conftest import run_process
+
+RECORDER = Path(__file__).parent / "workers" / "phase_recorder.py"
+
+
+@pytest.fixture
+def scheduled(upgraded, tmp_path, monkeypatch):
+    """30 ready issue tasks, 3 slots, and a recording stand-in for the implement phase."""
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        for number in range(1, 31):
+            create_task(session, repo.id, "issue", issue_number=number)
+    db.dispose()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "shares = 3\n[scheduler.phase_commands]\n"
+        f"implement = [{json.dumps(sys.executable)}, {json.dumps(str(RECORDER))}]\n"
+    )
+    log = tmp_path / "phases.log"
+    monkeypatch.setenv("PHASE_LOG", str(log))
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    return upgraded, log
+
+
+def phase_runs(log: Path) -> dict[int, dict]:
+    runs: dict[int, dict] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        what, task, slot, pid, stamp = line.split()
+        runs.setdefault(int(pid), {"task": int(task), "slot": int(slot)})[what] = float(stamp)
+    return runs
+
+
+def wait_for_ends(log: Path, count: int, timeout: float = 30) -> dict[int, dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = phase_runs(log)
+        if len(runs) >= count and all("end" in r for r in runs.values()):
+            return runs
+        time.sleep(0.1)
+    raise AssertionError(f"phases did not finish: {phase_runs(log)}")
+
+
+def test_sixteen_concurrent_ticks_respect_the_slots(scheduled, monkeypatch):
+    db_path, log = scheduled
+    monkeypatch.setenv("PHASE_SECONDS", "2")
+    ticks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "aiworker", "--json", "scheduler", "tick"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(16)
+    ]
+    reports = []
+    for proc in ticks:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 75), err
+        if proc.returncode == 0:
+            reports.append(json.loads(out))
+    started = [item for report in reports for item in report["started"]]
+    assert 1 <= len(started) <= 3
+    runs = wait_for_ends(log, len(started))
+    assert len(runs) == len(started)
+    # At no moment did more than three phases run.
+    edges = sorted(
+        [(r["start"], 1) for r in runs.values()] + [(r["end"], -1) for r in runs.values()]
+    )
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 3
+    assert len({r["slot"] for r in runs.values()}) == len(runs)
+    db = Database(f"sqlite:///{db_path}")
+    with db.read() as session:
+        claimed = Counter(
+            session.scalars(select(Event.task_id).where(Event.kind == "task.claimed"))
+        )
+        assert set(claimed.values()) == {1}
+        assert sorted(claimed) == sorted(item["task"] for item in started)
+        assert sorted(claimed) == sorted(r["task"] for r in runs.values())
+        checks = session.scalars(select(Event).where(Event.kind == "scheduler.check")).all()
+        assert sum(len(e.data["started"]) for e in checks) == len(started)
+    db.dispose()
+
+
+def test_killed_phase_leaves_a_stale_claim_the_next_tick_recovers(scheduled, monkeypatch):
+    db_path, log = scheduled
+    monkeypatch.setenv("PHASE_SECONDS", "60")
+    first = run_process("--json", "scheduler", "tick")
+    assert first.exit_code == 0, first
+    started = first.json()["started"]
+    assert len(started) == 3
+    victim = started[0]
+    deadline = time.monotonic() + 10
+    while victim["pid"] not in phase_runs(log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    try:
+        second = run_process("--json", "scheduler", "tick")
+        assert second.exit_code == 0, second
+        report = second.json()
+        assert report["recovered"] == [victim["task"]]
+        assert report["busy_slots"] == sorted(s["slot"] for s in started[1:])
+        assert [s["slot"] for s in report["started"]] == [victim["slot"]]
+        db = Database(f"sqlite:///{db_path}")
+        with db.read() as session:
+            recovered = session.scalars(
+                select(Event).where(Event.kind == "task.claim_recovered")
+            ).one()
+            assert recovered.task_id == victim["task"]
+            assert f"slot {victim['slot']}" in recovered.data["reason"]
+        db.dispose()
+    finally:
+        for run in phase_runs(log):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(run, signal.SIGKILL)
+
+
+def test_pause_resume_and_the_maintenance_gate(scheduled, state_dir):
+    assert run_process("scheduler", "pause", "--reason", "upgrade").exit_code == 0
+    paused = run_process("--json", "scheduler", "tick")
+    assert paused.json()["status"] == "paused"
+    status = run_process("--json", "scheduler", "status").json()
+    assert (status["paused"], status["paused_reason"]) == (True, "upgrade")
+    assert run_process("scheduler", "resume").exit_code == 0
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from pathlib import Path; from aiworker.runtime.locks import LockDir;"
+            "l=LockDir(Path(sys.argv[1])).lock('maintenance'); l.try_acquire();"
+            "print('held', flush=True); time.sleep(60)",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        gated = run_process("--json", "scheduler", "tick")
+        assert gated.exit_code == 75, gated
+        assert "maintenance" in gated.json()["error"]["message"]
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+def test_missing_phases_are_skipped_with_a_reason(upgraded, tmp_path, monkeypatch):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        create_task(session, repo.id, "issue", issue_number=1)
+    db.dispose()
+    result = run_process("--json", "scheduler", "tick")
+    assert result.exit_code == 0, result
+    report = result.json()
+    assert report["started"] == []
+    assert report["skipped"]["issue"] == "phase 'implement' is not available in this version"
+    db = Database(f"sqlite:///{upgraded}")
+    with db.read() as session:
+        assert session.scalars(select(Task.state)).all() == ["ready"]
+    db.dispose()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
+def test_installed_units_verify(tmp_path):
+    target = tmp_path / "units"
+    result = run_process("--json", "scheduler", "install", "--dir", str(target))
+    assert result.exit_code == 0, result
+    names = sorted(p.name for p in target.iterdir())
+    assert names == [
+        "aiworker-scheduler.service",
+        "aiworker-scheduler.timer",
+        "aiworker-slot@.service",
+        "aiworker-web.service",
+    ]
+    (target / "aiworker-slot@1.service").write_text((target / "aiworker-slot@.service").read_text())
+    units = [
+        str(target / n)
+        for n in (
+            "aiworker-scheduler.service",
+            "aiworker-scheduler.timer",
+            "aiworker-slot@1.service",
+            "aiworker-web.service",
+        )
+    ]
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", *units], capture_output=True, text=True, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stderr == ""
+    service = (target / "aiworker-scheduler.service").read_text()
+    assert "SuccessExitStatus=75" in service
+    assert "KillMode=control-group" in service
+    assert "OnUnitInactiveSec=180s" in (target / "aiworker-scheduler.timer").read_text()
+    assert run_process("scheduler", "install").exit_code == 2
