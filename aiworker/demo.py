@@ -1,19 +1,29 @@
 """`make demo`: run what aiworker can do today, end to end, on embedded defaults.
 
 Every step is a real `aiworker` command in a fresh process against a private
-state directory under .demo/; the demo narrates what each one did.
+state directory under .demo/ and a sandbox forge on loopback; the demo says
+what each step did.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
-from aiworker.runtime.processes import run_command
+from aiworker.runtime.processes import run_command, spawn_detached
 
 DEMO = Path(".demo").absolute()
+ROLES = {
+    "planner": "planner-bot",
+    "worker": "worker-bot",
+    "reviewer": "reviewer-bot",
+    "operator": "admin",
+}
 
 
 def aiworker(*args: str) -> str:
@@ -21,7 +31,7 @@ def aiworker(*args: str) -> str:
     argv += ["--config", str(DEMO / "config.toml"), *args]
     result = run_command(argv, timeout=120)
     if not result.ok:
-        sys.stderr.write(result.stderr)
+        sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"demo step failed: aiworker {' '.join(args)} (exit {result.returncode})")
     return result.stdout
 
@@ -30,31 +40,78 @@ def step(title: str) -> None:
     sys.stdout.write(f"\n== {title}\n")
 
 
+def say(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def start_forge() -> tuple[int, str]:
+    log = DEMO / "forge.log"
+    pid = spawn_detached(
+        [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "sandbox",
+            "serve",
+            "--data",
+            str(DEMO / "forge"),
+            "--port",
+            "0",
+        ],
+        log_path=log,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if "sandbox forge at " in text:
+            return pid, text.split("sandbox forge at ", 1)[1].split()[0].rstrip("/")
+        time.sleep(0.1)
+    raise SystemExit("the sandbox forge did not start; see .demo/forge.log")
+
+
 def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir()
-    step("Write a configuration (2 slots, the script provider) with `config set`")
-    aiworker("config", "set", "shares", "2")
-    changed = json.loads(aiworker("--json", "config", "set", "providers", '["script"]'))
-    sys.stdout.write(f"{DEMO / 'config.toml'} at revision {changed['revision'][:12]}\n")
-    sys.stdout.write(aiworker("config", "validate"))
+    step("Seed a sandbox forge: users with tokens, team/app with a failing test, two issues")
+    seeded = json.loads(aiworker("--json", "sandbox", "seed", "--data", str(DEMO / "forge")))
+    tokens = {user["login"]: user["token"] for user in seeded["users"]}
+    issues = seeded["repositories"][0]["issues"]
+    say(f"users: {', '.join(tokens)}; repository team/app issues {issues}")
+    pid, url = start_forge()
+    say(f"sandbox forge serving at {url} (pid {pid})")
+    try:
+        step("Write the configuration with `config set` (tokens live in 0600 files)")
+        aiworker("config", "set", "forge.url", url)
+        (DEMO / "tokens").mkdir(mode=0o700)
+        for role, login in ROLES.items():
+            path = DEMO / "tokens" / f"{role}.token"
+            path.write_text(tokens[login] + "\n")
+            os.chmod(path, 0o600)
+            aiworker("config", "set", f"forge.identities.{role}.token_file", str(path))
+        aiworker("config", "set", "repositories", '[{index = 1, owner = "team", name = "app"}]')
+        aiworker("config", "set", "shares", "2")
+        say(aiworker("config", "validate"))
 
-    step("Create the database and migrate it to the current schema")
-    sys.stdout.write(aiworker("db", "upgrade"))
-    sys.stdout.write(aiworker("db", "upgrade"))
+        step("Create the database and migrate it; back it up while it is live")
+        say(aiworker("db", "upgrade"))
+        say(aiworker("db", "backup", "--to", str(DEMO / "backup.db")))
 
-    step("Back up the live database to a new private file")
-    sys.stdout.write(aiworker("db", "backup", "--to", str(DEMO / "backup.db")))
+        step("Poll: issue #1 is assigned to worker-bot by alice (write), so it becomes a task")
+        say(aiworker("poll"))
+        say(aiworker("poll"))
 
-    step("Status: tasks by state and the slots")
-    sys.stdout.write(aiworker("status"))
+        step("Scheduler tick: claims work for free slots and starts each slot's next phase")
+        say(aiworker("scheduler", "tick"))
 
-    step("Doctor: what this machine can run")
-    sys.stdout.write(aiworker("doctor"))
-
-    sys.stdout.write(
-        f"\nDone. State is in {DEMO / 'state'}; rerun `make demo` to start afresh.\n"
-        "Polling the forge, claiming and the delivery loop join this demo as they land.\n"
+        step("Status and doctor")
+        say(aiworker("status"))
+        say(aiworker("doctor"))
+    finally:
+        os.kill(pid, signal.SIGINT)
+    say(
+        f"\nDone. State is in {DEMO / 'state'}, the forge in {DEMO / 'forge'}; rerun "
+        "`make demo` to start afresh. Implementation, review and merge join this demo as "
+        "those phases land."
     )
 
 

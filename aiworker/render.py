@@ -21,10 +21,20 @@ def emit(json_mode: bool, data: Any, human: Callable[[Any], None] | None = None)
     human(console())
 
 
-def console() -> Any:
-    from rich.console import Console
+class PlainConsole:
+    """Prints text lines without importing rich; anything richer (a table) goes through rich."""
 
-    return Console(highlight=False, soft_wrap=True)
+    def print(self, *objects: Any, markup: bool = True, **options: Any) -> None:
+        if all(isinstance(o, str) for o in objects) and not markup:
+            sys.stdout.write(" ".join(objects) + "\n")
+            return
+        from rich.console import Console
+
+        Console(highlight=False, soft_wrap=True).print(*objects, markup=markup, **options)
+
+
+def console() -> Any:
+    return PlainConsole()
 
 
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:

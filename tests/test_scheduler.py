@@ -220,3 +220,20 @@ def test_installed_units_verify(tmp_path):
     assert "KillMode=control-group" in service
     assert "OnUnitInactiveSec=180s" in (target / "aiworker-scheduler.timer").read_text()
     assert run_process("scheduler", "install").exit_code == 2
+
+
+def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):
+    _db_path, log = scheduled
+    monkeypatch.setenv("PHASE_SECONDS", "0.2")
+    result = run_process("--json", "scheduler", "start-now")
+    assert result.exit_code == 0, result
+    assert result.json()["via"] == "tick"
+    runs = wait_for_ends(log, 3)
+    assert len(runs) == 3
+    deadline = time.monotonic() + 20
+    status = run_process("--json", "scheduler", "status").json()
+    while status["last_check"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = run_process("--json", "scheduler", "status").json()
+    assert status["last_check"] is not None
+    assert status["check_requested"] is False

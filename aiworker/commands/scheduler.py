@@ -67,19 +67,12 @@ def resume(ctx: typer.Context) -> None:
 
 @app.command("start-now")
 def start_now(ctx: typer.Context) -> None:
-    """Request a check and run it now, through the same tick the timer runs."""
-    from aiworker.core.scheduler import tick as run_tick
-    from aiworker.core.scheduler import update_state
+    """Request an immediate check through the mechanism the timer and jobs use."""
+    from aiworker.core.scheduler import request_follow_up
 
     inv: Invocation = ctx.obj
-    env = inv.environment()
-    update_state(env, check_requested=True)
-    report = run_tick(env).as_dict()
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(f"checked; started {len(report['started'])}", markup=False),
-    )
+    result = request_follow_up(inv.environment())
+    emit(inv.json, result, lambda c: c.print(f"check requested via {result['via']}", markup=False))
 
 
 @app.command("status")

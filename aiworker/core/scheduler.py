@@ -10,6 +10,7 @@ is only used by the tick that holds its lock.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,6 +88,32 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         env, last_check=now.isoformat(), next_deadline=report.next_deadline, check_requested=False
     )
     return report
+
+
+def request_follow_up(env: Environment) -> dict[str, Any]:
+    """Ask for a check now instead of at the next interval (a job that made progress calls
+    this): the same mechanism the timer uses starts the tick."""
+    update_state(env, check_requested=True)
+    if env.loaded.config.scheduler.launcher == "systemd":
+        result = run_command(
+            ["systemctl", "--user", "start", "--no-block", "aiworker-scheduler.service"], timeout=30
+        )
+        if not result.ok:
+            raise Unavailable(f"systemctl could not start the scheduler: {result.stderr.strip()}")
+        return {"requested": True, "via": "aiworker-scheduler.service"}
+    argv = [
+        sys.executable,
+        "-m",
+        "aiworker",
+        "--state-dir",
+        str(env.state_dir),
+        "--config",
+        str(env.loaded.path),
+        "scheduler",
+        "tick",
+    ]
+    pid = spawn_detached(argv, log_path=env.state_dir / "logs" / "scheduler.log")
+    return {"requested": True, "via": "tick", "pid": pid}
 
 
 def _poll(env: Environment, report: TickReport) -> None:

@@ -1,0 +1,25 @@
+"""`make demo`'s script runs end to end from a fresh directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "aiworker.demo"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tasks: created 1" in done.stdout
+    assert "tasks: unchanged 1" in done.stdout
+    assert "phase 'implement' is not available" in done.stdout
+    assert (tmp_path / ".demo" / "backup.db").exists()
