@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,26 +11,23 @@ import typer
 from typer.main import get_command
 
 from aiworker import __version__
-from aiworker.commands import config as config_commands
-from aiworker.commands import db as db_commands
-from aiworker.commands import doctor as doctor_commands
-from aiworker.commands import runner as runner_commands
-from aiworker.commands import sandbox as sandbox_commands
-from aiworker.commands import scheduler as scheduler_commands
-from aiworker.commands import status as status_commands
-from aiworker.commands import work as work_commands
 from aiworker.errors import EXIT_FAILED, AiworkerError
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
 
-app = typer.Typer(
-    name="aiworker",
-    help="Turn forge issues into reviewed, CI-verified pull requests written by coding agents.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+# name -> (module in aiworker.commands, attribute, whether it is a group)
+COMMANDS = {
+    "status": ("status", "status", False),
+    "doctor": ("doctor", "doctor", False),
+    "poll": ("work", "poll", False),
+    "claim": ("work", "claim", False),
+    "config": ("config", "app", True),
+    "db": ("db", "app", True),
+    "scheduler": ("scheduler", "app", True),
+    "runner": ("runner", "app", True),
+    "sandbox": ("sandbox", "app", True),
+}
+GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 
 
 def _print_version(value: bool) -> None:
@@ -38,7 +36,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def root(
     ctx: typer.Context,
     config: Annotated[
@@ -82,15 +79,49 @@ def root(
     )
 
 
-app.add_typer(config_commands.app, name="config")
-app.add_typer(db_commands.app, name="db")
-app.add_typer(runner_commands.app, name="runner")
-app.add_typer(sandbox_commands.app, name="sandbox")
-app.add_typer(scheduler_commands.app, name="scheduler")
-app.command("poll")(work_commands.poll)
-app.command("claim")(work_commands.claim)
-app.command("status")(status_commands.status)
-app.command("doctor")(doctor_commands.doctor)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The command tree; with ONLY, just that command, so a tick does not pay for the rest."""
+    tree = typer.Typer(
+        name="aiworker",
+        help="Turn forge issues into reviewed, CI-verified pull requests written by coding agents.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    tree.callback()(root)
+    for name, (module, attribute, group) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        target = getattr(importlib.import_module(f"aiworker.commands.{module}"), attribute)
+        if group:
+            tree.add_typer(target, name=name)
+        else:
+            tree.command(name)(target)
+    return tree
+
+
+def selected_command(args: list[str]) -> str | None:
+    """The command a command line names, if it is one of ours."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in GLOBAL_OPTIONS_WITH_VALUES:
+            skip = True
+        elif arg == "--" or arg in ("--help", "--version"):
+            return None
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # `aiworker.cli.app` (the whole tree) is built on demand: tests and tools walk it,
+    # while main() builds only the command a command line names.
+    if name == "app":
+        return build_app()
+    raise AttributeError(name)
 
 
 def _wants(args: list[str], flag: str) -> bool:
@@ -103,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     json_mode = _wants(args, "--json")
     verbose = any(a in ("-v", "--verbose") or a.startswith("-vv") for a in args)
     try:
-        result = get_command(app).main(args=args, prog_name="aiworker", standalone_mode=False)
+        tree = build_app(selected_command(args))
+        result = get_command(tree).main(args=args, prog_name="aiworker", standalone_mode=False)
     except AiworkerError as exc:
         emit_error(json_mode, exc.code, exc.message, getattr(exc, "problems", None))
         return exc.exit_code
