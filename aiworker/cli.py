@@ -26,6 +26,7 @@ COMMANDS = {
     "scheduler": ("scheduler", "app", True),
     "runner": ("runner", "app", True),
     "sandbox": ("sandbox", "app", True),
+    "providers": ("providers", "app", True),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

@@ -94,6 +94,19 @@ class Phases(Strict):
     simple_implementation: PhaseSettings = PhaseSettings()
 
 
+class ProviderOptions(Strict):
+    """Provider-specific settings; each provider reads the ones it documents."""
+
+    # script: the scenario file replayed instead of a model (dry runs, demo, tests).
+    scenario: str | None = None
+    # llama: the llama.cpp server; deepseek/kimi: an API base URL override.
+    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    # deepseek: a paid key must be enabled explicitly.
+    paid_enabled: bool = False
+    # Seconds after which a quota reading is stale.
+    max_reading_age: Annotated[int, Field(ge=1, le=86_400)] = 600
+
+
 class Database(Strict):
     # None means SQLite at $STATE_DIR/aiworker.db.
     url: str | None = None
@@ -139,6 +152,7 @@ class Config(Strict):
     shares: Annotated[int, Field(ge=1, le=3)] = 1
     check_interval: Annotated[int, Field(ge=10, le=86_400)] = 180
     providers: list[ProviderName] = []
+    provider_options: dict[ProviderName, ProviderOptions] = {}
     phases: Phases = Phases()
     reserve_percent: Annotated[float, Field(ge=0, lt=100)] = 10.0
     # None inherits reserve_percent.

@@ -1,0 +1,1 @@
+"""Coding-agent providers behind one small interface; `script` replays scenarios."""

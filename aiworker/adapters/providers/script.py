@@ -1,0 +1,78 @@
+"""The `script` provider: replays a scenario file instead of calling a model.
+
+It is a real provider for dry runs, the demo and the tests. A scenario is JSON:
+
+    {"windows": [{"name": "5h", "used_percent": 42, "weekly": false,
+                  "resets_at": "2026-11-30T12:00:00Z"}],
+     "admission_error": null,      # a string makes the reading invalid
+     "blocked": false,             # true: the next run would spend paid credits
+     "failure": null,              # quota_exhausted | auth | transient | invalid | other
+     "edits": {"path/in/repo": "new content"},
+     "result": {...}}              # the agent result document to hand back
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiworker.adapters.providers.base import PHASES, Reading, Window, classify_text
+
+
+class ScriptProvider:
+    name: ClassVar[str] = "script"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    measured_windows: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, scenario: Path | None, name: str = "script") -> None:
+        # Any provider may replay a scenario instead of its CLI (a dry run of that slot).
+        self.scenario = scenario
+        self.name = name  # type: ignore[misc]
+
+    def load(self) -> dict[str, Any]:
+        if self.scenario is None:
+            raise FileNotFoundError("provider_options.script.scenario is not set")
+        document = json.loads(self.scenario.read_text(encoding="utf-8"))
+        if not isinstance(document, dict):
+            raise ValueError("a scenario must be a JSON object")
+        return document
+
+    def admission(self, now: datetime) -> Reading:
+        source = f"scenario {self.scenario}"
+        try:
+            document = self.load()
+            windows = [
+                Window(
+                    name=str(w["name"]),
+                    used_percent=float(w["used_percent"]),
+                    resets_at=datetime.fromisoformat(w["resets_at"].replace("Z", "+00:00"))
+                    if w.get("resets_at")
+                    else None,
+                    weekly=bool(w.get("weekly", False)),
+                )
+                for w in document.get("windows", [])
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return Reading(
+                self.name, source, now, valid=False, reason=f"scenario unreadable: {exc}"
+            )
+        error = document.get("admission_error")
+        if error:
+            return Reading(self.name, source, now, valid=False, reason=str(error))
+        return Reading(
+            self.name,
+            source,
+            now,
+            windows=windows,
+            blocked=bool(document.get("blocked", False)),
+            reason="paid credits would be spent" if document.get("blocked") else "",
+        )
+
+    def classify(self, failure: str) -> str:
+        return (
+            failure
+            if failure in ("quota_exhausted", "auth", "transient", "invalid")
+            else classify_text(failure)
+        )

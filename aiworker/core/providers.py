@@ -1,0 +1,128 @@
+"""Provider readings and admission for `providers status` and `providers check`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiworker.adapters.providers.base import Reading, Window
+from aiworker.adapters.providers.script import ScriptProvider
+from aiworker.config.loader import LoadedConfig
+from aiworker.config.models import PROVIDER_NAMES
+from aiworker.core.admission import Decision, select_provider
+from aiworker.core.environment import Environment
+from aiworker.errors import InvalidInput
+from aiworker.store.observations import record_observation, running_jobs
+
+REPORTED_PHASES = ("planning", "implementation", "review")
+
+
+def read_provider(
+    loaded: LoadedConfig, name: str, now: datetime
+) -> tuple[Reading, tuple[str, ...]]:
+    """A reading for NAME and the windows it must contain, without spending inference."""
+    options = loaded.config.provider_options.get(name)  # type: ignore[call-overload]
+    if options is not None and options.scenario:
+        scenario = Path(options.scenario).expanduser()
+        if not scenario.is_absolute():
+            scenario = loaded.path.parent / scenario
+        provider = ScriptProvider(scenario, name=name)
+        return provider.admission(now), provider.measured_windows
+    if name == "script":
+        return Reading(
+            name, "config", now, valid=False, reason="provider_options.script.scenario is not set"
+        ), ()
+    return Reading(
+        name,
+        "adapter",
+        now,
+        valid=False,
+        reason=f"the {name} adapter is not available in this version",
+    ), ()
+
+
+def _observe(db: Any, decisions: list[Decision]) -> None:
+    with db.write() as session:
+        for decision in decisions:
+            reading = decision.reading
+            if reading is None:
+                record_observation(
+                    session,
+                    provider=decision.provider,
+                    window="-",
+                    used_percent=None,
+                    resets_at=None,
+                    valid=False,
+                    source="config",
+                    reason=decision.reason,
+                )
+                continue
+            windows: list[Window | None] = [*reading.windows] or [None]
+            for window in windows:
+                record_observation(
+                    session,
+                    provider=decision.provider,
+                    window=window.name if window else "-",
+                    used_percent=window.used_percent if window else None,
+                    resets_at=window.resets_at if window else None,
+                    valid=reading.valid,
+                    source=reading.source,
+                    reason=decision.reason,
+                )
+
+
+def providers_status(env: Environment, only: str | None = None) -> dict[str, Any]:
+    config = env.loaded.config
+    if only is not None and only not in PROVIDER_NAMES:
+        raise InvalidInput(f"unknown provider {only!r}; known: {', '.join(PROVIDER_NAMES)}")
+    now = datetime.now(UTC)
+    cache: dict[str, tuple[Reading, tuple[str, ...]]] = {}
+
+    def read(name: str) -> tuple[Reading, tuple[str, ...]]:
+        if name not in cache:
+            cache[name] = read_provider(env.loaded, name, now)
+        return cache[name]
+
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            running = running_jobs(session)
+        names = [only] if only else list(config.providers)
+        report: dict[str, Any] = {"suspended": not config.providers, "phases": {}, "providers": {}}
+        for phase in REPORTED_PHASES:
+            selection = select_provider(config, phase, read, running, now)
+            report["phases"][phase] = selection.provider
+            for decision in selection.decisions:
+                entry = report["providers"].setdefault(decision.provider, {"eligible": {}})
+                entry["eligible"][phase] = {
+                    "eligible": decision.eligible,
+                    "reason": decision.reason,
+                }
+                if decision.windows:
+                    entry["windows"] = [vars(v) for v in decision.windows]
+            _observe(db, [d for d in selection.decisions if d.provider in names])
+        for name in names:
+            reading, _ = read(name)
+            entry = report["providers"].setdefault(name, {"eligible": {}})
+            entry["running_jobs"] = running.get(name, 0)
+            entry["reading"] = {
+                "valid": reading.valid,
+                "source": reading.source,
+                "reason": reading.reason,
+                "observed_at": reading.observed_at.isoformat(),
+                "windows": [
+                    {
+                        "name": w.name,
+                        "used_percent": w.used_percent,
+                        "resets_at": w.resets_at.isoformat() if w.resets_at else None,
+                        "weekly": w.weekly,
+                    }
+                    for w in reading.windows
+                ],
+            }
+        if only:
+            report["providers"] = {only: report["providers"][only]}
+        return report
+    finally:
+        db.dispose()

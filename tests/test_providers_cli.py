@@ -1,0 +1,96 @@
+"""`providers status` and `providers check` through the command path with scenario windows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from tests.conftest import run_process
+
+
+def scenario(path, used, weekly=None, **extra):
+    windows = [{"name": "5h", "used_percent": used, "resets_at": "2026-12-01T00:00:00Z"}]
+    if weekly is not None:
+        windows.append({"name": "week", "used_percent": weekly, "weekly": True})
+    path.write_text(json.dumps({"windows": windows, **extra}))
+    return path
+
+
+def configure(tmp_path, monkeypatch, body):
+    config = tmp_path / "config.toml"
+    config.write_text(body)
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+
+
+def test_status_picks_the_second_provider_when_the_first_is_below_reserve(
+    upgraded, tmp_path, monkeypatch
+):
+    scenario(tmp_path / "codex.json", used=95)
+    scenario(tmp_path / "script.json", used=20, weekly=50)
+    configure(
+        tmp_path,
+        monkeypatch,
+        """
+providers = ["codex", "script"]
+reserve_percent = 10
+[provider_options.codex]
+scenario = "codex.json"
+[provider_options.script]
+scenario = "script.json"
+""",
+    )
+    result = run_process("--json", "providers", "status")
+    assert result.exit_code == 0, result
+    report = result.json()
+    assert report["phases"] == {
+        "planning": "script",
+        "implementation": "script",
+        "review": "script",
+    }
+    codex = report["providers"]["codex"]
+    assert codex["eligible"]["implementation"] == {
+        "eligible": False,
+        "reason": "deferred: window 5h headroom 5 is not above its reserve 10",
+    }
+    script = report["providers"]["script"]
+    assert script["eligible"]["implementation"]["eligible"] is True
+    assert {w["name"]: w["headroom"] for w in script["windows"]} == {"5h": 80.0, "week": 50.0}
+    conn = sqlite3.connect(upgraded)
+    rows = conn.execute(
+        "select provider, window, used_percent, reason from provider_observations"
+        " where provider = 'codex'"
+    ).fetchall()
+    conn.close()
+    assert (
+        "codex",
+        "5h",
+        95.0,
+        "deferred: window 5h headroom 5 is not above its reserve 10",
+    ) in rows
+
+
+def test_unavailable_adapters_and_empty_list(upgraded, tmp_path, monkeypatch):
+    configure(tmp_path, monkeypatch, 'providers = ["claude"]\n')
+    report = run_process("--json", "providers", "status").json()
+    assert report["phases"]["implementation"] is None
+    assert "not available" in report["providers"]["claude"]["eligible"]["review"]["reason"]
+    configure(tmp_path, monkeypatch, "providers = []\n")
+    empty = run_process("--json", "providers", "status").json()
+    assert empty["suspended"] is True
+    human = run_process("providers", "status")
+    assert "inference is suspended" in human.stdout
+
+
+def test_check_reads_one_provider(upgraded, tmp_path, monkeypatch):
+    scenario(tmp_path / "s.json", used=42, admission_error=None)
+    configure(tmp_path, monkeypatch, '[provider_options.script]\nscenario = "s.json"\n')
+    report = run_process("--json", "providers", "check", "script").json()
+    reading = report["providers"]["script"]["reading"]
+    assert reading["valid"] is True
+    assert reading["windows"][0]["used_percent"] == 42
+    bad = run_process("--json", "providers", "check", "nonsense")
+    assert bad.exit_code == 2
+    broken = tmp_path / "s.json"
+    broken.write_text("{not json")
+    unreadable = run_process("--json", "providers", "check", "script").json()
+    assert unreadable["providers"]["script"]["reading"]["valid"] is False
