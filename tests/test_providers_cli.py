@@ -73,7 +73,8 @@ def test_unavailable_adapters_and_empty_list(upgraded, tmp_path, monkeypatch):
     configure(tmp_path, monkeypatch, 'providers = ["claude"]\n')
     report = run_process("--json", "providers", "status").json()
     assert report["phases"]["implementation"] is None
-    assert "not available" in report["providers"]["claude"]["eligible"]["review"]["reason"]
+    reason = report["providers"]["claude"]["eligible"]["review"]["reason"]
+    assert reason == "unavailable: no OAuth login in the private config directory"
     configure(tmp_path, monkeypatch, "providers = []\n")
     empty = run_process("--json", "providers", "status").json()
     assert empty["suspended"] is True

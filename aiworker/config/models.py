@@ -103,6 +103,13 @@ class ProviderOptions(Strict):
     base_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     # deepseek: a paid key must be enabled explicitly.
     paid_enabled: bool = False
+    # The CLI's private configuration home (CODEX_HOME, CLAUDE_CONFIG_DIR, KIMI_CODE_HOME);
+    # default $STATE_DIR/providers/NAME.
+    home: str | None = None
+    # deepseek: the environment variable holding the key.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "DEEPSEEK_API_KEY"
+    # opencode: the verified zero-spend budget guard (JSON).
+    guard: str | None = None
     # Seconds after which a quota reading is stale.
     max_reading_age: Annotated[int, Field(ge=1, le=86_400)] = 600
 

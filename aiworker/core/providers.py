@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiworker.adapters.providers.base import Reading, Window
+from aiworker.adapters.providers.claude import ClaudeProvider
+from aiworker.adapters.providers.codex import CodexProvider
 from aiworker.adapters.providers.script import ScriptProvider
+from aiworker.adapters.providers.services import (
+    DeepSeekProvider,
+    KimiProvider,
+    LlamaProvider,
+    OpenCodeProvider,
+)
 from aiworker.config.loader import LoadedConfig
-from aiworker.config.models import PROVIDER_NAMES
-from aiworker.core.admission import Decision, select_provider
+from aiworker.config.models import PROVIDER_NAMES, ProviderOptions
+from aiworker.core.admission import Decision, provider_settings, select_provider
 from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
 from aiworker.store.observations import record_observation, running_jobs
@@ -18,28 +27,42 @@ from aiworker.store.observations import record_observation, running_jobs
 REPORTED_PHASES = ("planning", "implementation", "review")
 
 
-def read_provider(
-    loaded: LoadedConfig, name: str, now: datetime
-) -> tuple[Reading, tuple[str, ...]]:
+def _path(loaded: LoadedConfig, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else loaded.path.parent / path
+
+
+def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per provider
+    """The adapter for NAME built from the configuration; a scenario replaces any of them."""
+    loaded = env.loaded
+    options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
+    if options.scenario:
+        return ScriptProvider(_path(loaded, options.scenario), name=name)
+    home = _path(loaded, options.home) if options.home else env.state_dir / "providers" / name
+    if name == "codex":
+        return CodexProvider(home)
+    if name == "claude":
+        return ClaudeProvider(home)
+    if name == "kimi":
+        settings = provider_settings(loaded.config, "implementation", "kimi")
+        return KimiProvider(home, settings.model if settings else None)
+    if name == "deepseek":
+        return DeepSeekProvider(
+            os.environ.get(options.api_key_env),
+            options.paid_enabled,
+            options.base_url or "https://api.deepseek.com",
+        )
+    if name == "opencode":
+        return OpenCodeProvider(_path(loaded, options.guard) if options.guard else None)
+    if name == "llama":
+        return LlamaProvider(options.base_url or "http://127.0.0.1:9931")
+    return ScriptProvider(None)
+
+
+def read_provider(env: Environment, name: str, now: datetime) -> tuple[Reading, tuple[str, ...]]:
     """A reading for NAME and the windows it must contain, without spending inference."""
-    options = loaded.config.provider_options.get(name)  # type: ignore[call-overload]
-    if options is not None and options.scenario:
-        scenario = Path(options.scenario).expanduser()
-        if not scenario.is_absolute():
-            scenario = loaded.path.parent / scenario
-        provider = ScriptProvider(scenario, name=name)
-        return provider.admission(now), provider.measured_windows
-    if name == "script":
-        return Reading(
-            name, "config", now, valid=False, reason="provider_options.script.scenario is not set"
-        ), ()
-    return Reading(
-        name,
-        "adapter",
-        now,
-        valid=False,
-        reason=f"the {name} adapter is not available in this version",
-    ), ()
+    provider = provider_for(env, name)
+    return provider.admission(now), provider.measured_windows
 
 
 def _observe(db: Any, decisions: list[Decision]) -> None:
@@ -81,7 +104,7 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
 
     def read(name: str) -> tuple[Reading, tuple[str, ...]]:
         if name not in cache:
-            cache[name] = read_provider(env.loaded, name, now)
+            cache[name] = read_provider(env, name, now)
         return cache[name]
 
     db = env.open_database()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 FAILURE_CLASSES = ("quota_exhausted", "auth", "transient", "invalid", "other")
 PHASES = ("planning", "implementation", "review")
@@ -82,3 +85,65 @@ def classify_text(text: str) -> str:
     if any(word in lowered for word in ("schema", "invalid", "malformed")):
         return "invalid"
     return "other"
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """How to start one fresh, non-interactive session of a provider's CLI."""
+
+    argv: list[str]
+    env: dict[str, str]
+    stdin: bytes | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a finished run said: the agent result document, usage, or why it failed."""
+
+    result: dict[str, object] | None
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+def json_lines(stream: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL stream; other lines (progress, banners) are skipped."""
+    events = []
+    for raw in stream.splitlines():
+        line = raw.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            events.append(value)
+    return events
+
+
+def result_document(text: str) -> dict[str, object] | None:
+    """The agent result document from a final message (JSON, possibly fenced)."""
+    text = text.strip()
+    if text.startswith("```"):
+        text = text.strip("`")
+        text = text.split("\n", 1)[1] if "\n" in text else text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def minimal_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A private HOME and nothing inherited but PATH and the locale."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+    }
+    env.update(extra or {})
+    return env

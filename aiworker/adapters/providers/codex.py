@@ -1,0 +1,174 @@
+"""OpenAI Codex CLI: `codex exec --json`, quota from `codex app-server` without inference."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    json_lines,
+    minimal_env,
+    result_document,
+)
+from aiworker.runtime.processes import run_command
+
+WEEK_MINUTES = 7 * 24 * 60
+APP_SERVER_REQUESTS = (
+    {
+        "id": 1,
+        "method": "initialize",
+        "params": {"clientInfo": {"name": "aiworker", "version": "0"}},
+    },
+    {"method": "initialized"},
+    {"id": 2, "method": "account/rateLimits/read", "params": {}},
+)
+
+
+def window_of(snapshot: dict[str, Any] | None, fallback: str) -> Window | None:
+    if not snapshot or snapshot.get("usedPercent") is None:
+        return None
+    minutes = int(snapshot.get("windowDurationMins") or 0)
+    resets = snapshot.get("resetsAt")
+    weekly = minutes >= WEEK_MINUTES or (minutes == 0 and fallback == "weekly")
+    name = "weekly" if weekly else (f"{minutes // 60}h" if minutes else fallback)
+    return Window(
+        name=name,
+        used_percent=float(snapshot["usedPercent"]),
+        resets_at=datetime.fromtimestamp(int(resets), UTC) if resets else None,
+        weekly=weekly,
+    )
+
+
+def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
+    """`account/rateLimits/read` → windows; defer when paid credits would be spent."""
+    limits = result.get("rateLimits") or {}
+    windows = [
+        w
+        for w in (
+            window_of(limits.get("primary"), "primary"),
+            window_of(limits.get("secondary"), "weekly"),
+        )
+        if w
+    ]
+    reached = limits.get("rateLimitReachedType")
+    ordinary = result.get("ordinaryUsageAllowed")
+    credits = limits.get("credits") or {}
+    blocked = bool(reached) or ordinary is False or bool(limits.get("spendControlReached"))
+    reason = ""
+    if blocked:
+        reason = f"limit reached ({reached})" if reached else "ordinary usage exhausted"
+        if credits.get("hasCredits"):
+            reason += "; the next run would spend paid credits"
+    return Reading(
+        "codex",
+        "codex app-server account/rateLimits/read",
+        now,
+        windows=windows,
+        blocked=blocked,
+        reason=reason,
+    )
+
+
+class CodexProvider:
+    name: ClassVar[str] = "codex"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    measured_windows: ClassVar[tuple[str, ...]] = ("5h", "weekly")
+
+    def __init__(self, home: Path, binary: str = "codex") -> None:
+        self.home = home  # CODEX_HOME holding auth.json; never under /tmp (codex refuses)
+        self.binary = binary
+
+    def admission(self, now: datetime) -> Reading:
+        payload = "".join(json.dumps(r) + "\n" for r in APP_SERVER_REQUESTS)
+        result = run_command(
+            [self.binary, "app-server"],
+            input_text=payload,
+            timeout=20,
+            env=minimal_env(self.home, {"CODEX_HOME": str(self.home)}),
+        )
+        for event in json_lines(result.stdout.encode()):
+            if event.get("id") == 2:
+                if "error" in event:
+                    return Reading(
+                        self.name,
+                        "codex app-server",
+                        now,
+                        valid=False,
+                        reason=str(event["error"])[:200],
+                    )
+                return reading_from_rate_limits(event.get("result") or {}, now)
+        return Reading(
+            self.name,
+            "codex app-server",
+            now,
+            valid=False,
+            reason=f"no rate-limit answer (exit {result.returncode})",
+        )
+
+    def command(
+        self,
+        phase: str,
+        model: str | None,
+        effort: str | None,
+        workspace: Path,
+        schema: Path,
+        prompt: str,
+    ) -> CommandSpec:
+        argv = [
+            self.binary,
+            "exec",
+            "--json",
+            "--ephemeral",
+            "--ignore-user-config",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--output-schema",
+            str(schema),
+            "-C",
+            str(workspace),
+        ]
+        if model:
+            argv += ["-m", model]
+        if effort:
+            argv += ["-c", f'model_reasoning_effort="{effort}"']
+        for feature in ("plugins", "apps", "browser_use", "computer_use", "image_generation"):
+            argv += ["--disable", feature]
+        argv.append("-")
+        env = minimal_env(self.home, {"CODEX_HOME": str(self.home)})
+        return CommandSpec(argv, env, prompt.encode())
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        final = None
+        usage: dict[str, int] = {}
+        error = None
+        for event in json_lines(stdout):
+            kind = event.get("type")
+            item = event.get("item") or {}
+            if (
+                kind == "item.completed"
+                and isinstance(item, dict)
+                and item.get("type") == "agent_message"
+            ):
+                final = str(item.get("text", ""))
+            elif kind == "turn.completed":
+                usage = {
+                    k: int(v) for k, v in (event.get("usage") or {}).items() if isinstance(v, int)
+                }
+            elif kind in ("error", "turn.failed"):
+                detail = event.get("message") or (event.get("error") or {})
+                error = str(detail.get("message") if isinstance(detail, dict) else detail)
+        if exit_code != 0 or error:
+            return RunOutcome(None, usage, error or f"codex exited {exit_code}")
+        document = result_document(final or "")
+        return RunOutcome(document, usage, None if document else "no result document")
+
+    def classify(self, failure: str) -> str:
+        return classify_text(failure)
