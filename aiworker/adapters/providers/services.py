@@ -16,7 +16,17 @@ from typing import Any, ClassVar
 
 import requests
 
-from aiworker.adapters.providers.base import PHASES, Reading, Window, classify_text
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    json_lines,
+    minimal_env,
+    result_document,
+)
 from aiworker.secrets import register_secret
 
 GUARD_FIELDS = (
@@ -213,3 +223,84 @@ class LlamaProvider:
 
     def classify(self, failure: str) -> str:
         return classify_text(failure)
+
+
+def kimi_command(home: Path, model: str | None, prompt: str) -> CommandSpec:
+    """`kimi -p PROMPT --output-format stream-json` (prompt by argv only), private home."""
+    argv = ["kimi", "-p", prompt, "--output-format", "stream-json"]
+    if model:
+        argv += ["-m", model]
+    env = minimal_env(home, {"KIMI_CODE_HOME": str(home), "KIMI_DISABLE_TELEMETRY": "1"})
+    return CommandSpec(argv, env)
+
+
+def kimi_parse(stdout: bytes, exit_code: int) -> RunOutcome:
+    final = ""
+    for event in json_lines(stdout):
+        if event.get("role") == "assistant" and isinstance(event.get("content"), str):
+            final = event["content"]
+    if exit_code != 0:
+        return RunOutcome(None, {}, f"kimi exited {exit_code}")
+    document = result_document(final)
+    return RunOutcome(document, {}, None if document else "no result document")
+
+
+def opencode_command(
+    home: Path,
+    model: str | None,
+    workspace: Path,
+    prompt: str,
+    config_content: dict[str, Any] | None = None,
+) -> CommandSpec:
+    """`opencode run --format json`, auto-approving inside the disposable workspace."""
+    argv = ["opencode", "run", "--format", "json", "--auto", "--pure", "--dir", str(workspace)]
+    if model:
+        argv += ["-m", model]
+    argv.append(prompt)
+    extra = {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+    if config_content is not None:
+        extra["OPENCODE_CONFIG_CONTENT"] = json.dumps(config_content)
+    return CommandSpec(argv, minimal_env(home, extra))
+
+
+def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
+    final = ""
+    usage: dict[str, int] = {}
+    error = None
+    for event in json_lines(stdout):
+        part = event.get("part") or {}
+        if event.get("type") == "text" and isinstance(part, dict):
+            final = str(part.get("text", ""))
+        elif event.get("type") == "step_finish" and isinstance(part, dict):
+            for key, value in (part.get("tokens") or {}).items():
+                if isinstance(value, int):
+                    usage[key] = usage.get(key, 0) + value
+        elif event.get("type") == "error":
+            detail = event.get("error") or {}
+            error = str((detail.get("data") or {}).get("message") or detail.get("name"))
+    if exit_code != 0 or error:
+        return RunOutcome(None, usage, error or f"opencode exited {exit_code}")
+    document = result_document(final)
+    return RunOutcome(document, usage, None if document else "no result document")
+
+
+def llama_opencode_config(base_url: str, model: str) -> dict[str, Any]:
+    """OpenCode's provider block for a llama.cpp server (its OpenAI-compatible API)."""
+    return {
+        "provider": {
+            "llamacpp": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "llama.cpp",
+                "options": {"baseURL": f"{base_url.rstrip('/')}/v1", "apiKey": "local"},
+                "models": {model: {"tools": True}},
+            }
+        },
+        "model": f"llamacpp/{model}",
+    }
