@@ -119,3 +119,23 @@ def test_validation_uses_implementation_settings_and_simple_layers_over_them():
     simple = provider_settings(config, "implementation", "codex", simple=True)
     assert (simple.model, simple.effort) == ("big", "low")
     assert provider_settings(config, "review", "codex") is None
+
+
+def test_failures_back_off_exponentially_and_skip_the_provider():
+    from aiworker.core.admission import backoff_until
+
+    assert backoff_until(0, None) is None
+    assert backoff_until(1, NOW) == NOW + timedelta(minutes=1)
+    assert backoff_until(3, NOW) == NOW + timedelta(minutes=4)
+    assert backoff_until(30, NOW) == NOW + timedelta(hours=1)
+    config = Config.model_validate({"providers": ["codex", "kimi"]})
+
+    def read(name):
+        return Reading(name, "test", NOW, windows=[Window("5h", 0)]), ()
+
+    until = {"codex": NOW + timedelta(minutes=2)}
+    selection = select_provider(config, "review", read, {}, NOW, backoff=until)
+    assert selection.provider == "kimi"
+    assert selection.decisions[0].reason.startswith("backing off after failures until")
+    later = select_provider(config, "review", read, {}, NOW + timedelta(minutes=3), backoff=until)
+    assert later.provider == "codex"

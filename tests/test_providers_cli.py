@@ -95,3 +95,36 @@ def test_check_reads_one_provider(upgraded, tmp_path, monkeypatch):
     broken.write_text("{not json")
     unreadable = run_process("--json", "providers", "check", "script").json()
     assert unreadable["providers"]["script"]["reading"]["valid"] is False
+
+
+def test_recorded_failures_put_a_provider_into_backoff(upgraded, tmp_path, monkeypatch):
+    from aiworker.store.engine import Database
+    from aiworker.store.observations import record_run
+
+    scenario(tmp_path / "a.json", used=10)
+    configure(
+        tmp_path,
+        monkeypatch,
+        """
+providers = ["codex", "script"]
+[provider_options.codex]
+scenario = "a.json"
+[provider_options.script]
+scenario = "a.json"
+""",
+    )
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        record_run(session, "codex", "transient", "503 overloaded")
+        record_run(session, "codex", "transient", "503 overloaded")
+    db.dispose()
+    report = run_process("--json", "providers", "status").json()
+    assert report["phases"]["implementation"] == "script"
+    reason = report["providers"]["codex"]["eligible"]["implementation"]["reason"]
+    assert reason.startswith("backing off after failures until")
+    with db.write() as session:
+        record_run(session, "codex", "ok", "")
+    db.dispose()
+    assert (
+        run_process("--json", "providers", "status").json()["phases"]["implementation"] == "codex"
+    )

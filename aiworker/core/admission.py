@@ -18,6 +18,8 @@ from aiworker.adapters.providers.base import Reading
 from aiworker.config.models import Config, PhaseSettings, ProviderPhaseSettings
 
 RUNNING_JOB_PENALTY = 5.0
+BACKOFF_BASE = timedelta(minutes=1)
+BACKOFF_CAP = timedelta(hours=1)
 # Validation runs with implementation settings.
 PHASE_SETTINGS = {
     "planning": "planning",
@@ -116,6 +118,14 @@ def evaluate(
     return Decision(name, True, "eligible", verdicts, reading)
 
 
+def backoff_until(failures: int, last_failure: datetime | None) -> datetime | None:
+    """Failures back off exponentially: 1, 2, 4 ... minutes after the last one, at most an hour."""
+    if failures == 0 or last_failure is None:
+        return None
+    delay: timedelta = min(BACKOFF_BASE * 2 ** (failures - 1), BACKOFF_CAP)
+    return last_failure + delay
+
+
 def select_provider(
     config: Config,
     phase: str,
@@ -124,6 +134,7 @@ def select_provider(
     now: datetime,
     *,
     simple: bool = False,
+    backoff: Mapping[str, datetime] | None = None,
 ) -> Selection:
     """Walk the configured order; the first eligible provider wins. READ is called lazily."""
     if not config.providers:
@@ -132,6 +143,16 @@ def select_provider(
     for name in config.providers:
         if not enabled_for(config, phase, name, simple=simple):
             decisions.append(Decision(name, False, f"disabled for {phase}"))
+            continue
+        until = (backoff or {}).get(name)
+        if until is not None and now < until:
+            decisions.append(
+                Decision(
+                    name,
+                    False,
+                    f"backing off after failures until {until.isoformat(timespec='seconds')}",
+                )
+            )
             continue
         reading, required = read(name)
         options = config.provider_options.get(name)

@@ -19,10 +19,10 @@ from aiworker.adapters.providers.services import (
 )
 from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import PROVIDER_NAMES, ProviderOptions
-from aiworker.core.admission import Decision, provider_settings, select_provider
+from aiworker.core.admission import Decision, backoff_until, provider_settings, select_provider
 from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
-from aiworker.store.observations import record_observation, running_jobs
+from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
 REPORTED_PHASES = ("planning", "implementation", "review")
 
@@ -109,12 +109,17 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
 
     db = env.open_database()
     try:
+        names = [only] if only else list(config.providers)
         with db.read() as session:
             running = running_jobs(session)
-        names = [only] if only else list(config.providers)
+            backoff = {}
+            for name in {*names, *config.providers}:
+                until = backoff_until(*consecutive_failures(session, name))
+                if until is not None:
+                    backoff[name] = until
         report: dict[str, Any] = {"suspended": not config.providers, "phases": {}, "providers": {}}
         for phase in REPORTED_PHASES:
-            selection = select_provider(config, phase, read, running, now)
+            selection = select_provider(config, phase, read, running, now, backoff=backoff)
             report["phases"][phase] = selection.provider
             for decision in selection.decisions:
                 entry = report["providers"].setdefault(decision.provider, {"eligible": {}})

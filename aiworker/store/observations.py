@@ -43,3 +43,40 @@ def running_jobs(session: Session) -> dict[str, int]:
         .group_by(Attempt.provider)
     ).all()
     return {str(provider): int(count) for provider, count in rows}
+
+
+RUN_WINDOW = "run"
+
+
+def record_run(session: Session, provider: str, outcome: str, reason: str) -> None:
+    """A provider run's outcome: 'ok' resets backoff; anything else counts as a failure."""
+    record_observation(
+        session,
+        provider=provider,
+        window=RUN_WINDOW,
+        used_percent=None,
+        resets_at=None,
+        valid=outcome == "ok",
+        source="run",
+        reason=f"{outcome}: {reason}" if reason else outcome,
+    )
+
+
+def consecutive_failures(
+    session: Session, provider: str, limit: int = 20
+) -> tuple[int, datetime | None]:
+    """How many runs failed in a row most recently, and when the last one failed."""
+    rows = session.execute(
+        select(ProviderObservation.valid, ProviderObservation.observed_at)
+        .where(ProviderObservation.provider == provider, ProviderObservation.window == RUN_WINDOW)
+        .order_by(ProviderObservation.id.desc())
+        .limit(limit)
+    ).all()
+    count = 0
+    last = None
+    for valid, observed_at in rows:
+        if valid:
+            break
+        count += 1
+        last = last or observed_at
+    return count, last
