@@ -25,7 +25,8 @@ from aiworker.core.authorization import (
 )
 from aiworker.core.environment import Environment
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.store.discovery import pause_task, record_discovered, sync_repository, tasks_of
+from aiworker.store.discovery import pause_task, record_discovered, tasks_of
+from aiworker.store.tasks import ensure_repository
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")
@@ -121,7 +122,7 @@ def poll(env: Environment, access: ForgeAccess) -> PollReport:
             found = candidates(worker, reader, config, owner, name, worker_login)
             report.repositories += 1
             with db.write() as session:
-                repo = sync_repository(session, repo_config.index, owner, name)
+                repo = ensure_repository(session, repo_config.index, owner, name)
                 known = tasks_of(session, repo.id)
                 wanted = set()
                 for candidate in found:

@@ -5,28 +5,10 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aiworker.store.models import Repository, Task
-from aiworker.store.tasks import append_event, create_task, transition
+from aiworker.store.models import Task
+from aiworker.store.tasks import create_task, transition
 
 ACTIVE_STATES = ("new", "ready", "claimed", "running", "awaiting_ci", "awaiting_review")
-
-
-def sync_repository(session: Session, index: int, owner: str, name: str) -> Repository:
-    """The repository with this stable index; a rename updates owner/name in place."""
-    repo = session.scalar(select(Repository).where(Repository.index == index))
-    if repo is None:
-        repo = Repository(index=index, owner=owner, name=name, settings={})
-        session.add(repo)
-        session.flush()
-        append_event(session, "repository.added", data={"index": index, "name": f"{owner}/{name}"})
-    elif (repo.owner, repo.name) != (owner, name):
-        append_event(
-            session,
-            "repository.renamed",
-            data={"index": index, "from": f"{repo.owner}/{repo.name}", "to": f"{owner}/{name}"},
-        )
-        repo.owner, repo.name = owner, name
-    return repo
 
 
 def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task]:

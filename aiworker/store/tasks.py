@@ -49,11 +49,20 @@ def _connection(target: Executor) -> Connection:
 
 
 def ensure_repository(session: Session, index: int, owner: str, name: str) -> Repository:
+    """The repository with this stable index; a rename updates owner/name in place."""
     repo = session.scalar(select(Repository).where(Repository.index == index))
     if repo is None:
         repo = Repository(index=index, owner=owner, name=name, settings={})
         session.add(repo)
         session.flush()
+        append_event(session, "repository.added", data={"index": index, "name": f"{owner}/{name}"})
+    elif (repo.owner, repo.name) != (owner, name):
+        append_event(
+            session,
+            "repository.renamed",
+            data={"index": index, "from": f"{repo.owner}/{repo.name}", "to": f"{owner}/{name}"},
+        )
+        repo.owner, repo.name = owner, name
     return repo
 
 
