@@ -14,12 +14,14 @@ app = typer.Typer(
     help="Run CI jobs in bounded, isolated attempts.", no_args_is_help=True, rich_markup_mode=None
 )
 
-SCHEMA_NAMES = ("request", "result", "error")
+SCHEMA_NAMES = ("request", "result", "error", "agent-result")
 
 
 @app.command("schema")
 def schema(
-    name: Annotated[str, typer.Argument(help="request, result or error.")] = "request",
+    name: Annotated[
+        str, typer.Argument(help="request, result, error or agent-result.")
+    ] = "request",
 ) -> None:
     """Print the JSON Schema of a runner contract."""
     from aiworker.contracts.runner import SCHEMAS

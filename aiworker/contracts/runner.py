@@ -131,8 +131,15 @@ class RunnerError(Contract):
     field: str | None = None
 
 
-SCHEMAS: dict[str, type[Contract]] = {
-    "request": JobRequest,
-    "result": JobResult,
-    "error": RunnerError,
-}
+def _schemas() -> dict[str, type[Contract]]:
+    from aiworker.contracts.agent import AgentResult
+
+    return {
+        "request": JobRequest,
+        "result": JobResult,
+        "error": RunnerError,
+        "agent-result": AgentResult,
+    }
+
+
+SCHEMAS: dict[str, type[Contract]] = _schemas()

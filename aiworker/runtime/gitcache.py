@@ -1,0 +1,147 @@
+"""One bare cache per repository under the state directory, fetched from the forge.
+
+Base and head are pinned by full hash in slot-specific refs; bundles carry
+history to workspaces and back; an imported result must descend from the
+pinned base or it is rejected. Mutations hold a short per-repository lock. The
+forge token travels in an environment-provided HTTP header, never in a URL,
+argv or the cache's config.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from aiworker.errors import AiworkerError
+from aiworker.runtime.locks import FileLock, LockDir
+from aiworker.runtime.processes import CommandResult, run_command
+
+FULL_HASH = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+LOCK_SECONDS = 60.0
+
+
+class GitCacheError(AiworkerError):
+    code = "git_cache"
+
+
+class AncestryRejected(GitCacheError):
+    code = "ancestry_rejected"
+
+
+class GitCache:
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "git-cache"
+        self.locks = LockDir(state_dir)
+
+    def path(self, index: int) -> Path:
+        return self.root / f"repo-{index}.git"
+
+    def _git(
+        self, index: int, *args: str, token: str | None = None, timeout: float = 600
+    ) -> CommandResult:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.root),
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "LANG": "C",
+        }
+        if token is not None:
+            basic = base64.b64encode(f"aiworker:{token}".encode()).decode()
+            env.update(
+                {
+                    "GIT_CONFIG_COUNT": "1",
+                    "GIT_CONFIG_KEY_0": "http.extraHeader",
+                    "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+                }
+            )
+        return run_command(
+            ["git", "--git-dir", str(self.path(index)), *args], env=env, timeout=timeout
+        )
+
+    def _must(self, index: int, *args: str, token: str | None = None) -> str:
+        result = self._git(index, *args, token=token)
+        if not result.ok:
+            detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise GitCacheError(f"git {args[0]} failed in cache {index}: {detail[0][:300]}")
+        return result.stdout.strip()
+
+    def _locked(self, index: int) -> AbstractContextManager[FileLock]:
+        return self.locks.held(f"gitcache-{index}", timeout=LOCK_SECONDS)
+
+    def fetch(self, index: int, url: str, token: str | None) -> dict[str, str]:
+        """Bring the cache up to date with the forge; return branch -> full hash."""
+        with self._locked(index):
+            if not (self.path(index) / "HEAD").exists():
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                result = run_command(
+                    ["git", "init", "--bare", "-q", str(self.path(index))], timeout=60
+                )
+                if not result.ok:
+                    raise GitCacheError(f"cannot create cache {index}: {result.stderr.strip()}")
+            self._must(
+                index,
+                "fetch",
+                "--prune",
+                "--quiet",
+                url,
+                "+refs/heads/*:refs/remotes/origin/*",
+                token=token,
+            )
+        out = self._must(
+            index,
+            "for-each-ref",
+            "refs/remotes/origin",
+            "--format=%(refname:strip=3) %(objectname)",
+        )
+        return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+    def resolve(self, index: int, ref: str) -> str:
+        full = self._must(index, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+        if not FULL_HASH.match(full):
+            raise GitCacheError(f"{ref} did not resolve to a full commit hash")
+        return full
+
+    def pin(self, index: int, slot: int, name: str, commit: str) -> str:
+        """Pin COMMIT (any revision) as refs/aiworker/slot-N/NAME by its full hash."""
+        with self._locked(index):
+            full = self.resolve(index, commit)
+            self._must(index, "update-ref", f"refs/aiworker/slot-{slot}/{name}", full)
+        return full
+
+    def pinned(self, index: int, slot: int, name: str) -> str | None:
+        result = self._git(
+            index, "rev-parse", "--verify", "-q", f"refs/aiworker/slot-{slot}/{name}"
+        )
+        return result.stdout.strip() if result.ok else None
+
+    def bundle_out(self, index: int, slot: int, target: Path) -> Path:
+        """A bundle of the pinned base for a workspace, which takes it with
+        `git fetch BUNDLE refs/aiworker/slot-N/base:refs/heads/base`."""
+        base = self.pinned(index, slot, "base")
+        if base is None:
+            raise GitCacheError(f"slot {slot} has no pinned base")
+        self._must(index, "bundle", "create", "-q", str(target), f"refs/aiworker/slot-{slot}/base")
+        return target
+
+    def import_result(self, index: int, slot: int, bundle: Path, ref: str = "HEAD") -> str:
+        """Take a workspace's result bundle; its head must descend from the pinned base."""
+        base = self.pinned(index, slot, "base")
+        if base is None:
+            raise GitCacheError(f"slot {slot} has no pinned base")
+        incoming = f"refs/aiworker/slot-{slot}/incoming"
+        with self._locked(index):
+            self._must(index, "bundle", "verify", "-q", str(bundle))
+            self._must(index, "fetch", "--quiet", str(bundle), f"+{ref}:{incoming}")
+            head = self.resolve(index, incoming)
+            if not self._git(index, "merge-base", "--is-ancestor", base, head).ok:
+                self._git(index, "update-ref", "-d", incoming)
+                raise AncestryRejected(
+                    f"result head {head} does not descend from the pinned base {base}"
+                )
+            self._must(index, "update-ref", f"refs/aiworker/slot-{slot}/head", head)
+            self._git(index, "update-ref", "-d", incoming)
+        return head
