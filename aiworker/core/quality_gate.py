@@ -1,0 +1,192 @@
+"""The quality gate: the host re-runs every required check itself on the exact result head.
+
+Requirements come from the issue (a fenced `aiworker-checks` block of
+`check_id: ./ci/run ARGS` lines) or default to the repository's `./ci/run`.
+Each check runs through the runner execution core in a fresh checkout of the
+head, and a receipt binds its outcome to the full head and base hashes and the
+scope fingerprint. Publication needs a passing receipt for every check with
+exactly those hashes; a check the agent reported as passing that fails here is
+a finding.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiworker.contracts.agent import AgentResult
+from aiworker.contracts.runner import ENTRYPOINT_SELECTOR, JobRequest
+from aiworker.core.runner_execute import RunnerSettings, execute_request
+from aiworker.errors import InvalidInput
+from aiworker.runtime.attempts import default_attempt_root
+from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.runtime.processes import run_command
+from aiworker.store.engine import Database
+from aiworker.store.receipts import add_receipt, receipts_for
+
+PHASE = "validation"
+BLOCK = re.compile(r"```aiworker-checks[^\n]*\n(.*?)```", re.DOTALL)
+CHECK_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class Requirement:
+    check_id: str
+    argv: tuple[str, ...]
+    expected_exit_code: int = 0
+
+
+@dataclass
+class GateReport:
+    head: str
+    base: str
+    passed: bool
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+
+
+def requirements_from_issue(body: str) -> list[Requirement]:
+    """The checks an issue asks for, or the repository's ./ci/run."""
+    found = BLOCK.search(body or "")
+    if not found:
+        return [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
+    requirements = []
+    for number, line in enumerate(found.group(1).splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        check_id, sep, command = line.partition(":")
+        argv = tuple(shlex.split(command))
+        if not sep or not CHECK_ID.match(check_id.strip()) or not argv:
+            raise InvalidInput(f"aiworker-checks line {number}: expected 'check_id: ./ci/run ARGS'")
+        if argv[0] != ENTRYPOINT_SELECTOR:
+            raise InvalidInput(f"aiworker-checks line {number}: checks run {ENTRYPOINT_SELECTOR}")
+        requirements.append(Requirement(check_id.strip(), argv))
+    if len({r.check_id for r in requirements}) != len(requirements):
+        raise InvalidInput("aiworker-checks: each check id may appear once")
+    return requirements or [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
+
+
+def _checkout(cache: GitCache, index: int, head: str, target: Path) -> None:
+    for args in (
+        ["clone", "-q", "--shared", "--no-checkout", str(cache.path(index)), str(target)],
+        ["-C", str(target), "checkout", "-q", "--detach", head],
+    ):
+        result = run_command(["git", *args], timeout=300)
+        if not result.ok:
+            raise GitCacheError(f"cannot check out {head}: {result.stderr.strip()[:300]}")
+
+
+def run_gate(
+    db: Database,
+    cache: GitCache,
+    *,
+    index: int,
+    slot: int,
+    task_id: int | None,
+    scope: str | None,
+    requirements: list[Requirement],
+    claimed: AgentResult | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> GateReport:
+    head = cache.pinned(index, slot, "head")
+    base = cache.pinned(index, slot, "base")
+    if head is None or base is None:
+        raise GitCacheError(f"slot {slot} has no pinned base and head to validate")
+    claims = {
+        v.check_id: v.exit_code == v.expected_exit_code
+        for v in (claimed.validation if claimed else [])
+    }
+    report = GateReport(head, base, passed=True)
+    work = Path(tempfile.mkdtemp(prefix="aiworker-gate-"))
+    try:
+        checkout = work / "checkout"
+        _checkout(cache, index, head, checkout)
+        for requirement in requirements:
+            request = JobRequest.model_validate(
+                {
+                    "contract": "ait.runner.native-job.v3",
+                    "label": f"gate {requirement.check_id}",
+                    "source": {"kind": "local_directory", "path": str(checkout)},
+                    "command": {"argv": list(requirement.argv)},
+                    "timeout_ms": timeout_ms,
+                    "suite_id": requirement.check_id,
+                }
+            )
+            result = execute_request(
+                request, RunnerSettings(source_root=work, attempt_root=default_attempt_root())
+            )
+            passed = (
+                result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
+            )
+            body = {
+                "command": list(requirement.argv),
+                "status": result.status,
+                "exit_code": result.exit_code,
+                "expected_exit_code": requirement.expected_exit_code,
+                "duration_ms": result.duration_ms,
+                "stdout_sha256": result.evidence.stdout.sha256,
+                "stderr_sha256": result.evidence.stderr.sha256,
+                "agent_claimed_pass": claims.get(requirement.check_id),
+            }
+            if claims.get(requirement.check_id) and not passed:
+                finding = (
+                    f"check {requirement.check_id} was reported passing by the agent "
+                    f"but exited {result.exit_code} on re-run at {head}"
+                )
+                report.findings.append(finding)
+                body["finding"] = finding
+            with db.write() as session:
+                add_receipt(
+                    session,
+                    task_id=task_id,
+                    phase=PHASE,
+                    head=head,
+                    base=base,
+                    scope=scope,
+                    check_id=requirement.check_id,
+                    outcome="pass" if passed else "fail",
+                    body=body,
+                )
+            report.checks.append({"check_id": requirement.check_id, "passed": passed, **body})
+            report.passed = report.passed and passed
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def publication_allowed(
+    db: Database,
+    task_id: int | None,
+    *,
+    head: str,
+    base: str,
+    scope: str | None,
+    requirements: list[Requirement],
+) -> tuple[bool, str]:
+    """Only passing receipts for exactly this head, base and scope authorise publication."""
+    with db.read() as session:
+        receipts = receipts_for(session, task_id, PHASE)
+        latest: dict[str, Any] = {}
+        for receipt in receipts:
+            if (receipt.head_commit, receipt.base_commit, receipt.scope_fingerprint) == (
+                head,
+                base,
+                scope,
+            ):
+                latest[receipt.check_id or ""] = receipt.outcome
+    for requirement in requirements:
+        outcome = latest.get(requirement.check_id)
+        if outcome is None:
+            return False, (
+                f"no receipt for check {requirement.check_id} at head {head[:12]} "
+                f"on base {base[:12]} (missing or stale evidence)"
+            )
+        if outcome != "pass":
+            return False, f"check {requirement.check_id} failed at head {head[:12]}"
+    return True, "every required check passed at this exact head and base"

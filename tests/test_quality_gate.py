@@ -1,0 +1,138 @@
+"""The quality gate re-runs the checks itself on the exact head and binds receipts to hashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiworker.contracts.agent import AgentResult
+from aiworker.core.quality_gate import (
+    Requirement,
+    publication_allowed,
+    requirements_from_issue,
+    run_gate,
+)
+from aiworker.errors import InvalidInput
+from aiworker.runtime.gitcache import GitCache
+from aiworker.sandbox.gitrepo import BareRepo
+from aiworker.sandbox.seed import PROJECT, create_project
+from aiworker.store.engine import Database
+from tests.forge_fixtures import git
+
+SCOPE = "f" * 64
+
+
+@pytest.fixture
+def setup(upgraded, state_dir, tmp_path):
+    origin = tmp_path / "origin.git"
+    create_project(BareRepo(origin), PROJECT)
+    cache = GitCache(state_dir)
+    cache.fetch(1, str(origin), None)
+    cache.pin(1, 1, "base", "refs/remotes/origin/main")
+    return Database(f"sqlite:///{upgraded}"), cache
+
+
+def result_head(cache, tmp_path, content):
+    work = tmp_path / "ws"
+    bundle = cache.bundle_out(1, 1, tmp_path / "base.bundle")
+    git("init", "-q", str(work))
+    git("fetch", "-q", str(bundle), "refs/aiworker/slot-1/base:refs/heads/base", cwd=work)
+    git("checkout", "-q", "-b", "work", "base", cwd=work)
+    (work / "calc.py").write_text(content)
+    git("commit", "-qam", "agent change", cwd=work)
+    out = tmp_path / "result.bundle"
+    git("bundle", "create", "-q", str(out), "base..work", cwd=work)
+    return cache.import_result(1, 1, out, "refs/heads/work")
+
+
+def claim(check_id="ci", exit_code=0):
+    return AgentResult.model_validate(
+        {
+            "contract": "ait.agent.result.v1",
+            "completion": "complete",
+            "summary": "fixed",
+            "validation": [{"check_id": check_id, "command": ["./ci/run"], "exit_code": exit_code}],
+        }
+    )
+
+
+def test_passing_head_gets_receipts_that_authorise_only_that_head(setup, tmp_path):
+    db, cache = setup
+    head = result_head(cache, tmp_path, "def add(a, b):\n    return a + b\n")
+    base = cache.pinned(1, 1, "base")
+    requirements = requirements_from_issue("no checks block here")
+    report = run_gate(
+        db,
+        cache,
+        index=1,
+        slot=1,
+        task_id=None,
+        scope=SCOPE,
+        requirements=requirements,
+        claimed=claim(),
+    )
+    assert report.passed, report.checks
+    assert (report.head, report.base) == (head, base)
+    assert report.findings == []
+    allowed, reason = publication_allowed(
+        db, None, head=head, base=base, scope=SCOPE, requirements=requirements
+    )
+    assert allowed, reason
+    stale, why = publication_allowed(
+        db, None, head="0" * 40, base=base, scope=SCOPE, requirements=requirements
+    )
+    assert not stale
+    assert "missing or stale" in why
+    moved_base, _ = publication_allowed(
+        db, None, head=head, base="1" * 40, scope=SCOPE, requirements=requirements
+    )
+    assert not moved_base
+    rescoped, _ = publication_allowed(
+        db, None, head=head, base=base, scope="e" * 64, requirements=requirements
+    )
+    assert not rescoped
+    db.dispose()
+
+
+def test_a_claimed_pass_that_fails_on_rerun_is_a_finding(setup, tmp_path):
+    db, cache = setup
+    head = result_head(cache, tmp_path, "def add(a, b):\n    return a * b\n")
+    requirements = [Requirement("ci", ("./ci/run",))]
+    report = run_gate(
+        db,
+        cache,
+        index=1,
+        slot=1,
+        task_id=None,
+        scope=SCOPE,
+        requirements=requirements,
+        claimed=claim(),
+    )
+    assert not report.passed
+    assert report.findings == [
+        f"check ci was reported passing by the agent but exited 1 on re-run at {head}"
+    ]
+    allowed, reason = publication_allowed(
+        db, None, head=head, base=cache.pinned(1, 1, "base"), scope=SCOPE, requirements=requirements
+    )
+    assert not allowed
+    assert "failed" in reason
+    db.dispose()
+
+
+def test_requirements_from_the_issue():
+    body = (
+        "Fix it.\n\n```aiworker-checks\n# the unit suite\nunit: ./ci/run --suite unit\n"
+        "lint: ./ci/run lint\n```\n"
+    )
+    assert requirements_from_issue(body) == [
+        Requirement("unit", ("./ci/run", "--suite", "unit")),
+        Requirement("lint", ("./ci/run", "lint")),
+    ]
+    assert requirements_from_issue("") == [Requirement("ci", ("./ci/run",))]
+    for bad in (
+        "```aiworker-checks\nunit: make test\n```",
+        "```aiworker-checks\nno colon\n```",
+        "```aiworker-checks\na: ./ci/run\na: ./ci/run x\n```",
+    ):
+        with pytest.raises(InvalidInput):
+            requirements_from_issue(bad)
