@@ -27,6 +27,7 @@ COMMANDS = {
     "runner": ("runner", "app", True),
     "sandbox": ("sandbox", "app", True),
     "providers": ("providers", "app", True),
+    "implement": ("phases", "implement", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

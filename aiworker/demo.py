@@ -44,6 +44,31 @@ def say(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+SCENARIO = {
+    "edits": {"calc.py": "def add(a, b):\n    return a + b\n"},
+    "commit_message": "Fix add() to return the sum",
+    "result": {
+        "contract": "ait.agent.result.v1",
+        "completion": "complete",
+        "summary": "add() now returns a + b; test_calc passes.",
+        "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
+    },
+}
+
+
+def wait_for_state(state: str, timeout: float = 120) -> None:
+    """Wait until the demo's task reaches STATE (the phase runs as its own process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tasks = json.loads(aiworker("--json", "status"))["tasks"]
+        if tasks.get(state):
+            return
+        if tasks.get("failed"):
+            raise SystemExit("the task failed; see .demo/state/logs/slot-1.log")
+        time.sleep(0.3)
+    raise SystemExit(f"the task did not reach {state}; see .demo/state/logs/")
+
+
 def start_forge() -> tuple[int, str]:
     log = DEMO / "forge.log"
     pid = spawn_detached(
@@ -90,6 +115,11 @@ def main() -> None:
             aiworker("config", "set", f"forge.identities.{role}.token_file", str(path))
         aiworker("config", "set", "repositories", '[{index = 1, owner = "team", name = "app"}]')
         aiworker("config", "set", "shares", "2")
+        scenario = DEMO / "scenario.json"
+        scenario.write_text(json.dumps(SCENARIO, indent=2))
+        aiworker("config", "set", "providers", '["script"]')
+        aiworker("config", "set", "provider_options.script.scenario", str(scenario))
+        say("the script provider replays .demo/scenario.json instead of calling a model")
         say(aiworker("config", "validate"))
 
         step("Create the database and migrate it; back it up while it is live")
@@ -100,8 +130,10 @@ def main() -> None:
         say(aiworker("poll"))
         say(aiworker("poll"))
 
-        step("Scheduler tick: claims work for free slots and starts each slot's next phase")
+        step("Scheduler tick: claims the task and starts `aiworker implement` on a slot")
         say(aiworker("scheduler", "tick"))
+        wait_for_state("implemented")
+        say((DEMO / "state" / "logs" / "slot-1.log").read_text())
 
         step("Status and doctor")
         say(aiworker("status"))

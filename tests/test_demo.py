@@ -21,5 +21,6 @@ def test_demo_runs_end_to_end(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tasks: created 1" in done.stdout
     assert "tasks: unchanged 1" in done.stdout
-    assert "phase 'implement' is not available" in done.stdout
+    assert "task 1: implemented with script" in done.stdout
+    assert "ci: pass at" in done.stdout
     assert (tmp_path / ".demo" / "backup.db").exists()

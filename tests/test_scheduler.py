@@ -175,13 +175,13 @@ def test_missing_phases_are_skipped_with_a_reason(upgraded, tmp_path, monkeypatc
     db = Database(f"sqlite:///{upgraded}")
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
-        create_task(session, repo.id, "issue", issue_number=1)
+        create_task(session, repo.id, "plan", issue_number=1)
     db.dispose()
     result = run_process("--json", "scheduler", "tick")
     assert result.exit_code == 0, result
     report = result.json()
     assert report["started"] == []
-    assert report["skipped"]["issue"] == "phase 'implement' is not available in this version"
+    assert report["skipped"] == {"plan": "phase 'plan' is not available in this version"}
     db = Database(f"sqlite:///{upgraded}")
     with db.read() as session:
         assert session.scalars(select(Task.state)).all() == ["ready"]

@@ -51,6 +51,15 @@ class ForgeAccess:
                 built[role] = client
         return built
 
+    def token(self, role: str) -> str:
+        """The role's token, for git over HTTP (never logged: the redactor knows it)."""
+        forge = self.loaded.config.forge
+        identity = getattr(forge.identities, role, None) if forge else None
+        token = read_token(identity, self.loaded.path.parent) if identity else None
+        if token is None:
+            raise ConfigInvalid(f"forge.identities.{role}: no token readable from its source")
+        return token
+
     def bots(self) -> dict[str, ForgejoClient]:
         """The three bot identities by login (never the operator)."""
         return {

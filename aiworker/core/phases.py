@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from aiworker.config.models import Config
+from aiworker.core.environment import Environment
 
-# Phase commands this version provides; `aiworker <phase> --task ID --slot N`.
-BUILTIN_PHASES: frozenset[str] = frozenset()
+# Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
+BUILTIN_PHASES: frozenset[str] = frozenset({"implement"})
 NEXT_PHASE = {
     "plan": "plan",
     "milestone": "implement",
@@ -16,28 +16,38 @@ NEXT_PHASE = {
 }
 
 
-def phase_command(config: Config, phase: str) -> list[str] | None:
-    override = config.scheduler.phase_commands.get(phase)
+def phase_command(env: Environment, phase: str) -> list[str] | None:
+    override = env.loaded.config.scheduler.phase_commands.get(phase)
     if override:
         return list(override)
     if phase in BUILTIN_PHASES:
-        return [sys.executable, "-m", "aiworker", phase]
+        # The same state and configuration as the tick, however it was given them.
+        return [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "--state-dir",
+            str(env.state_dir),
+            "--config",
+            str(env.loaded.path),
+            phase,
+        ]
     return None
 
 
-def runnable_kinds(config: Config) -> tuple[list[str], dict[str, str]]:
+def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:
     """Task kinds whose next phase can run now, and why the others cannot."""
     kinds, skipped = [], {}
     for kind, phase in NEXT_PHASE.items():
-        if phase_command(config, phase) is None:
+        if phase_command(env, phase) is None:
             skipped[kind] = f"phase {phase!r} is not available in this version"
         else:
             kinds.append(kind)
     return kinds, skipped
 
 
-def argv_for(config: Config, kind: str, task_id: int, slot: int) -> list[str]:
-    command = phase_command(config, NEXT_PHASE[kind])
+def argv_for(env: Environment, kind: str, task_id: int, slot: int) -> list[str]:
+    command = phase_command(env, NEXT_PHASE[kind])
     if command is None:
         raise LookupError(f"no phase command for {kind}")
     return [*command, "--task", str(task_id), "--slot", str(slot)]

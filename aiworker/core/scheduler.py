@@ -69,7 +69,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         own = _free_slots(env, report)
         try:
             report.recovered = recover_stale_claims(env, db, [s for s, _ in own])
-            kinds, report.skipped = runnable_kinds(config)
+            kinds, report.skipped = runnable_kinds(env)
             if report.poll_error is None:
                 for slot, lock in own:
                     claim = claim_for_slot(env, db, slot, kinds)
@@ -150,7 +150,7 @@ def run_slot(env: Environment, slot: int) -> None:
             if task is None:
                 lock.release()
                 raise Unavailable(f"nothing is claimed on slot {slot}")
-            argv = argv_for(env.loaded.config, task.kind, task.id, slot)
+            argv = argv_for(env, task.kind, task.id, slot)
     finally:
         db.dispose()
     exec_keeping(argv, lock.fileno)
@@ -162,7 +162,7 @@ def launch(env: Environment, db: Any, slot: int, lock: FileLock, task_id: int) -
         task = get_task(session, task_id)
         assert task is not None
         kind = task.kind
-    argv = argv_for(config, kind, task_id, slot)
+    argv = argv_for(env, kind, task_id, slot)
     if config.scheduler.launcher == "systemd":
         # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.
         result = run_command(

@@ -67,6 +67,7 @@ def run_job(
     tag: str,
     secrets: Sequence[bytes] = (),
     on_event: EventSink = _ignore,
+    stdin_path: Path | None = None,
 ) -> Outcome:
     """Run ARGV; TAG (NAME=VALUE) must be in ENV so escaped processes can be found."""
     become_subreaper()
@@ -74,7 +75,7 @@ def run_job(
     started_at = datetime.now(UTC)
     started = time.monotonic()
     try:
-        proc = start_process_group(argv, cwd=cwd, env=env)
+        proc = start_process_group(argv, cwd=cwd, env=env, stdin_path=stdin_path)
     except OSError as exc:
         on_event("spawn_failed", {"error": exc.strerror or str(exc)})
         return _outcome(

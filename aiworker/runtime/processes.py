@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,29 @@ def which(program: str) -> str | None:
 
 
 def start_process_group(
-    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin_path: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start a job in a new session (its own process group) with piped stdout and stderr.
 
     Direct argv, never a shell string; stdin is /dev/null; no file descriptor of
     ours leaks into the job.
     """
+    stdin = open(stdin_path, "rb") if stdin_path is not None else None  # noqa: SIM115
+    try:
+        return _popen_group(argv, cwd, env, stdin)
+    finally:
+        if stdin is not None:
+            stdin.close()
+
+
+def _popen_group(
+    argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: Any
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         list(argv),
         cwd=cwd,
         env=dict(env),
-        stdin=subprocess.DEVNULL,
+        stdin=stdin if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,

@@ -19,6 +19,7 @@ TASK_STATES = (
     "ready",
     "claimed",
     "running",
+    "implemented",
     "awaiting_ci",
     "awaiting_review",
     "paused",

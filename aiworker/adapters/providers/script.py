@@ -14,11 +14,21 @@ It is a real provider for dry runs, the demo and the tests. A scenario is JSON:
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiworker.adapters.providers.base import PHASES, Reading, Window, classify_text
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    json_lines,
+    minimal_env,
+)
 
 
 class ScriptProvider:
@@ -68,6 +78,36 @@ class ScriptProvider:
             windows=windows,
             blocked=bool(document.get("blocked", False)),
             reason="paid credits would be spent" if document.get("blocked") else "",
+        )
+
+    def command(
+        self,
+        phase: str,
+        model: str | None,
+        effort: str | None,
+        workspace: Path,
+        schema: Path,
+        prompt: str,
+    ) -> CommandSpec:
+        if self.scenario is None:
+            raise FileNotFoundError("provider_options.script.scenario is not set")
+        argv = [
+            sys.executable,
+            "-m",
+            "aiworker.script_agent",
+            str(self.scenario),
+        ]
+        return CommandSpec(argv, minimal_env(workspace.parent / "home"), prompt.encode())
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        events = [e for e in json_lines(stdout) if e.get("type") == "result"]
+        if exit_code != 0 or not events:
+            return RunOutcome(None, {}, f"script provider exited {exit_code}")
+        result = events[-1].get("result")
+        return RunOutcome(
+            result if isinstance(result, dict) else None,
+            {},
+            None if isinstance(result, dict) else "no result document",
         )
 
     def classify(self, failure: str) -> str:

@@ -1,0 +1,41 @@
+"""The phases a slot runs: `aiworker implement` (publish, review and merge follow)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+
+def implement(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="The claimed task.")],
+    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
+) -> int:
+    """Implement a claimed task: pin the base, choose a provider, run it in a disposable
+    workspace, import its commits and re-run the required checks (exit 75: no provider now)."""
+    from aiworker.core.implement import implement as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), task, slot).as_dict()
+
+    def human(console: Any) -> None:
+        console.print(
+            f"task {report['task']}: {report['outcome']} with {report['provider']} "
+            f"(attempt {report['attempt']})",
+            markup=False,
+        )
+        if report["reason"]:
+            console.print(f"reason: {report['reason']}", markup=False)
+        if report["gate"]:
+            for check in report["gate"]["checks"]:
+                state = "pass" if check["passed"] else "FAIL"
+                console.print(f"  {check['check_id']}: {state} at {report['head']}", markup=False)
+            for finding in report["gate"]["findings"]:
+                console.print(f"  finding: {finding}", markup=False)
+
+    emit(inv.json, report, human)
+    return 0 if report["outcome"] == "implemented" else 1

@@ -1,0 +1,57 @@
+"""Running a provider's command in a workspace and reading what it returned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiworker.runtime.execution import Limits, run_job
+from aiworker.runtime.workspace import Workspace, open_private_home
+
+RUN_TIMEOUT_S = 2 * 60 * 60
+# The final result event sits at the end of the stream; keep enough of it to parse.
+OUTPUT_TAIL = 4 * 1024 * 1024
+
+
+@dataclass
+class RunReport:
+    result: dict[str, Any] | None
+    failure: str | None
+    reason: str
+
+
+def run_provider(
+    provider: Any, workspace: Workspace, model: str | None, effort: str | None, attempt_id: int
+) -> RunReport:
+    open_private_home(workspace)
+    prompt = (workspace.inputs / "prompt.md").read_text()
+    spec = provider.command(
+        "implementation",
+        model,
+        effort,
+        workspace.repo,
+        workspace.inputs / "result-schema.json",
+        prompt,
+    )
+    tag = f"AIWORKER_ATTEMPT_ID=implement-{attempt_id}"
+    env = {**spec.env, "AIWORKER_ATTEMPT_ID": f"implement-{attempt_id}"}
+    stdin_path = None
+    if spec.stdin is not None:
+        stdin_path = workspace.inputs / "stdin"
+        stdin_path.write_bytes(spec.stdin)
+    outcome = run_job(
+        spec.argv,
+        cwd=workspace.repo,
+        env=env,
+        tag=tag,
+        stdin_path=stdin_path,
+        limits=Limits(timeout_s=RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL),
+    )
+    stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
+    if outcome.timed_out:
+        return RunReport(None, "transient", "the provider run timed out")
+    parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
+    if parsed.error is not None or parsed.result is None:
+        message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-500:]}".strip()
+        return RunReport(None, provider.classify(message), message[:500])
+    return RunReport(parsed.result, None, "")

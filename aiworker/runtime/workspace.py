@@ -1,0 +1,95 @@
+"""The local execution backend: a disposable workspace from a git bundle at a pinned commit.
+
+The workspace holds the repository checkout (`repo/`), the phase's inputs
+(`aiworker/`: prompt, context, settings, result schema; outside the checkout so
+they are never committed) and a private home for credentials, created after
+dependency setup and removed at teardown whatever happened. A `qemu` backend
+will implement the same steps inside a guest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworker.errors import AiworkerError
+from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.processes import run_command
+
+
+class WorkspaceError(AiworkerError):
+    code = "workspace"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @property
+    def repo(self) -> Path:
+        return self.root / "repo"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "aiworker"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+
+def _git(workspace: Workspace, *args: str) -> str:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(workspace.root),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "LANG": "C",
+    }
+    result = run_command(["git", "-C", str(workspace.repo), *args], env=env, timeout=300)
+    if not result.ok:
+        raise WorkspaceError(
+            f"git {args[0]} failed in the workspace: {result.stderr.strip()[:300]}"
+        )
+    return result.stdout.strip()
+
+
+def prepare_workspace(root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]) -> Workspace:
+    """Check out BASE_REF of BUNDLE on branch `work` and write the phase's inputs."""
+    if root.exists():
+        raise WorkspaceError(f"workspace {root} already exists")
+    root.mkdir(mode=0o700, parents=True)
+    workspace = Workspace(root)
+    workspace.repo.mkdir()
+    _git(workspace, "init", "-q")
+    _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
+    _git(workspace, "checkout", "-q", "-b", "work", "base")
+    workspace.inputs.mkdir(mode=0o700)
+    for name, text in inputs.items():
+        path = workspace.inputs / name
+        path.write_text(text, encoding="utf-8")
+        os.chmod(path, 0o600)
+    return workspace
+
+
+def open_private_home(workspace: Workspace) -> Path:
+    """The credentials home: made only now, after dependency setup."""
+    workspace.home.mkdir(mode=0o700, exist_ok=True)
+    return workspace.home
+
+
+def result_bundle(workspace: Workspace, target: Path) -> Path | None:
+    """A bundle of the commits made on `work` since `base`, or None when there are none."""
+    if _git(workspace, "rev-list", "--count", "base..work") == "0":
+        return None
+    _git(workspace, "bundle", "create", "-q", str(target), "base..work")
+    return target
+
+
+def teardown(workspace: Workspace, *, preserve: bool) -> bool:
+    """Remove the private home always; the rest unless PRESERVE (work kept for a retry)."""
+    shutil.rmtree(workspace.home, ignore_errors=True)
+    if preserve:
+        return False
+    return remove_attempt(workspace.root).removed

@@ -1,0 +1,56 @@
+"""The `script` provider's process: apply a scenario's edits in the workspace, commit them,
+and print the scenario's result document, exactly where a model's CLI would work.
+
+Usage: python -m aiworker.script_agent SCENARIO
+A scenario "failure" makes it stop after committing, with that failure's message.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+MESSAGES = {
+    "quota_exhausted": "You've hit your usage limit (scripted).",
+    "auth": "401 Unauthorized (scripted).",
+    "transient": "503 overloaded (scripted).",
+    "invalid": "malformed response (scripted).",
+}
+
+
+def main() -> int:
+    scenario = json.loads(Path(sys.argv[1]).read_text())
+    edits = scenario.get("edits") or {}
+    for name, text in edits.items():
+        path = Path(name)
+        if path.is_absolute() or ".." in path.parts:
+            sys.stderr.write(f"scenario edit {name!r} leaves the workspace\n")
+            return 2
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if edits:
+        identity = ["-c", "user.name=aiworker script", "-c", "user.email=script@aiworker.invalid"]
+        subprocess.run(["git", "add", "-A", "--", *edits], check=True)
+        subprocess.run(
+            [
+                "git",
+                *identity,
+                "commit",
+                "-q",
+                "-m",
+                scenario.get("commit_message", "Apply scripted changes"),
+            ],
+            check=True,
+        )
+    failure = scenario.get("failure")
+    if failure:
+        sys.stderr.write(MESSAGES.get(failure, str(failure)) + "\n")
+        return 1
+    sys.stdout.write(json.dumps({"type": "result", "result": scenario.get("result")}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""`aiworker implement` with the script provider against the sandbox forge."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from tests.conftest import run_process
+from tests.test_discovery import configure
+
+FIX = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a * b\n"
+
+
+def result_doc(**extra):
+    return {
+        "contract": "ait.agent.result.v1",
+        "completion": "complete",
+        "summary": "Fixed add()",
+        "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
+        **extra,
+    }
+
+
+def write_scenario(path, **scenario):
+    path.write_text(json.dumps(scenario))
+    return path
+
+
+@pytest.fixture
+def claimed(forge, upgraded, tmp_path, monkeypatch):
+    config = configure(tmp_path, forge, monkeypatch)
+
+    def setup(extra_config: str, **scenario):
+        write_scenario(tmp_path / "scenario.json", **scenario)
+        config.write_text(extra_config + "\n" + config.read_text())
+        assert run_process("poll").exit_code == 0
+        claim = run_process("--json", "claim", "--slot", "1").json()
+        assert claim["claimed"], claim
+        return claim["task"]
+
+    return setup
+
+
+SCRIPT_ONLY = '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+
+
+def query(db, sql):
+    conn = sqlite3.connect(db)
+    rows = conn.execute(sql).fetchall()
+    conn.close()
+    return rows
+
+
+def test_implements_with_receipts_bound_to_the_head(claimed, upgraded, state_dir):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 0, result
+    report = result.json()
+    assert (report["outcome"], report["provider"]) == ("implemented", "script")
+    assert report["gate"]["passed"] is True
+    head, base = report["head"], report["base"]
+    assert len(head) == 40
+    assert head != base
+    assert query(upgraded, "select state, head_commit, base_commit, claim_slot from tasks") == [
+        ("implemented", head, base, None)
+    ]
+    assert query(upgraded, "select check_id, outcome, head_commit from receipts") == [
+        ("ci", "pass", head)
+    ]
+    assert query(
+        upgraded, "select provider, outcome, refunded, finished_at is not null from attempts"
+    ) == [("script", "succeeded", 0, 1)]
+    assert list((state_dir / "workspaces").iterdir()) == []
+
+
+def test_picks_the_second_provider_when_the_first_is_below_reserve(claimed, tmp_path):
+    write_scenario(tmp_path / "codex.json", windows=[{"name": "5h", "used_percent": 95}])
+    task = claimed(
+        '\nproviders = ["codex", "script"]\n[provider_options.codex]\n'
+        'scenario = "codex.json"\n[provider_options.script]\nscenario = "scenario.json"\n',
+        edits={"calc.py": FIX},
+        result=result_doc(),
+    )
+    report = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert report["provider"] == "script"
+    assert report["decisions"][0] == {
+        "provider": "codex",
+        "eligible": False,
+        "reason": "deferred: window 5h headroom 5 is not above its reserve 10",
+    }
+
+
+def test_quota_failure_keeps_the_work_and_refunds_the_attempt(claimed, upgraded, state_dir):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, failure="quota_exhausted")
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    report = result.json()
+    assert report["outcome"] == "quota_exhausted"
+    assert query(upgraded, "select outcome, refunded from attempts") == [("quota_exhausted", 1)]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("ready", None)]
+    [kept] = list((state_dir / "workspaces").iterdir())
+    assert (kept / "repo" / "calc.py").read_text() == FIX
+    assert not (kept / "home").exists()
+    assert report["head"] is not None  # the commits were imported into the cache
+    failures = query(upgraded, "select reason from provider_observations where window = 'run'")
+    assert failures[0][0].startswith("quota_exhausted")
+
+
+def test_malformed_result_document_fails_with_a_reason(claimed, upgraded):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(confidence=0.9))
+    report = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert report["outcome"] == "failed"
+    assert (
+        report["reason"] == "malformed result document: confidence: Extra inputs are not permitted"
+    )
+    assert query(upgraded, "select state from tasks") == [("failed",)]
+    assert query(upgraded, "select count(*) from receipts") == [(0,)]
+
+
+def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": WRONG}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1
+    report = result.json()
+    assert report["gate"]["passed"] is False
+    assert report["gate"]["findings"][0].startswith("check ci was reported passing by the agent")
+    assert query(upgraded, "select outcome from receipts") == [("fail",)]
+    assert query(upgraded, "select state from tasks") == [("failed",)]
