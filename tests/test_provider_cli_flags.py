@@ -16,7 +16,7 @@ import pytest
 
 from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
-from aiworker.adapters.providers.services import llama_opencode_config, opencode_command
+from aiworker.adapters.providers.opencode import llama_opencode_config, opencode_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = ROOT / ".venv" / "npm-providers"

@@ -14,12 +14,10 @@ import pytest
 from aiworker.adapters.providers.base import classify_text
 from aiworker.adapters.providers.claude import ClaudeProvider, reading_from_usage
 from aiworker.adapters.providers.codex import CodexProvider, reading_from_rate_limits
-from aiworker.adapters.providers.services import (
-    DeepSeekProvider,
-    KimiProvider,
-    LlamaProvider,
-    OpenCodeProvider,
-)
+from aiworker.adapters.providers.deepseek import DeepSeekProvider
+from aiworker.adapters.providers.kimi import KimiProvider
+from aiworker.adapters.providers.llama import LlamaProvider
+from aiworker.adapters.providers.opencode import OpenCodeProvider
 from aiworker.config.models import Config
 from aiworker.core.admission import evaluate
 

@@ -128,3 +128,13 @@ scenario = "a.json"
     assert (
         run_process("--json", "providers", "status").json()["phases"]["implementation"] == "codex"
     )
+
+
+def test_llama_serves_only_simple_work(upgraded, tmp_path, monkeypatch):
+    configure(tmp_path, monkeypatch, 'providers = ["llama"]\n')
+    report = run_process("--json", "providers", "status").json()
+    eligible = report["providers"]["llama"]["eligible"]
+    assert eligible["planning"]["reason"] == "llama does not serve planning"
+    assert eligible["implementation"]["reason"] == (
+        "llama serves only simple milestones and minor review fixes"
+    )

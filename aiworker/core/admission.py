@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from aiworker.adapters.providers.base import Reading
 from aiworker.config.models import Config, PhaseSettings, ProviderPhaseSettings
@@ -76,6 +77,16 @@ def enabled_for(config: Config, phase: str, provider: str, *, simple: bool = Fal
     return settings is None or settings.enabled
 
 
+def capability_reason(provider: Any, phase: str, *, simple: bool = False) -> str | None:
+    """Why PROVIDER cannot serve PHASE at all (checked before any quota read), or None."""
+    served = getattr(provider, "phases", ())
+    if PHASE_SETTINGS[phase] not in served:
+        return f"{provider.name} does not serve {phase}"
+    if getattr(provider, "simple_only", False) and not simple:
+        return f"{provider.name} serves only simple milestones and minor review fixes"
+    return None
+
+
 def evaluate(
     reading: Reading,
     running: int,
@@ -135,6 +146,7 @@ def select_provider(
     *,
     simple: bool = False,
     backoff: Mapping[str, datetime] | None = None,
+    capable: Callable[[str], str | None] | None = None,
 ) -> Selection:
     """Walk the configured order; the first eligible provider wins. READ is called lazily."""
     if not config.providers:
@@ -143,6 +155,10 @@ def select_provider(
     for name in config.providers:
         if not enabled_for(config, phase, name, simple=simple):
             decisions.append(Decision(name, False, f"disabled for {phase}"))
+            continue
+        incapable = capable(name) if capable is not None else None
+        if incapable is not None:
+            decisions.append(Decision(name, False, incapable))
             continue
         until = (backoff or {}).get(name)
         if until is not None and now < until:

@@ -23,7 +23,13 @@ from aiworker.core.admission import provider_settings, select_provider
 from aiworker.core.environment import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.implement_run import RunReport, run_provider
-from aiworker.core.providers import provider_for, read_provider
+from aiworker.core.providers import (
+    backoffs,
+    capability_check,
+    observe,
+    provider_for,
+    read_provider,
+)
 from aiworker.core.quality_gate import requirements_from_issue, run_gate
 from aiworker.errors import Conflict, InvalidInput, Unavailable
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
@@ -94,9 +100,17 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
         now = datetime.now(UTC)
         with db.read() as session:
             running = running_jobs(session)
+            backoff = backoffs(session, config.providers)
         selection = select_provider(
-            config, PHASE, lambda n: read_provider(env, n, now), running, now
+            config,
+            PHASE,
+            lambda n: read_provider(env, n, now),
+            running,
+            now,
+            backoff=backoff,
+            capable=capability_check(env, PHASE),
         )
+        observe(db, selection.decisions)
         decisions = [
             {"provider": d.provider, "eligible": d.eligible, "reason": d.reason}
             for d in selection.decisions

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -10,16 +11,20 @@ from typing import Any
 from aiworker.adapters.providers.base import Reading, Window
 from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
+from aiworker.adapters.providers.deepseek import DeepSeekProvider
+from aiworker.adapters.providers.kimi import KimiProvider
+from aiworker.adapters.providers.llama import LlamaProvider
+from aiworker.adapters.providers.opencode import OpenCodeProvider
 from aiworker.adapters.providers.script import ScriptProvider
-from aiworker.adapters.providers.services import (
-    DeepSeekProvider,
-    KimiProvider,
-    LlamaProvider,
-    OpenCodeProvider,
-)
 from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import PROVIDER_NAMES, ProviderOptions
-from aiworker.core.admission import Decision, backoff_until, provider_settings, select_provider
+from aiworker.core.admission import (
+    Decision,
+    backoff_until,
+    capability_reason,
+    provider_settings,
+    select_provider,
+)
 from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
@@ -65,7 +70,25 @@ def read_provider(env: Environment, name: str, now: datetime) -> tuple[Reading, 
     return provider.admission(now), provider.measured_windows
 
 
-def _observe(db: Any, decisions: list[Decision]) -> None:
+def backoffs(session: Any, names: Iterable[str]) -> dict[str, datetime]:
+    """Providers still backing off after consecutive failures, and until when."""
+    found: dict[str, datetime] = {}
+    for name in names:
+        until = backoff_until(*consecutive_failures(session, name))
+        if until is not None:
+            found[name] = until
+    return found
+
+
+def capability_check(env: Environment, phase: str) -> Callable[[str], str | None]:
+    def check(name: str) -> str | None:
+        return capability_reason(provider_for(env, name), phase)
+
+    return check
+
+
+def observe(db: Any, decisions: list[Decision]) -> None:
+    """Record every admission decision as a provider observation with its reason."""
     with db.write() as session:
         for decision in decisions:
             reading = decision.reading
@@ -112,14 +135,18 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
         names = [only] if only else list(config.providers)
         with db.read() as session:
             running = running_jobs(session)
-            backoff = {}
-            for name in {*names, *config.providers}:
-                until = backoff_until(*consecutive_failures(session, name))
-                if until is not None:
-                    backoff[name] = until
+            backoff = backoffs(session, {*names, *config.providers})
         report: dict[str, Any] = {"suspended": not config.providers, "phases": {}, "providers": {}}
         for phase in REPORTED_PHASES:
-            selection = select_provider(config, phase, read, running, now, backoff=backoff)
+            selection = select_provider(
+                config,
+                phase,
+                read,
+                running,
+                now,
+                backoff=backoff,
+                capable=capability_check(env, phase),
+            )
             report["phases"][phase] = selection.provider
             for decision in selection.decisions:
                 entry = report["providers"].setdefault(decision.provider, {"eligible": {}})
@@ -129,7 +156,7 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
                 }
                 if decision.windows:
                     entry["windows"] = [vars(v) for v in decision.windows]
-            _observe(db, [d for d in selection.decisions if d.provider in names])
+            observe(db, [d for d in selection.decisions if d.provider in names])
         for name in names:
             reading, _ = read(name)
             entry = report["providers"].setdefault(name, {"eligible": {}})

@@ -9,6 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+import requests
+
 FAILURE_CLASSES = ("quota_exhausted", "auth", "transient", "invalid", "other")
 PHASES = ("planning", "implementation", "review")
 
@@ -147,3 +149,14 @@ def minimal_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, st
     }
     env.update(extra or {})
     return env
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    try:
+        response = requests.get(url, headers=headers or {}, timeout=10)
+    except requests.RequestException as exc:
+        return 0, type(exc).__name__
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, None

@@ -1,0 +1,96 @@
+"""DeepSeek: an explicitly enabled paid key and a usable balance (synthetic 100%); runs
+through Claude Code against DeepSeek's Anthropic-compatible API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import ClassVar
+
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    http_get,
+)
+from aiworker.secrets import register_secret
+
+
+class DeepSeekProvider:
+    name: ClassVar[str] = "deepseek"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    measured_windows: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, api_key: str | None, paid_enabled: bool, base_url: str = "https://api.deepseek.com"
+    ) -> None:
+        self.api_key = api_key
+        self.paid_enabled = paid_enabled
+        self.base_url = base_url.rstrip("/")
+        if api_key:
+            register_secret(api_key)
+
+    def admission(self, now: datetime) -> Reading:
+        if not self.paid_enabled:
+            return Reading(
+                self.name,
+                "config",
+                now,
+                valid=False,
+                reason="the paid key is not enabled (provider_options.deepseek.paid_enabled)",
+            )
+        if not self.api_key:
+            return Reading(
+                self.name, "config", now, valid=False, reason="DEEPSEEK_API_KEY is not set"
+            )
+        status, body = http_get(
+            f"{self.base_url}/user/balance", {"Authorization": f"Bearer {self.api_key}"}
+        )
+        if status != 200 or not isinstance(body, dict):
+            return Reading(
+                self.name,
+                "/user/balance",
+                now,
+                valid=False,
+                reason=f"balance unavailable (HTTP {status})",
+            )
+        if not body.get("is_available"):
+            return Reading(
+                self.name, "/user/balance", now, valid=False, reason="insufficient balance"
+            )
+        return Reading(
+            self.name, "/user/balance (synthetic 100%)", now, windows=[Window("balance", 0.0)]
+        )
+
+    def classify(self, failure: str) -> str:
+        return classify_text(failure)
+
+    def command(
+        self,
+        phase: str,
+        model: str | None,
+        effort: str | None,
+        workspace: Path,
+        schema: Path,
+        prompt: str,
+    ) -> CommandSpec:
+        """Claude Code against DeepSeek's Anthropic-compatible endpoint."""
+        from aiworker.adapters.providers.claude import ClaudeProvider
+
+        spec = ClaudeProvider(workspace.parent / "home" / ".claude").command(
+            phase, model, effort, workspace, schema, prompt
+        )
+        env = {
+            **spec.env,
+            "ANTHROPIC_BASE_URL": f"{self.base_url}/anthropic",
+            "ANTHROPIC_AUTH_TOKEN": self.api_key or "",
+        }
+        return CommandSpec(spec.argv, env, spec.stdin)
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        from aiworker.adapters.providers.claude import ClaudeProvider
+
+        return ClaudeProvider(Path("/nonexistent")).parse(stdout, exit_code)

@@ -1,0 +1,94 @@
+"""Kimi Code CLI: verified login and model, synthetic headroom; exhaustion shows at run time
+as its rate-limit errors."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import ClassVar
+
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    json_lines,
+    minimal_env,
+    result_document,
+)
+from aiworker.secrets import register_secret
+
+
+class KimiProvider:
+    name: ClassVar[str] = "kimi"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    measured_windows: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, home: Path, model: str | None) -> None:
+        self.home = home
+        self.model = model
+
+    def admission(self, now: datetime) -> Reading:
+        try:
+            credentials = json.loads((self.home / "credentials" / "kimi-code.json").read_text())
+        except (OSError, ValueError):
+            return Reading(
+                self.name,
+                "kimi login",
+                now,
+                valid=False,
+                reason="no Kimi Code login in the private home",
+            )
+        if not isinstance(credentials, dict) or not credentials.get("access_token"):
+            return Reading(self.name, "kimi login", now, valid=False, reason="login has no token")
+        register_secret(str(credentials["access_token"]))
+        if not self.model:
+            return Reading(
+                self.name, "kimi login", now, valid=False, reason="no model selected for kimi"
+            )
+        return Reading(
+            self.name, "kimi login (synthetic headroom)", now, windows=[Window("synthetic", 0.0)]
+        )
+
+    def classify(self, failure: str) -> str:
+        lowered = failure.lower()
+        if "exceeded_current_quota" in lowered or "insufficient_quota" in lowered:
+            return "quota_exhausted"
+        return classify_text(failure)
+
+    def command(
+        self,
+        phase: str,
+        model: str | None,
+        effort: str | None,
+        workspace: Path,
+        schema: Path,
+        prompt: str,
+    ) -> CommandSpec:
+        return kimi_command(self.home, model or self.model, prompt)
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        return kimi_parse(stdout, exit_code)
+
+
+def kimi_command(home: Path, model: str | None, prompt: str) -> CommandSpec:
+    """`kimi -p PROMPT --output-format stream-json` (prompt by argv only), private home."""
+    argv = ["kimi", "-p", prompt, "--output-format", "stream-json"]
+    if model:
+        argv += ["-m", model]
+    env = minimal_env(home, {"KIMI_CODE_HOME": str(home), "KIMI_DISABLE_TELEMETRY": "1"})
+    return CommandSpec(argv, env)
+
+
+def kimi_parse(stdout: bytes, exit_code: int) -> RunOutcome:
+    final = ""
+    for event in json_lines(stdout):
+        if event.get("role") == "assistant" and isinstance(event.get("content"), str):
+            final = event["content"]
+    if exit_code != 0:
+        return RunOutcome(None, {}, f"kimi exited {exit_code}")
+    document = result_document(final)
+    return RunOutcome(document, {}, None if document else "no result document")

@@ -1,0 +1,158 @@
+"""OpenCode: opt-in behind a verified zero-spend budget guard; `opencode run --format json`."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiworker.adapters.providers.base import (
+    PHASES,
+    CommandSpec,
+    Reading,
+    RunOutcome,
+    Window,
+    classify_text,
+    json_lines,
+    minimal_env,
+    result_document,
+)
+
+GUARD_FIELDS = (
+    "account",
+    "cli_version",
+    "adapter",
+    "zero_spend_verified",
+    "budget_usd",
+    "evidence",
+)
+
+
+class OpenCodeProvider:
+    name: ClassVar[str] = "opencode"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    measured_windows: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, guard: Path | None) -> None:
+        self.guard = guard
+
+    def admission(self, now: datetime) -> Reading:
+        if self.guard is None:
+            return Reading(
+                self.name,
+                "budget guard",
+                now,
+                valid=False,
+                reason="opt-in: no zero-spend budget guard is configured",
+            )
+        try:
+            guard = json.loads(self.guard.read_text())
+        except (OSError, ValueError):
+            return Reading(
+                self.name,
+                "budget guard",
+                now,
+                valid=False,
+                reason=f"budget guard {self.guard} is absent or unreadable",
+            )
+        missing = [f for f in GUARD_FIELDS if not isinstance(guard, dict) or f not in guard]
+        if missing:
+            return Reading(
+                self.name,
+                "budget guard",
+                now,
+                valid=False,
+                reason=f"budget guard lacks {', '.join(missing)}",
+            )
+        if guard["zero_spend_verified"] is not True or float(guard["budget_usd"]) != 0.0:
+            return Reading(
+                self.name,
+                "budget guard",
+                now,
+                valid=False,
+                reason="budget guard does not verify zero spend",
+            )
+        windows = [
+            Window(str(w["name"]), float(w["used_percent"]), weekly=bool(w.get("weekly")))
+            for w in guard.get("windows", [])
+        ]
+        return Reading(self.name, f"budget guard ({guard['adapter']})", now, windows=windows)
+
+    def classify(self, failure: str) -> str:
+        return classify_text(failure)
+
+    def command(
+        self,
+        phase: str,
+        model: str | None,
+        effort: str | None,
+        workspace: Path,
+        schema: Path,
+        prompt: str,
+    ) -> CommandSpec:
+        return opencode_command(workspace.parent / "home", model, workspace, prompt)
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        return opencode_parse(stdout, exit_code)
+
+
+def opencode_command(
+    home: Path,
+    model: str | None,
+    workspace: Path,
+    prompt: str,
+    config_content: dict[str, Any] | None = None,
+) -> CommandSpec:
+    """`opencode run --format json`, auto-approving inside the disposable workspace."""
+    argv = ["opencode", "run", "--format", "json", "--auto", "--pure", "--dir", str(workspace)]
+    if model:
+        argv += ["-m", model]
+    argv.append(prompt)
+    extra = {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+    if config_content is not None:
+        extra["OPENCODE_CONFIG_CONTENT"] = json.dumps(config_content)
+    return CommandSpec(argv, minimal_env(home, extra))
+
+
+def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
+    final = ""
+    usage: dict[str, int] = {}
+    error = None
+    for event in json_lines(stdout):
+        part = event.get("part") or {}
+        if event.get("type") == "text" and isinstance(part, dict):
+            final = str(part.get("text", ""))
+        elif event.get("type") == "step_finish" and isinstance(part, dict):
+            for key, value in (part.get("tokens") or {}).items():
+                if isinstance(value, int):
+                    usage[key] = usage.get(key, 0) + value
+        elif event.get("type") == "error":
+            detail = event.get("error") or {}
+            error = str((detail.get("data") or {}).get("message") or detail.get("name"))
+    if exit_code != 0 or error:
+        return RunOutcome(None, usage, error or f"opencode exited {exit_code}")
+    document = result_document(final)
+    return RunOutcome(document, usage, None if document else "no result document")
+
+
+def llama_opencode_config(base_url: str, model: str) -> dict[str, Any]:
+    """OpenCode's provider block for a llama.cpp server (its OpenAI-compatible API)."""
+    return {
+        "provider": {
+            "llamacpp": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "llama.cpp",
+                "options": {"baseURL": f"{base_url.rstrip('/')}/v1", "apiKey": "local"},
+                "models": {model: {"tools": True}},
+            }
+        },
+        "model": f"llamacpp/{model}",
+    }
