@@ -237,3 +237,28 @@ def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):
         status = run_process("--json", "scheduler", "status").json()
     assert status["last_check"] is not None
     assert status["check_requested"] is False
+
+
+def test_phase_commands_carry_this_state_and_only_an_existing_config(tmp_path):
+    from aiworker.config.loader import load_config
+    from aiworker.core.environment import Environment
+    from aiworker.core.phases import argv_for
+
+    absent = load_config(tmp_path / "absent.toml", required=False)
+    argv = argv_for(Environment(tmp_path / "state", absent), "issue", 7, 2)
+    assert argv[-7:] == [
+        "--state-dir",
+        str(tmp_path / "state"),
+        "implement",
+        "--task",
+        "7",
+        "--slot",
+        "2",
+    ]
+    assert "--config" not in argv
+    present = tmp_path / "c.toml"
+    present.write_text("shares = 2\n")
+    argv = argv_for(
+        Environment(tmp_path / "state", load_config(present, required=True)), "feature", 1, 1
+    )
+    assert argv[argv.index("--config") + 1] == str(present)

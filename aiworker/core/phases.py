@@ -21,18 +21,17 @@ def phase_command(env: Environment, phase: str) -> list[str] | None:
     if override:
         return list(override)
     if phase in BUILTIN_PHASES:
-        # The same state and configuration as the tick, however it was given them.
-        return [
-            sys.executable,
-            "-m",
-            "aiworker",
-            "--state-dir",
-            str(env.state_dir),
-            "--config",
-            str(env.loaded.path),
-            phase,
-        ]
+        return [*aiworker_argv(env), phase]
     return None
+
+
+def aiworker_argv(env: Environment) -> list[str]:
+    """`aiworker` with the same state and configuration as this process, however they were
+    given (a missing default configuration stays embedded defaults)."""
+    argv = [sys.executable, "-m", "aiworker", "--state-dir", str(env.state_dir)]
+    if env.loaded.exists:
+        argv += ["--config", str(env.loaded.path)]
+    return argv
 
 
 def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:

@@ -10,14 +10,13 @@ is only used by the tick that holds its lock.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.core.claims import claim_for_slot, recover_stale_claims
 from aiworker.core.environment import Environment
-from aiworker.core.phases import argv_for, runnable_kinds
+from aiworker.core.phases import aiworker_argv, argv_for, runnable_kinds
 from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
@@ -101,17 +100,7 @@ def request_follow_up(env: Environment) -> dict[str, Any]:
         if not result.ok:
             raise Unavailable(f"systemctl could not start the scheduler: {result.stderr.strip()}")
         return {"requested": True, "via": "aiworker-scheduler.service"}
-    argv = [
-        sys.executable,
-        "-m",
-        "aiworker",
-        "--state-dir",
-        str(env.state_dir),
-        "--config",
-        str(env.loaded.path),
-        "scheduler",
-        "tick",
-    ]
+    argv = [*aiworker_argv(env), "scheduler", "tick"]
     pid = spawn_detached(argv, log_path=env.state_dir / "logs" / "scheduler.log")
     return {"requested": True, "via": "tick", "pid": pid}
 
