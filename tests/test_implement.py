@@ -129,3 +129,39 @@ def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
     assert report["gate"]["findings"][0].startswith("check ci was reported passing by the agent")
     assert query(upgraded, "select outcome from receipts") == [("fail",)]
     assert query(upgraded, "select state from tasks") == [("failed",)]
+
+
+LLAMA_FIRST = (
+    '\nproviders = ["llama", "script"]\n[provider_options.llama]\nscenario = "llama.json"\n'
+    "diff_budget_lines = 20\n"
+    '[provider_options.script]\nscenario = "scenario.json"\n'
+)
+
+
+def test_llama_gets_one_local_try_within_its_diff_budget(claimed, forge, upgraded, tmp_path):
+    alice = forge.client("alice")
+    alice.ensure_labels("team", "app", ["aiworker-simple"])
+    alice.add_labels("team", "app", 1, ["aiworker-simple"])
+    bloated = FIX + "".join(f"# padding {n}\n" for n in range(40))
+    write_scenario(tmp_path / "llama.json", edits={"calc.py": bloated}, result=result_doc())
+    task = claimed(LLAMA_FIRST, edits={"calc.py": FIX}, result=result_doc())
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (first["provider"], first["outcome"]) == ("llama", "over_budget")
+    assert first["reason"] == "llama changed 42 lines, over its budget of 20"
+    assert query(upgraded, "select state from tasks") == [("ready",)]
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (second["provider"], second["outcome"]) == ("script", "implemented")
+    assert (
+        second["decisions"][0]["reason"] == "llama already had its one local try at this snapshot"
+    )
+
+
+def test_llama_does_not_take_work_not_marked_simple(claimed, tmp_path):
+    write_scenario(tmp_path / "llama.json", edits={"calc.py": FIX}, result=result_doc())
+    task = claimed(LLAMA_FIRST, edits={"calc.py": FIX}, result=result_doc())
+    report = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert report["provider"] == "script"
+    assert report["decisions"][0]["reason"] == (
+        "llama serves only simple milestones and minor review fixes"
+    )

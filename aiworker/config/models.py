@@ -110,6 +110,8 @@ class ProviderOptions(Strict):
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "DEEPSEEK_API_KEY"
     # opencode: the verified zero-spend budget guard (JSON).
     guard: str | None = None
+    # llama: the most changed lines (added + removed) its one local try may produce.
+    diff_budget_lines: Annotated[int, Field(ge=1, le=100_000)] = 200
     # Seconds after which a quota reading is stale.
     max_reading_age: Annotated[int, Field(ge=1, le=86_400)] = 600
 
@@ -131,6 +133,8 @@ class Labels(Strict):
 
     plan: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-plan"
     feature: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-feature"
+    # Marks work small enough for simple_implementation settings and the local model.
+    simple: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-simple"
 
 
 PHASES = ("plan", "implement", "review", "publish", "merge")

@@ -34,13 +34,15 @@ from aiworker.core.quality_gate import requirements_from_issue, run_gate
 from aiworker.errors import Conflict, InvalidInput, Unavailable
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from aiworker.runtime.workspace import prepare_workspace, result_bundle, teardown
-from aiworker.store.attempts import finish_attempt, start_attempt
+from aiworker.store.attempts import finish_attempt, providers_tried_at, start_attempt
 from aiworker.store.models import Repository, Task
 from aiworker.store.observations import record_run, running_jobs
 from aiworker.store.tasks import append_event, transition
 
 log = logging.getLogger(__name__)
 PHASE = "implementation"
+# Failures after which another try (maybe another provider) may succeed.
+RETRYABLE = ("quota_exhausted", "transient", "auth", "over_budget")
 
 
 @dataclass
@@ -97,18 +99,30 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
         task, repo = _load(db, task_id, slot)
         _move(db, task, "running", f"implementing on slot {slot}")
         release = {"claim_slot": None, "claim_token": None, "claimed_at": None}
+        access = ForgeAccess(env.loaded)
+        worker = access.required("worker")
+        issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+        forge_repo = worker.repository(repo.owner, repo.name)
+        cache = GitCache(env.state_dir)
+        cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
+        base = cache.pin(
+            repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}"
+        )
+        simple = config.labels.simple in issue.label_names
         now = datetime.now(UTC)
         with db.read() as session:
             running = running_jobs(session)
             backoff = backoffs(session, config.providers)
+            tried = providers_tried_at(session, task.id, base)
         selection = select_provider(
             config,
             PHASE,
             lambda n: read_provider(env, n, now),
             running,
             now,
+            simple=simple,
             backoff=backoff,
-            capable=capability_check(env, PHASE),
+            capable=capability_check(env, PHASE, simple=simple, tried_here=tried),
         )
         observe(db, selection.decisions)
         decisions = [
@@ -122,16 +136,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                 + ("; inference is suspended" if selection.suspended else "")
             )
         name = selection.provider
-        access = ForgeAccess(env.loaded)
-        worker = access.required("worker")
-        issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-        forge_repo = worker.repository(repo.owner, repo.name)
-        cache = GitCache(env.state_dir)
-        cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
-        base = cache.pin(
-            repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}"
-        )
-        settings = provider_settings(config, PHASE, name)
+        settings = provider_settings(config, PHASE, name, simple=simple)
         model = settings.model if settings else None
         effort = settings.effort if settings else None
         with db.write() as session:
@@ -142,7 +147,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                 name,
                 model,
                 effort,
-                settings.model_dump() if settings else {},
+                {**(settings.model_dump() if settings else {}), "base": base, "simple": simple},
             )
             append_event(
                 session,
@@ -211,7 +216,7 @@ def _conclude(
         _move(
             db,
             task,
-            "ready" if run.failure in ("quota_exhausted", "transient", "auth") else "failed",
+            "ready" if run.failure in RETRYABLE else "failed",
             f"{run.failure}: {run.reason}",
             **release,
         )

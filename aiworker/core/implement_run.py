@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiworker.runtime.execution import Limits, run_job
-from aiworker.runtime.workspace import Workspace, open_private_home
+from aiworker.runtime.workspace import Workspace, changed_lines, open_private_home
 
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
@@ -54,4 +54,13 @@ def run_provider(
     if parsed.error is not None or parsed.result is None:
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-500:]}".strip()
         return RunReport(None, provider.classify(message), message[:500])
+    budget = getattr(provider, "diff_budget_lines", None)
+    if budget:
+        changed = changed_lines(workspace)
+        if changed > budget:
+            return RunReport(
+                None,
+                "over_budget",
+                f"{provider.name} changed {changed} lines, over its budget of {budget}",
+            )
     return RunReport(parsed.result, None, "")

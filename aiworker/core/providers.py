@@ -42,7 +42,8 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     loaded = env.loaded
     options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
     if options.scenario:
-        return ScriptProvider(_path(loaded, options.scenario), name=name)
+        real = {"llama": LlamaProvider("http://127.0.0.1:9", options.diff_budget_lines)}
+        return ScriptProvider(_path(loaded, options.scenario), name=name, like=real.get(name))
     home = _path(loaded, options.home) if options.home else env.state_dir / "providers" / name
     if name == "codex":
         return CodexProvider(home)
@@ -60,7 +61,7 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     if name == "opencode":
         return OpenCodeProvider(_path(loaded, options.guard) if options.guard else None)
     if name == "llama":
-        return LlamaProvider(options.base_url or "http://127.0.0.1:9931")
+        return LlamaProvider(options.base_url or "http://127.0.0.1:9931", options.diff_budget_lines)
     return ScriptProvider(None)
 
 
@@ -80,9 +81,18 @@ def backoffs(session: Any, names: Iterable[str]) -> dict[str, datetime]:
     return found
 
 
-def capability_check(env: Environment, phase: str) -> Callable[[str], str | None]:
+def capability_check(
+    env: Environment, phase: str, *, simple: bool = False, tried_here: Iterable[str] = ()
+) -> Callable[[str], str | None]:
+    """Why a provider cannot serve PHASE now; TRIED_HERE had their one local try already."""
+    tried = set(tried_here)
+
     def check(name: str) -> str | None:
-        return capability_reason(provider_for(env, name), phase)
+        provider = provider_for(env, name)
+        reason = capability_reason(provider, phase, simple=simple)
+        if reason is None and name in tried and getattr(provider, "diff_budget_lines", None):
+            reason = f"{name} already had its one local try at this snapshot"
+        return reason
 
     return check
 

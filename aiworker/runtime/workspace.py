@@ -79,6 +79,15 @@ def open_private_home(workspace: Workspace) -> Path:
     return workspace.home
 
 
+def changed_lines(workspace: Workspace) -> int:
+    """Lines added plus removed on `work` since `base` (binary files count as one each)."""
+    total = 0
+    for line in _git(workspace, "diff", "--numstat", "base...work").splitlines():
+        added, removed, _ = line.split("\t", 2)
+        total += int(added) + int(removed) if added.isdigit() and removed.isdigit() else 1
+    return total
+
+
 def result_bundle(workspace: Workspace, target: Path) -> Path | None:
     """A bundle of the commits made on `work` since `base`, or None when there are none."""
     if _git(workspace, "rev-list", "--count", "base..work") == "0":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Attempt, utcnow
@@ -53,3 +53,9 @@ def finish_attempt(
             log_path=log_path,
         )
     )
+
+
+def providers_tried_at(session: Session, task_id: int, base: str) -> set[str]:
+    """Providers that already ran an attempt of TASK_ID on the snapshot BASE."""
+    rows = session.scalars(select(Attempt).where(Attempt.task_id == task_id)).all()
+    return {a.provider for a in rows if a.provider and a.settings.get("base") == base}

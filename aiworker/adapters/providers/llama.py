@@ -29,8 +29,10 @@ class LlamaProvider:
     measured_windows: ClassVar[tuple[str, ...]] = ()
     simple_only: ClassVar[bool] = True
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, diff_budget_lines: int = 200) -> None:
         self.base_url = base_url.rstrip("/")
+        # One local try per snapshot, and its result must stay within this many lines.
+        self.diff_budget_lines = diff_budget_lines
 
     def admission(self, now: datetime) -> Reading:
         status, body = http_get(f"{self.base_url}/health")

@@ -36,10 +36,17 @@ class ScriptProvider:
     phases: ClassVar[tuple[str, ...]] = PHASES
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, scenario: Path | None, name: str = "script") -> None:
-        # Any provider may replay a scenario instead of its CLI (a dry run of that slot).
+    def __init__(
+        self, scenario: Path | None, name: str = "script", like: object | None = None
+    ) -> None:
+        # Any provider may replay a scenario instead of its CLI (a dry run of that slot),
+        # keeping that provider's capabilities (LIKE): its phases, simple-only, budgets.
         self.scenario = scenario
         self.name = name  # type: ignore[misc]
+        if like is not None:
+            self.phases = like.phases  # type: ignore[attr-defined,misc]
+            self.simple_only = getattr(like, "simple_only", False)
+            self.diff_budget_lines = getattr(like, "diff_budget_lines", None)
 
     def load(self) -> dict[str, Any]:
         if self.scenario is None:
