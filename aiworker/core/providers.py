@@ -171,6 +171,13 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
             reading, _ = read(name)
             entry = report["providers"].setdefault(name, {"eligible": {}})
             entry["running_jobs"] = running.get(name, 0)
+            adapter = provider_for(env, name)
+            entry["capabilities"] = {
+                "phases": list(getattr(adapter, "phases", ())),
+                "measured_windows": list(getattr(adapter, "measured_windows", ())),
+                "editable_settings": list(getattr(adapter, "editable_settings", ())),
+                "simple_only": bool(getattr(adapter, "simple_only", False)),
+            }
             entry["reading"] = {
                 "valid": reading.valid,
                 "source": reading.source,

@@ -45,6 +45,8 @@ class Provider(Protocol):
     phases: ClassVar[tuple[str, ...]]
     # Providers with measured windows need every window they name to be read.
     measured_windows: ClassVar[tuple[str, ...]]
+    # Per-phase settings an operator may change for this provider.
+    editable_settings: ClassVar[tuple[str, ...]]
 
     def admission(self, now: datetime) -> Reading: ...
 

@@ -62,6 +62,7 @@ def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = 
 class ClaudeProvider:
     name: ClassVar[str] = "claude"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("five_hour", "seven_day")
 
     def __init__(

@@ -80,6 +80,7 @@ def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
 class CodexProvider:
     name: ClassVar[str] = "codex"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("5h", "weekly")
 
     def __init__(self, home: Path, binary: str = "codex") -> None:

@@ -22,6 +22,7 @@ from aiworker.secrets import register_secret
 class DeepSeekProvider:
     name: ClassVar[str] = "deepseek"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(

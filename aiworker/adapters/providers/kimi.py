@@ -25,6 +25,7 @@ from aiworker.secrets import register_secret
 class KimiProvider:
     name: ClassVar[str] = "kimi"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, home: Path, model: str | None) -> None:

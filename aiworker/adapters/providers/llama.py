@@ -26,6 +26,7 @@ class LlamaProvider:
     name: ClassVar[str] = "llama"
     # Only simple milestones and minor review fixes, one local try per snapshot.
     phases: ClassVar[tuple[str, ...]] = ("implementation", "review")
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
     measured_windows: ClassVar[tuple[str, ...]] = ()
     simple_only: ClassVar[bool] = True
 

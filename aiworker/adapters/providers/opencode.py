@@ -32,6 +32,7 @@ GUARD_FIELDS = (
 class OpenCodeProvider:
     name: ClassVar[str] = "opencode"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, guard: Path | None) -> None:

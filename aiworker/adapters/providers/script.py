@@ -34,6 +34,7 @@ from aiworker.adapters.providers.base import (
 class ScriptProvider:
     name: ClassVar[str] = "script"
     phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled",)
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
