@@ -28,6 +28,7 @@ COMMANDS = {
     "sandbox": ("sandbox", "app", True),
     "providers": ("providers", "app", True),
     "implement": ("phases", "implement", False),
+    "publish": ("phases", "publish", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

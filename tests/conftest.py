@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from aiworker.cli import main
 from tests.forge_fixtures import forge  # noqa: F401 - shared fixture
+from tests.helpers import Result, run_process  # noqa: F401 - re-exported for the tests
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Result:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-    def __repr__(self) -> str:
-        return f"Result(exit_code={self.exit_code}, stdout={self.stdout!r}, stderr={self.stderr!r})"
 
 
 @pytest.fixture(autouse=True)
@@ -64,22 +42,13 @@ def cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
-def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> Result:
-    """Run the CLI as a real separate process."""
-    done = subprocess.run(
-        [sys.executable, "-m", "aiworker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-    return Result(done.returncode, done.stdout, done.stderr)
-
-
 @pytest.fixture
 def upgraded(cli, state_dir: Path) -> Path:
     """A state directory whose database is at head; returns the database path."""
     result = cli("db", "upgrade")
     assert result.exit_code == 0, result
     return state_dir / "aiworker.db"
+
+
+# Imported last: these fixtures use the helpers above.
+from tests.delivery_fixtures import claimed  # noqa: E402, F401 - shared fixture

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import Result
+from tests.helpers import Result
 
 
 def make_source(root: Path, script: str, name: str = "src") -> Path:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from aiworker import __version__
-from tests.conftest import run_process
+from tests.helpers import run_process
 
 
 def test_help_lists_every_group(cli):

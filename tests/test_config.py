@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_process
+from tests.helpers import run_process
 
 CANARY = "canary-3f9a1c77e2b04d5e"
 

@@ -6,23 +6,7 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import run_process
-
-
-def configure(tmp_path, forge, monkeypatch, *, operator=True):
-    roles = {"planner": "planner-bot", "worker": "worker-bot", "reviewer": "reviewer-bot"}
-    if operator:
-        roles["operator"] = "admin"
-    lines = [f'[forge]\nurl = "{forge.url}"']
-    for role, login in roles.items():
-        variable = f"AIWORKER_TEST_{role.upper()}_TOKEN"
-        monkeypatch.setenv(variable, forge.tokens[login])
-        lines.append(f'[forge.identities.{role}]\ntoken_env = "{variable}"')
-    lines.append('[[repositories]]\nindex = 1\nowner = "team"\nname = "app"')
-    path = tmp_path / "config.toml"
-    path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setenv("AIWORKER_CONFIG", str(path))
-    return path
+from tests.helpers import configure, run_process
 
 
 def snapshot(db_path) -> dict:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 
-import pytest
-
-from tests.conftest import run_process
-from tests.test_discovery import configure
+from tests.delivery_fixtures import write_scenario
+from tests.helpers import run_process
 
 FIX = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a * b\n"
@@ -22,26 +19,6 @@ def result_doc(**extra):
         "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
         **extra,
     }
-
-
-def write_scenario(path, **scenario):
-    path.write_text(json.dumps(scenario))
-    return path
-
-
-@pytest.fixture
-def claimed(forge, upgraded, tmp_path, monkeypatch):
-    config = configure(tmp_path, forge, monkeypatch)
-
-    def setup(extra_config: str, **scenario):
-        write_scenario(tmp_path / "scenario.json", **scenario)
-        config.write_text(extra_config + "\n" + config.read_text())
-        assert run_process("poll").exit_code == 0
-        claim = run_process("--json", "claim", "--slot", "1").json()
-        assert claim["claimed"], claim
-        return claim["task"]
-
-    return setup
 
 
 SCRIPT_ONLY = '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'

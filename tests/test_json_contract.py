@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_process
+from tests.helpers import run_process
 
 CASES = [
     ("status",),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from tests.conftest import run_process
+from tests.helpers import run_process
 
 
 def scenario(path, used, weekly=None, **extra):

@@ -39,3 +39,25 @@ def implement(
 
     emit(inv.json, report, human)
     return 0 if report["outcome"] == "implemented" else 1
+
+
+def publish(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="An implemented task.")],
+) -> None:
+    """Push the task's branch and open or update its PR, once, after re-checking
+    authorisation, scope, the pinned base and the receipts."""
+    from aiworker.core.publish import publish as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), task).as_dict()
+    verb = "opened" if report["created"] else "found"
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: {verb} PR #{report['pr']} from {report['branch']} at "
+            f"{report['head']}",
+            markup=False,
+        ),
+    )

@@ -88,20 +88,31 @@ def candidates(
     for kind, label in (("feature", labels.feature), ("plan", labels.plan)):
         for issue in client.list_issues(owner, name, labels=[label]):
             found[issue.number] = (kind, issue)
-    result = []
-    for number in sorted(found):
-        kind, issue = found[number]
-        timeline = client.timeline(owner, name, number)
-        if kind == "issue":
-            actor = assignment_actor(timeline, worker_login)
-            decision = decide(reader, owner, name, issue, actor, f"assigned to {worker_login}")
-        else:
-            label = labels.plan if kind == "plan" else labels.feature
-            decision = decide(
-                reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}"
-            )
-        result.append(Candidate(kind, issue, decision))
-    return result
+    return [
+        Candidate(
+            kind, issue, authorize(client, reader, config, owner, name, kind, issue, worker_login)
+        )
+        for kind, issue in (found[number] for number in sorted(found))
+    ]
+
+
+def authorize(
+    client: ForgejoClient,
+    reader: PermissionReader,
+    config: Config,
+    owner: str,
+    name: str,
+    kind: str,
+    issue: Issue,
+    worker_login: str,
+) -> Decision:
+    """Decide now, from the issue's timeline, whether the work was authorised."""
+    timeline = client.timeline(owner, name, issue.number)
+    if kind == "issue":
+        actor = assignment_actor(timeline, worker_login)
+        return decide(reader, owner, name, issue, actor, f"assigned to {worker_login}")
+    label = config.labels.plan if kind == "plan" else config.labels.feature
+    return decide(reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}")
 
 
 def poll(env: Environment, access: ForgeAccess) -> PollReport:

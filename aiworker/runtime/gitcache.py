@@ -127,6 +127,14 @@ class GitCache:
         self._must(index, "bundle", "create", "-q", str(target), f"refs/aiworker/slot-{slot}/base")
         return target
 
+    def push(self, index: int, commit: str, url: str, token: str, branch: str) -> None:
+        """Push COMMIT (by full hash) to BRANCH on the forge; the branch belongs to the task."""
+        full = self.resolve(index, commit)
+        with self._locked(index):
+            self._must(
+                index, "push", "--quiet", "--force", url, f"{full}:refs/heads/{branch}", token=token
+            )
+
     def import_result(self, index: int, slot: int, bundle: Path, ref: str = "HEAD") -> str:
         """Take a workspace's result bundle; its head must descend from the pinned base."""
         base = self.pinned(index, slot, "base")

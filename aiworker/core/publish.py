@@ -1,0 +1,181 @@
+"""`aiworker publish --task ID`: push the branch and open or update the PR, exactly once.
+
+Right before publishing it re-checks authorisation, the scope fingerprint, the
+pinned base and the receipts. The intent is saved before any request and the
+PR body carries an ownership marker (task and intent ids), so after a lost
+response or a crash the next run finds the PR it made instead of opening
+another. The pushed branch is read back and must equal the receipt's head.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.models import Issue, PullRequest
+from aiworker.core.authorization import PermissionReader
+from aiworker.core.discovery import authorize, fingerprint
+from aiworker.core.environment import Environment
+from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.quality_gate import publication_allowed, requirements_from_issue
+from aiworker.errors import Conflict, InvalidInput
+from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.gitcache import GitCache
+from aiworker.store.models import Repository, Task
+from aiworker.store.publications import advance_publication, current_publication, save_intent
+from aiworker.store.tasks import append_event, transition
+
+MARKER = "<!-- aiworker:task={task} intent={intent} -->"
+
+
+@dataclass
+class PublishReport:
+    task: int
+    pr: int | None
+    branch: str
+    head: str
+    created: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def owned_by(pull: PullRequest, task_id: int) -> bool:
+    return f"<!-- aiworker:task={task_id} " in pull.body
+
+
+def _refuse(db: Any, task: Task, reason: str) -> None:
+    with db.write() as session:
+        append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
+    raise Conflict(f"task {task.id} cannot be published: {reason}")
+
+
+def _preconditions(
+    env: Environment,
+    db: Any,
+    task: Task,
+    repo: Repository,
+    access: ForgeAccess,
+    worker: ForgejoClient,
+) -> tuple[Issue, str]:
+    issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+    reader = PermissionReader(access.optional("operator"), access.bots())
+    decision = authorize(
+        worker,
+        reader,
+        env.loaded.config,
+        repo.owner,
+        repo.name,
+        task.kind,
+        issue,
+        access.logins["worker"],
+    )
+    if not decision.authorized:
+        _refuse(db, task, f"authorisation no longer holds: {decision.reason}")
+    if fingerprint(issue) != task.scope_fingerprint:
+        _refuse(db, task, "the issue's requirements changed since the work was scoped")
+    forge_repo = worker.repository(repo.owner, repo.name)
+    base_now = worker.branch(repo.owner, repo.name, forge_repo.default_branch).commit.id
+    if base_now != task.base_commit:
+        _refuse(
+            db,
+            task,
+            f"the base moved from {task.base_commit} to {base_now}; the receipts are stale",
+        )
+    assert task.head_commit is not None
+    assert task.base_commit is not None
+    allowed, reason = publication_allowed(
+        db,
+        task.id,
+        head=task.head_commit,
+        base=task.base_commit,
+        scope=task.scope_fingerprint,
+        requirements=requirements_from_issue(issue.body),
+    )
+    if not allowed:
+        _refuse(db, task, reason)
+    return issue, forge_repo.default_branch
+
+
+def publish(env: Environment, task_id: int) -> PublishReport:
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            task = session.get(Task, task_id)
+            repo = session.get(Repository, task.repository_id) if task else None
+        if task is None or repo is None:
+            raise InvalidInput(f"no task {task_id}")
+        if task.state != "implemented" or not task.head_commit:
+            raise Conflict(f"task {task_id} is {task.state}; only implemented work is published")
+        access = ForgeAccess(env.loaded)
+        worker = access.required("worker")
+        issue, default_branch = _preconditions(env, db, task, repo, access, worker)
+        branch = f"aiworker/task-{task.id}"
+        with db.write() as session:
+            publication = current_publication(session, task.id)
+            if publication is None:
+                intent = secrets.token_hex(8)
+                publication = save_intent(
+                    session,
+                    task.id,
+                    intent,
+                    MARKER.format(task=task.id, intent=intent),
+                    branch,
+                    task.head_commit,
+                )
+            publication_id, marker = publication.id, publication.ownership_marker
+        clone_url = worker.repository(repo.owner, repo.name).clone_url
+        GitCache(env.state_dir).push(
+            repo.index, task.head_commit, clone_url, access.token("worker"), branch
+        )
+        pushed = worker.branch(repo.owner, repo.name, branch).commit.id
+        if pushed != task.head_commit:
+            _refuse(db, task, f"the pushed branch reads back {pushed}, not {task.head_commit}")
+        with db.write() as session:
+            advance_publication(session, publication_id, "pushed")
+        pull, created = _open_or_update(worker, repo, task, issue, branch, default_branch, marker)
+        failpoint("publish.after_request")
+        with db.write() as session:
+            advance_publication(session, publication_id, "opened", pull.number)
+            current = session.get(Task, task.id)
+            assert current is not None
+            transition(
+                session,
+                task.id,
+                current.version,
+                "implemented",
+                "awaiting_ci",
+                actor="publish",
+                kind="task.published",
+                data={"pr": pull.number, "head": task.head_commit, "created": created},
+            )
+        failpoint("publish.after_record")
+        return PublishReport(task.id, pull.number, branch, task.head_commit, created)
+    finally:
+        db.dispose()
+
+
+def _open_or_update(
+    worker: ForgejoClient,
+    repo: Repository,
+    task: Task,
+    issue: Issue,
+    branch: str,
+    base: str,
+    marker: str,
+) -> tuple[PullRequest, bool]:
+    """The task's PR, found by its marker, or a new one; never a second."""
+    for pull in worker.pulls(repo.owner, repo.name, state="all"):
+        if owned_by(pull, task.id) and pull.state == "open":
+            return pull, False
+    body = (
+        f"Resolves #{issue.number}.\n\nImplemented by aiworker; every required check "
+        f"passed at {task.head_commit} on base {task.base_commit}.\n\n{marker}\n"
+    )
+    failpoint("publish.before_request")
+    pull = worker.create_pull(
+        repo.owner, repo.name, head=branch, base=base, title=issue.title, body=body
+    )
+    return pull, True

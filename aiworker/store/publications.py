@@ -1,0 +1,44 @@
+"""Publications: the intent is saved before any forge request, so a crash is resumable."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from aiworker.store.models import Publication, utcnow
+
+OPEN_STATES = ("intent", "pushed", "opened")
+
+
+def current_publication(session: Session, task_id: int) -> Publication | None:
+    return session.scalar(
+        select(Publication)
+        .where(Publication.task_id == task_id, Publication.state.in_(OPEN_STATES))
+        .order_by(Publication.id.desc())
+        .limit(1)
+    )
+
+
+def save_intent(
+    session: Session, task_id: int, intent_id: str, marker: str, branch: str, head: str
+) -> Publication:
+    publication = Publication(
+        task_id=task_id,
+        intent_id=intent_id,
+        ownership_marker=marker,
+        remote_branch=branch,
+        head_commit=head,
+        state="intent",
+    )
+    session.add(publication)
+    session.flush()
+    return publication
+
+
+def advance_publication(
+    session: Session, publication_id: int, state: str, pr_number: int | None = None
+) -> None:
+    values: dict[str, object] = {"state": state, "updated_at": utcnow()}
+    if pr_number is not None:
+        values["pr_number"] = pr_number
+    session.execute(update(Publication).where(Publication.id == publication_id).values(**values))

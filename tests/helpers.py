@@ -1,0 +1,56 @@
+"""Helpers shared by the tests: results of CLI runs, a CLI process, a forge-backed config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __repr__(self) -> str:
+        return f"Result(exit_code={self.exit_code}, stdout={self.stdout!r}, stderr={self.stderr!r})"
+
+
+def run_process(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> Result:
+    """Run the CLI as a real separate process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aiworker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def configure(tmp_path, forge, monkeypatch, *, operator=True):
+    roles = {"planner": "planner-bot", "worker": "worker-bot", "reviewer": "reviewer-bot"}
+    if operator:
+        roles["operator"] = "admin"
+    lines = [f'[forge]\nurl = "{forge.url}"']
+    for role, login in roles.items():
+        variable = f"AIWORKER_TEST_{role.upper()}_TOKEN"
+        monkeypatch.setenv(variable, forge.tokens[login])
+        lines.append(f'[forge.identities.{role}]\ntoken_env = "{variable}"')
+    lines.append('[[repositories]]\nindex = 1\nowner = "team"\nname = "app"')
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("AIWORKER_CONFIG", str(path))
+    return path
