@@ -29,6 +29,9 @@ COMMANDS = {
     "providers": ("providers", "app", True),
     "implement": ("phases", "implement", False),
     "publish": ("phases", "publish", False),
+    "ci": ("phases", "ci", False),
+    "review": ("phases", "review", False),
+    "merge": ("phases", "merge", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

@@ -1,7 +1,8 @@
 """The `script` provider's process: apply a scenario's edits in the workspace, commit them,
 and print the scenario's result document, exactly where a model's CLI would work.
 
-Usage: python -m aiworker.script_agent SCENARIO
+Usage: python -m aiworker.script_agent SCENARIO [PHASE]
+A scenario may hold per-phase variants under "phases" (e.g. "review": {...}).
 A scenario "failure" makes it stop after committing, with that failure's message.
 """
 
@@ -22,6 +23,8 @@ MESSAGES = {
 
 def main() -> int:
     scenario = json.loads(Path(sys.argv[1]).read_text())
+    phase = sys.argv[2] if len(sys.argv) > 2 else "implementation"
+    scenario = (scenario.get("phases") or {}).get(phase, scenario)
     edits = scenario.get("edits") or {}
     for name, text in edits.items():
         path = Path(name)

@@ -61,3 +61,63 @@ def publish(
             markup=False,
         ),
     )
+
+
+def ci(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
+) -> int:
+    """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
+    from aiworker.core.ci_dispatch import dispatch_ci
+
+    inv: Invocation = ctx.obj
+    report = dispatch_ci(inv.environment(), task)
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: aiworker / ci {report['state']} at {report['head']}",
+            markup=False,
+        ),
+    )
+    return 0 if report["state"] == "success" else 1
+
+
+def review(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
+) -> int:
+    """Review the PR head independently as the reviewer identity and post a formal review."""
+    from aiworker.core.review import review as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), task)
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: review {report['event'] or 'not posted'} "
+            f"on PR #{report['pr']}",
+            markup=False,
+        ),
+    )
+    return 0 if report["event"] == "APPROVED" else 1
+
+
+def merge(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
+) -> None:
+    """Merge when the review approved and CI passed on the exact head, and record evidence."""
+    from aiworker.core.merge import merge as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), task)
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}",
+            markup=False,
+        ),
+    )

@@ -21,20 +21,25 @@ class RunReport:
 
 
 def run_provider(
-    provider: Any, workspace: Workspace, model: str | None, effort: str | None, attempt_id: int
+    provider: Any,
+    workspace: Workspace,
+    model: str | None,
+    effort: str | None,
+    attempt_id: int,
+    phase: str = "implementation",
 ) -> RunReport:
     open_private_home(workspace)
     prompt = (workspace.inputs / "prompt.md").read_text()
     spec = provider.command(
-        "implementation",
+        phase,
         model,
         effort,
         workspace.repo,
         workspace.inputs / "result-schema.json",
         prompt,
     )
-    tag = f"AIWORKER_ATTEMPT_ID=implement-{attempt_id}"
-    env = {**spec.env, "AIWORKER_ATTEMPT_ID": f"implement-{attempt_id}"}
+    tag = f"AIWORKER_ATTEMPT_ID={phase}-{attempt_id}"
+    env = {**spec.env, "AIWORKER_ATTEMPT_ID": f"{phase}-{attempt_id}"}
     stdin_path = None
     if spec.stdin is not None:
         stdin_path = workspace.inputs / "stdin"

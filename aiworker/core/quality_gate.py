@@ -94,10 +94,40 @@ def run_gate(
     claimed: AgentResult | None = None,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
 ) -> GateReport:
+    """Re-run REQUIREMENTS on the slot's pinned head (after an implementation)."""
     head = cache.pinned(index, slot, "head")
     base = cache.pinned(index, slot, "base")
     if head is None or base is None:
         raise GitCacheError(f"slot {slot} has no pinned base and head to validate")
+    return run_checks(
+        db,
+        cache,
+        index=index,
+        head=head,
+        base=base,
+        task_id=task_id,
+        scope=scope,
+        requirements=requirements,
+        claimed=claimed,
+        timeout_ms=timeout_ms,
+    )
+
+
+def run_checks(
+    db: Database,
+    cache: GitCache,
+    *,
+    index: int,
+    head: str,
+    base: str,
+    task_id: int | None,
+    scope: str | None,
+    requirements: list[Requirement],
+    claimed: AgentResult | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    phase: str = PHASE,
+) -> GateReport:
+    """Run REQUIREMENTS through the runner core in a fresh checkout of HEAD; one receipt each."""
     claims = {
         v.check_id: v.exit_code == v.expected_exit_code
         for v in (claimed.validation if claimed else [])
@@ -145,7 +175,7 @@ def run_gate(
                 add_receipt(
                     session,
                     task_id=task_id,
-                    phase=PHASE,
+                    phase=phase,
                     head=head,
                     base=base,
                     scope=scope,

@@ -135,6 +135,15 @@ class GitCache:
                 index, "push", "--quiet", "--force", url, f"{full}:refs/heads/{branch}", token=token
             )
 
+    def bundle_commit(self, index: int, commit: str, ref: str, target: Path) -> Path:
+        """A bundle holding COMMIT as REF (under refs/aiworker/), for a read-only workspace."""
+        if not ref.startswith("refs/aiworker/"):
+            raise GitCacheError(f"{ref} is not an aiworker ref")
+        with self._locked(index):
+            self._must(index, "update-ref", ref, self.resolve(index, commit))
+            self._must(index, "bundle", "create", "-q", str(target), ref)
+        return target
+
     def import_result(self, index: int, slot: int, bundle: Path, ref: str = "HEAD") -> str:
         """Take a workspace's result bundle; its head must descend from the pinned base."""
         base = self.pinned(index, slot, "base")

@@ -19,7 +19,7 @@ def add_receipt(
     head: str,
     base: str,
     scope: str | None,
-    check_id: str,
+    check_id: str | None,
     outcome: str,
     body: dict[str, Any],
 ) -> int:

@@ -22,6 +22,7 @@ TASK_STATES = (
     "implemented",
     "awaiting_ci",
     "awaiting_review",
+    "approved",
     "paused",
     "done",
     "failed",

@@ -104,6 +104,7 @@ class ScriptProvider:
             "-m",
             "aiworker.script_agent",
             str(self.scenario),
+            phase,
         ]
         return CommandSpec(argv, minimal_env(workspace.parent / "home"), prompt.encode())
 

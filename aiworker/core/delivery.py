@@ -1,0 +1,71 @@
+"""Shared steps of the delivery phases after publication: load, verify the PR head, move."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.errors import Conflict, InvalidInput
+from aiworker.store.models import Repository, Task
+from aiworker.store.publications import current_publication
+from aiworker.store.tasks import append_event, transition
+
+CI_CONTEXT = "aiworker / ci"
+
+
+@dataclass
+class Delivery:
+    task: Task
+    repo: Repository
+    pr: int
+
+
+def load_delivery(db: Any, task_id: int, state: str) -> Delivery:
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        repo = session.get(Repository, task.repository_id) if task else None
+        publication = current_publication(session, task_id) if task else None
+    if task is None or repo is None:
+        raise InvalidInput(f"no task {task_id}")
+    if task.state != state:
+        raise Conflict(f"task {task_id} is {task.state}, not {state}")
+    if publication is None or publication.pr_number is None:
+        raise Conflict(f"task {task_id} has no open pull request")
+    return Delivery(task, repo, publication.pr_number)
+
+
+def pull_at_head(client: ForgejoClient, delivery: Delivery) -> PullRequest:
+    """The PR, which must still be open at the task's receipt head."""
+    pull = client.pull(delivery.repo.owner, delivery.repo.name, delivery.pr)
+    if pull.head.sha != delivery.task.head_commit:
+        raise Conflict(
+            f"PR #{delivery.pr} head moved to {pull.head.sha}; "
+            f"the evidence is for {delivery.task.head_commit}"
+        )
+    return pull
+
+
+def move(
+    db: Any, task: Task, from_state: str, to_state: str, kind: str, data: dict[str, Any]
+) -> None:
+    with db.write() as session:
+        current = session.get(Task, task.id)
+        assert current is not None
+        if not transition(
+            session,
+            task.id,
+            current.version,
+            from_state,
+            to_state,
+            actor=kind.split(".", maxsplit=1)[0],
+            kind=kind,
+            data=data,
+        ):
+            raise Conflict(f"task {task.id} changed meanwhile")
+
+
+def record(db: Any, task: Task, kind: str, data: dict[str, Any]) -> None:
+    with db.write() as session:
+        append_event(session, kind, task_id=task.id, data=data)
