@@ -53,6 +53,16 @@ SCENARIO = {
         "summary": "add() now returns a + b; test_calc passes.",
         "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
     },
+    "phases": {
+        "review": {
+            "result": {
+                "contract": "ait.agent.result.v1",
+                "completion": "complete",
+                "summary": "add() returns the sum and test_calc covers it.",
+                "findings": [],
+            }
+        }
+    },
 }
 
 
@@ -67,6 +77,34 @@ def wait_for_state(state: str, timeout: float = 120) -> None:
             raise SystemExit("the task failed; see .demo/state/logs/slot-1.log")
         time.sleep(0.3)
     raise SystemExit(f"the task did not reach {state}; see .demo/state/logs/")
+
+
+def show_delivery(url: str, token: str) -> None:
+    from aiworker.adapters.forgejo import ForgejoClient
+
+    client = ForgejoClient(url, token)
+    [pull] = client.pulls("team", "app", state="all")
+    say(f"PR #{pull.number} '{pull.title}': merged={pull.merged} as {pull.merge_commit_sha}")
+    head = pull.head.sha
+    status = client.combined_status("team", "app", head)
+    for item in status.statuses:
+        say(f"status {item.context}: {item.status} on {head} ({item.description})")
+    for review in client.reviews("team", "app", pull.number):
+        login = review.user.login if review.user else "?"
+        say(f"review by {login}: {review.state} on {review.commit_id}")
+    log = run_command(
+        [
+            "git",
+            "--git-dir",
+            str(DEMO / "forge" / "git" / "team" / "app.git"),
+            "log",
+            "--oneline",
+            "-3",
+            "main",
+        ],
+        timeout=30,
+    )
+    say("main now:\n" + log.stdout)
 
 
 def start_forge() -> tuple[int, str]:
@@ -134,6 +172,13 @@ def main() -> None:
         say(aiworker("scheduler", "tick"))
         wait_for_state("implemented")
         say((DEMO / "state" / "logs" / "slot-1.log").read_text())
+
+        step("Ticks deliver it: publish, CI at the PR head, independent review, merge")
+        for reached in ("awaiting_ci", "awaiting_review", "approved", "done"):
+            say(aiworker("scheduler", "tick"))
+            wait_for_state(reached)
+        say((DEMO / "state" / "logs" / "task-1.log").read_text())
+        show_delivery(url, tokens["worker-bot"])
 
         step("Status and doctor")
         say(aiworker("status"))

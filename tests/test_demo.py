@@ -23,4 +23,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "tasks: unchanged 1" in done.stdout
     assert "task 1: implemented with script" in done.stdout
     assert "ci: pass at" in done.stdout
+    assert "merged=True" in done.stdout
+    assert "status aiworker / ci: success" in done.stdout
+    assert "review by reviewer-bot: APPROVED" in done.stdout
     assert (tmp_path / ".demo" / "backup.db").exists()

@@ -29,6 +29,8 @@ def tick(ctx: typer.Context) -> None:
             return
         for item in report["started"]:
             console.print(f"slot {item['slot']}: started task {item['task']}", markup=False)
+        for item in report["delivering"]:
+            console.print(f"task {item['task']}: started {item['phase']}", markup=False)
         for kind, reason in report["skipped"].items():
             console.print(f"{kind} tasks wait: {reason}", markup=False)
         if report["poll_error"]:

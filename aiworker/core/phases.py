@@ -7,7 +7,14 @@ import sys
 from aiworker.core.environment import Environment
 
 # Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
-BUILTIN_PHASES: frozenset[str] = frozenset({"implement"})
+BUILTIN_PHASES: frozenset[str] = frozenset({"implement", "publish", "ci", "review", "merge"})
+# Delivery steps hold no slot: a PR waiting for CI or review does not block new work.
+DELIVERY_PHASE = {
+    "implemented": "publish",
+    "awaiting_ci": "ci",
+    "awaiting_review": "review",
+    "approved": "merge",
+}
 NEXT_PHASE = {
     "plan": "plan",
     "milestone": "implement",

@@ -16,12 +16,18 @@ from typing import Any
 
 from aiworker.core.claims import claim_for_slot, recover_stale_claims
 from aiworker.core.environment import Environment
-from aiworker.core.phases import aiworker_argv, argv_for, runnable_kinds
+from aiworker.core.phases import (
+    DELIVERY_PHASE,
+    aiworker_argv,
+    argv_for,
+    phase_command,
+    runnable_kinds,
+)
 from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
-from aiworker.store.tasks import append_event, claimed_on, get_task
+from aiworker.store.tasks import append_event, claimed_on, get_task, tasks_in_states
 
 log = logging.getLogger(__name__)
 CHECK_EVENT = "scheduler.check"
@@ -35,6 +41,7 @@ class TickReport:
     recovered: list[int] = field(default_factory=list)
     started: list[dict[str, Any]] = field(default_factory=list)
     busy_slots: list[int] = field(default_factory=list)
+    delivering: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     next_deadline: str | None = None
 
@@ -77,6 +84,8 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         finally:
             for _, lock in own:
                 lock.release()
+        if report.poll_error is None:
+            report.delivering = start_delivery_steps(env, db)
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.write() as session:
@@ -143,6 +152,29 @@ def run_slot(env: Environment, slot: int) -> None:
     finally:
         db.dispose()
     exec_keeping(argv, lock.fileno)
+
+
+def start_delivery_steps(env: Environment, db: Any) -> list[dict[str, Any]]:
+    """Start publish, ci, review or merge for each task waiting on one; a per-task lock,
+    handed to the step's process, keeps two ticks from running a task's step twice."""
+    with db.read() as session:
+        waiting = tasks_in_states(session, list(DELIVERY_PHASE))
+    started = []
+    for task_id, state in waiting:
+        lock = env.locks.lock(f"task-{task_id}")
+        if not lock.try_acquire():
+            continue
+        command = phase_command(env, DELIVERY_PHASE[state])
+        if command is None:
+            lock.release()
+            continue
+        argv = [*command, "--task", str(task_id)]
+        pid = spawn_detached(
+            argv, log_path=env.state_dir / "logs" / f"task-{task_id}.log", keep_fds=[lock.fileno]
+        )
+        lock.hand_over(pid)
+        started.append({"task": task_id, "phase": DELIVERY_PHASE[state], "pid": pid})
+    return started
 
 
 def launch(env: Environment, db: Any, slot: int, lock: FileLock, task_id: int) -> dict[str, Any]:

@@ -307,6 +307,13 @@ def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
     ).all()
 
 
+def tasks_in_states(session: Session, states: Sequence[str]) -> list[tuple[int, str]]:
+    rows = session.execute(
+        select(Task.id, Task.state).where(Task.state.in_(list(states))).order_by(Task.id)
+    ).all()
+    return [(int(task_id), str(state)) for task_id, state in rows]
+
+
 def claimed_on(session: Session, slot: int) -> Task | None:
     return session.scalar(select(Task).where(Task.claim_slot == slot, Task.state == "claimed"))
 
