@@ -32,6 +32,7 @@ COMMANDS = {
     "ci": ("phases", "ci", False),
     "review": ("phases", "review", False),
     "merge": ("phases", "merge", False),
+    "cleanup": ("phases", "cleanup", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

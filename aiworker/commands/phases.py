@@ -121,3 +121,17 @@ def merge(
             markup=False,
         ),
     )
+
+
+def cleanup(ctx: typer.Context) -> None:
+    """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
+    merge evidence; record an inventory. A second run changes nothing."""
+    from aiworker.core.cleanup import cleanup as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment())
+    lines = [f"removed {item['path']} ({item['bytes']} bytes)" for item in report["removed"]]
+    lines += [f"skipped task {item['task']}: {item['reason']}" for item in report["skipped"]]
+    emit(
+        inv.json, report, lambda c: c.print("\n".join(lines) or "nothing to clean up", markup=False)
+    )
