@@ -9,6 +9,7 @@ A scenario "failure" makes it stop after committing, with that failure's message
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,12 @@ def main() -> int:
             ],
             check=True,
         )
+    # A CLI keeps its login in its home; scenarios can rehearse that (and a noisy stderr).
+    home = Path(os.environ.get("HOME", "."))
+    for name, text in (scenario.get("home_files") or {}).items():
+        (home / Path(name).name).write_text(text)
+    if scenario.get("stderr"):
+        sys.stderr.write(str(scenario["stderr"]) + "\n")
     failure = scenario.get("failure")
     if failure:
         sys.stderr.write(MESSAGES.get(failure, str(failure)) + "\n")

@@ -142,3 +142,28 @@ def test_llama_does_not_take_work_not_marked_simple(claimed, tmp_path):
     assert report["decisions"][0]["reason"] == (
         "llama serves only simple milestones and minor review fixes"
     )
+
+
+CANARY = "canary-provider-credential-7c41e2"
+
+
+def test_a_credential_in_the_private_home_never_leaks(claimed, upgraded, state_dir):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        home_files={"auth.json": CANARY},
+        stderr=f"refreshing token {CANARY}",
+        failure="quota_exhausted",
+    )
+    result = run_process("-vv", "--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.json()["outcome"] == "quota_exhausted"
+    assert CANARY not in result.stdout + result.stderr
+    [kept] = list((state_dir / "workspaces").iterdir())  # preserved for the retry
+    assert not (kept / "home").exists()
+    for path in kept.rglob("*"):
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), path
+    conn = sqlite3.connect(upgraded)
+    dump = "\n".join(conn.iterdump())
+    conn.close()
+    assert CANARY not in dump

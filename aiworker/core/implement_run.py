@@ -57,8 +57,10 @@ def run_provider(
         return RunReport(None, "transient", "the provider run timed out")
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
     if parsed.error is not None or parsed.result is None:
-        message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-500:]}".strip()
-        return RunReport(None, provider.classify(message), message[:500])
+        # stderr helps classify the failure but is never kept: a CLI may print anything
+        # it holds, its credentials included.
+        message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"
+        return RunReport(None, provider.classify(message), (parsed.error or "no result")[:300])
     budget = getattr(provider, "diff_budget_lines", None)
     if budget:
         changed = changed_lines(workspace)
