@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiworker.runtime.execution import Limits, run_job
-from aiworker.runtime.workspace import Workspace, changed_lines, open_private_home
+from aiworker.runtime.workspace import Workspace, changed_lines, open_private_home, sandboxed
 
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
@@ -44,8 +45,10 @@ def run_provider(
     if spec.stdin is not None:
         stdin_path = workspace.inputs / "stdin"
         stdin_path.write_bytes(spec.stdin)
+    # A provider's own home (CODEX_HOME, CLAUDE_CONFIG_DIR, ...) stays writable for its login.
+    homes = [Path(v) for k, v in spec.env.items() if k.endswith(("HOME", "_DIR")) and v]
     outcome = run_job(
-        spec.argv,
+        sandboxed(spec.argv, workspace, homes),
         cwd=workspace.repo,
         env=env,
         tag=tag,

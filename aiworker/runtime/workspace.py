@@ -102,3 +102,41 @@ def teardown(workspace: Workspace, *, preserve: bool) -> bool:
     if preserve:
         return False
     return remove_attempt(workspace.root).removed
+
+
+def sandboxed(
+    argv: list[str], workspace: Workspace, writable: list[Path], bwrap: str | None = None
+) -> list[str]:
+    """ARGV inside bubblewrap when it is installed: the system read-only, a private /tmp and
+    pid namespace, and only the workspace (and WRITABLE) writable. Without bwrap, ARGV."""
+    bwrap = bwrap or shutil.which("bwrap")
+    if bwrap is None:
+        return argv
+    binds = []
+    # Files the command names (a scenario, a schema) may live under the host's /tmp,
+    # which the sandbox replaces: bring them in read-only.
+    for arg in argv[1:]:
+        if arg.startswith("/") and Path(arg).exists():
+            binds += ["--ro-bind", arg, arg]
+    for path in [workspace.root, *writable]:
+        if path.is_dir():
+            binds += ["--bind", str(path), str(path)]
+    return [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",  # noqa: S108 - a private tmpfs mount point inside the sandbox
+        *binds,
+        "--unshare-pid",
+        "--die-with-parent",
+        "--chdir",
+        str(workspace.repo),
+        "--",
+        *argv,
+    ]
