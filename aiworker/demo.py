@@ -36,8 +36,11 @@ def aiworker(*args: str) -> str:
     return result.stdout
 
 
+STARTED = time.monotonic()
+
+
 def step(title: str) -> None:
-    sys.stdout.write(f"\n== {title}\n")
+    sys.stdout.write(f"\n== [{time.monotonic() - STARTED:6.1f} s] {title}\n")
 
 
 def say(text: str) -> None:

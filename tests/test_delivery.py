@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.forge_fixtures import git
@@ -60,6 +62,9 @@ def test_issue_to_merged_pr(forge, delivered, upgraded):
     worker = forge.client("worker-bot")
     combined = worker.combined_status("team", "app", head)
     assert (combined.state, combined.statuses[0].context) == ("success", "aiworker / ci")
+    evidence = reports["ci"].json()["evidence"]
+    assert combined.statuses[0].target_url == f"file://{evidence}"
+    assert '"exit_code": 0' in Path(evidence).read_text()
     [approved] = worker.reviews("team", "app", pr)
     assert (approved.state, approved.user.login, approved.commit_id) == (
         "APPROVED",

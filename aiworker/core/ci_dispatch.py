@@ -7,13 +7,28 @@ status under the context `aiworker / ci`.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from aiworker.core.delivery import CI_CONTEXT, load_delivery, move, pull_at_head
 from aiworker.core.environment import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.quality_gate import Requirement, run_checks
+from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.gitcache import GitCache
+
+
+def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, Any]) -> Path:
+    """The run's evidence as a private JSON file the status links to (until the web plane
+    serves receipts)."""
+    folder = env.state_dir / "evidence"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"task-{task_id}-ci-{head}.json"
+    write_private_file(
+        path, json.dumps({"task": task_id, "head": head, **check}, indent=2).encode()
+    )
+    return path
 
 
 def dispatch_ci(env: Environment, task_id: int) -> dict[str, Any]:
@@ -47,6 +62,7 @@ def dispatch_ci(env: Environment, task_id: int) -> dict[str, Any]:
         )
         check = report.checks[0]
         state = "success" if report.passed else "failure"
+        evidence = write_evidence(env, task.id, task.head_commit, check)
         description = (
             f"./ci/run {check['status']} (exit {check['exit_code']}) at "
             f"{task.head_commit[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
@@ -58,6 +74,7 @@ def dispatch_ci(env: Environment, task_id: int) -> dict[str, Any]:
             state=state,
             context=CI_CONTEXT,
             description=description[:140],
+            target_url=evidence.as_uri(),
         )
         move(
             db,
@@ -73,6 +90,7 @@ def dispatch_ci(env: Environment, task_id: int) -> dict[str, Any]:
             "head": task.head_commit,
             "state": state,
             "check": check,
+            "evidence": str(evidence),
         }
     finally:
         db.dispose()
