@@ -17,18 +17,21 @@ def test_only_the_workspace_is_writable(tmp_path):
     workspace = Workspace(tmp_path / "ws")
     workspace.repo.mkdir(parents=True)
     escape = Path("/usr/aiworker-sandbox-escape")
-    host_only = tmp_path.parent / "aiworker-host-only"
-    host_only.write_text("not for the sandbox")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace.home / "tmp").mkdir(parents=True)
     script = (
         f"touch inside && (touch {escape} 2>/dev/null && echo escaped || echo refused) "
-        f"&& (test -e {host_only} && echo visible || echo hidden)"
+        f"&& (touch {outside}/x 2>/dev/null && echo escaped || echo refused) "
+        '&& touch "$TMPDIR/scratch" && echo tmp-ok'
     )
     argv = sandboxed(["/bin/sh", "-c", script], workspace, [])
     assert argv[0].endswith("bwrap")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    # A read-only system, and a private /tmp holding only what was bound into it.
-    assert done.stdout.split() == ["refused", "hidden"]
+    # The system and everything outside the workspace are read-only; TMPDIR is private.
+    assert done.stdout.split() == ["refused", "refused", "tmp-ok"]
+    assert (workspace.home / "tmp" / "scratch").exists()
     assert (workspace.repo / "inside").exists()
     assert not escape.exists()
 

@@ -33,13 +33,14 @@ from aiworker.core.providers import (
 from aiworker.core.quality_gate import requirements_from_issue, run_gate
 from aiworker.errors import Conflict, InvalidInput, Unavailable
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
-from aiworker.runtime.workspace import prepare_workspace, result_bundle, teardown
+from aiworker.runtime.workspace import LocalBackend
 from aiworker.store.attempts import finish_attempt, providers_tried_at, start_attempt
 from aiworker.store.models import Repository, Task
 from aiworker.store.observations import record_run, running_jobs
 from aiworker.store.tasks import append_event, transition
 
 log = logging.getLogger(__name__)
+BACKEND = LocalBackend()
 PHASE = "implementation"
 # Failures after which another try (maybe another provider) may succeed.
 RETRYABLE = ("quota_exhausted", "transient", "auth", "over_budget")
@@ -170,7 +171,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
             "changes; finish with the result document.\n"
         )
         schema = json.dumps(AgentResult.model_json_schema())
-        workspace = prepare_workspace(
+        workspace = BACKEND.prepare(
             root,
             bundle,
             f"refs/aiworker/slot-{slot}/base",
@@ -184,7 +185,9 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
             },
         )
         bundle.unlink(missing_ok=True)
-        run = run_provider(provider_for(env, name), workspace, model, effort, attempt_id)
+        run = run_provider(
+            provider_for(env, name), workspace, model, effort, attempt_id, backend=BACKEND
+        )
         return _conclude(db, cache, task, repo, slot, issue.body, report, workspace, run, release)
     finally:
         db.dispose()
@@ -204,7 +207,7 @@ def _conclude(
 ) -> ImplementReport:
     assert report.attempt is not None
     assert report.provider is not None
-    outcome_bundle = result_bundle(workspace, workspace.root / "result.bundle")
+    outcome_bundle = BACKEND.result_bundle(workspace, workspace.root / "result.bundle")
     if run.failure is not None:
         quota = run.failure == "quota_exhausted"
         with db.write() as session:
@@ -212,7 +215,7 @@ def _conclude(
             record_run(session, report.provider, run.failure, run.reason)
         if quota and outcome_bundle is not None:
             report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
-        teardown(workspace, preserve=quota)
+        BACKEND.teardown(workspace, preserve=quota)
         _move(
             db,
             task,
@@ -255,7 +258,7 @@ def _conclude(
     with db.write() as session:
         finish_attempt(session, report.attempt, "succeeded" if gate.passed else "gate_failed")
         record_run(session, report.provider, "ok", "")
-    teardown(workspace, preserve=False)
+    BACKEND.teardown(workspace, preserve=False)
     state = "implemented" if gate.passed and result.completion == "complete" else "failed"
     _move(
         db,
@@ -283,7 +286,7 @@ def _fail(
     assert report.attempt is not None
     with db.write() as session:
         finish_attempt(session, report.attempt, "failed")
-    teardown(workspace, preserve=False)
+    BACKEND.teardown(workspace, preserve=False)
     _move(db, task, "failed", reason, **release)
     report.outcome, report.reason = "failed", reason
     log.warning("task %d: %s", task.id, reason)

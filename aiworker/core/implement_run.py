@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.runtime.execution import Limits, run_job
-from aiworker.runtime.workspace import Workspace, changed_lines, open_private_home, sandboxed
+from aiworker.runtime.workspace import ExecutionBackend, LocalBackend, Workspace, changed_lines
 
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
@@ -28,8 +28,10 @@ def run_provider(
     effort: str | None,
     attempt_id: int,
     phase: str = "implementation",
+    backend: ExecutionBackend | None = None,
 ) -> RunReport:
-    open_private_home(workspace)
+    backend = backend or LocalBackend()
+    backend.open_home(workspace)
     prompt = (workspace.inputs / "prompt.md").read_text()
     spec = provider.command(
         phase,
@@ -48,7 +50,7 @@ def run_provider(
     # A provider's own home (CODEX_HOME, CLAUDE_CONFIG_DIR, ...) stays writable for its login.
     homes = [Path(v) for k, v in spec.env.items() if k.endswith(("HOME", "_DIR")) and v]
     outcome = run_job(
-        sandboxed(spec.argv, workspace, homes),
+        backend.wrap(spec.argv, workspace, homes),
         cwd=workspace.repo,
         env=env,
         tag=tag,

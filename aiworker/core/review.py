@@ -23,11 +23,12 @@ from aiworker.core.implement_run import run_provider
 from aiworker.core.providers import backoffs, capability_check, observe, provider_for, read_provider
 from aiworker.errors import Unavailable
 from aiworker.runtime.gitcache import GitCache
-from aiworker.runtime.workspace import prepare_workspace, teardown
+from aiworker.runtime.workspace import LocalBackend
 from aiworker.store.attempts import finish_attempt, start_attempt
 from aiworker.store.observations import record_run, running_jobs
 
 PHASE = "review"
+BACKEND = LocalBackend()
 BLOCKING = ("major", "blocker")
 
 
@@ -93,7 +94,7 @@ def review(env: Environment, task_id: int) -> dict[str, Any]:
             f"Review pull request #{pull.number}: {pull.title}\n\n{pull.body}\n\n"
             "Inspect the source at this head; report findings; do not change files.\n"
         )
-        workspace = prepare_workspace(
+        workspace = BACKEND.prepare(
             root,
             bundle,
             ref,
@@ -104,8 +105,10 @@ def review(env: Environment, task_id: int) -> dict[str, Any]:
             },
         )
         bundle.unlink(missing_ok=True)
-        run = run_provider(provider_for(env, name), workspace, model, effort, attempt, PHASE)
-        teardown(workspace, preserve=False)
+        run = run_provider(
+            provider_for(env, name), workspace, model, effort, attempt, PHASE, backend=BACKEND
+        )
+        BACKEND.teardown(workspace, preserve=False)
         try:
             result = AgentResult.model_validate(run.result) if run.failure is None else None
         except ValidationError as exc:

@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from aiworker.errors import AiworkerError
 from aiworker.runtime.attempts import remove_attempt
@@ -76,6 +77,7 @@ def prepare_workspace(root: Path, bundle: Path, base_ref: str, inputs: dict[str,
 def open_private_home(workspace: Workspace) -> Path:
     """The credentials home: made only now, after dependency setup."""
     workspace.home.mkdir(mode=0o700, exist_ok=True)
+    (workspace.home / "tmp").mkdir(mode=0o700, exist_ok=True)
     return workspace.home
 
 
@@ -107,17 +109,14 @@ def teardown(workspace: Workspace, *, preserve: bool) -> bool:
 def sandboxed(
     argv: list[str], workspace: Workspace, writable: list[Path], bwrap: str | None = None
 ) -> list[str]:
-    """ARGV inside bubblewrap when it is installed: the system read-only, a private /tmp and
-    pid namespace, and only the workspace (and WRITABLE) writable. Without bwrap, ARGV."""
+    """ARGV inside bubblewrap when it is installed: the whole system read-only (paths stay
+    where they are, so a checkout or a venv under /tmp still works), a private pid
+    namespace, TMPDIR in the private home, and only the workspace (and WRITABLE)
+    writable. Without bwrap, ARGV."""
     bwrap = bwrap or shutil.which("bwrap")
     if bwrap is None:
         return argv
     binds = []
-    # Files the command names (a scenario, a schema) may live under the host's /tmp,
-    # which the sandbox replaces: bring them in read-only.
-    for arg in argv[1:]:
-        if arg.startswith("/") and Path(arg).exists():
-            binds += ["--ro-bind", arg, arg]
     for path in [workspace.root, *writable]:
         if path.is_dir():
             binds += ["--bind", str(path), str(path)]
@@ -130,9 +129,10 @@ def sandboxed(
         "/dev",
         "--proc",
         "/proc",
-        "--tmpfs",
-        "/tmp",  # noqa: S108 - a private tmpfs mount point inside the sandbox
         *binds,
+        "--setenv",
+        "TMPDIR",
+        str(workspace.home / "tmp"),
         "--unshare-pid",
         "--die-with-parent",
         "--chdir",
@@ -140,3 +140,41 @@ def sandboxed(
         "--",
         *argv,
     ]
+
+
+class ExecutionBackend(Protocol):
+    """Where a phase runs: `local` (a directory on this host, in bubblewrap when installed)
+    now; a `qemu` guest implements the same steps."""
+
+    name: str
+
+    def prepare(
+        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]
+    ) -> Workspace: ...
+
+    def open_home(self, workspace: Workspace) -> Path: ...
+
+    def wrap(self, argv: list[str], workspace: Workspace, writable: list[Path]) -> list[str]: ...
+
+    def result_bundle(self, workspace: Workspace, target: Path) -> Path | None: ...
+
+    def teardown(self, workspace: Workspace, *, preserve: bool) -> bool: ...
+
+
+class LocalBackend:
+    name = "local"
+
+    def prepare(self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]) -> Workspace:
+        return prepare_workspace(root, bundle, base_ref, inputs)
+
+    def open_home(self, workspace: Workspace) -> Path:
+        return open_private_home(workspace)
+
+    def wrap(self, argv: list[str], workspace: Workspace, writable: list[Path]) -> list[str]:
+        return sandboxed(argv, workspace, writable)
+
+    def result_bundle(self, workspace: Workspace, target: Path) -> Path | None:
+        return result_bundle(workspace, target)
+
+    def teardown(self, workspace: Workspace, *, preserve: bool) -> bool:
+        return teardown(workspace, preserve=preserve)
