@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from aiworker.core.environment import Environment
+from aiworker.errors import InvalidInput
 from aiworker.store.engine import Database
 from aiworker.store.tasks import active_claims, claim_next_where, release_claim
 
@@ -66,8 +67,6 @@ def claim_once(env: Environment, slot: int | None) -> dict[str, object]:
 
     shares = env.loaded.config.shares
     if slot is not None and not 1 <= slot <= shares:
-        from aiworker.errors import InvalidInput
-
         raise InvalidInput(f"--slot must be between 1 and shares ({shares})")
     db = env.open_database()
     try:
