@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from aiworker.store.models import Base
+from aiworker.store.tables import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
@@ -10,7 +10,7 @@ if connection is None:
 
 context.configure(
     connection=connection,
-    target_metadata=Base.metadata,
+    target_metadata=metadata,
     render_as_batch=True,
     compare_type=True,
 )

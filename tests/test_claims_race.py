@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from aiworker.store.engine import Database
 from aiworker.store.models import Event, Task
-from aiworker.store.tasks import create_task, ensure_repository
+from aiworker.store.task_records import create_task, ensure_repository
 
 WORKER = Path(__file__).parent / "workers" / "claim_worker.py"
 
@@ -33,12 +33,13 @@ def race(url: str, tmp_path: Path, processes: int, mode: str) -> list[dict]:
         )
         for slot in range(1, processes + 1)
     ]
+    for proc in procs:
+        assert proc.stdout.readline() == "ready\n"
     fcntl.flock(gate, fcntl.LOCK_UN)
     os.close(gate)
     reports = []
     for proc in procs:
         out, _ = proc.communicate(timeout=120)
-        proc.stdout.close()
         assert proc.returncode == 0
         reports.append(json.loads(out))
     return reports

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from aiworker.store.engine import Database
-from aiworker.store.tasks import create_task, ensure_repository
+from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
 
 

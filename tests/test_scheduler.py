@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from aiworker.store.engine import Database
 from aiworker.store.models import Event, Task
-from aiworker.store.tasks import create_task, ensure_repository
+from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
 
 RECORDER = Path(__file__).parent / "workers" / "phase_recorder.py"

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 from aiworker.store.engine import Database
-from aiworker.store.tasks import append_event, claim, create_task, ensure_repository
+from aiworker.store.task_records import create_task, ensure_repository
+from aiworker.store.tasks import append_event, claim
 
 
 def test_status_counts_tasks_and_shows_slots(cli, upgraded, tmp_path, state_dir):

@@ -16,7 +16,8 @@ from sqlalchemy import select, text
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
-from aiworker.store.tasks import claim, create_task, ensure_repository, transition
+from aiworker.store.task_records import create_task, ensure_repository
+from aiworker.store.tasks import claim, transition
 
 
 def sqlite_cli(db: Path, sql: str) -> str:

@@ -13,6 +13,8 @@ from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock
 
+SAVE_WAIT_SECONDS = 10.0
+
 
 def _current_bytes(path: Path) -> bytes | None:
     try:
@@ -29,7 +31,11 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
     """
     parse_config(data, str(path))
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with FileLock(path.with_name(f".{path.name}.lock"), description=f"{path} (being saved)") as _:
+    lock = FileLock(path.with_name(f".{path.name}.lock"), description=f"{path} (being saved)")
+    # A save holds the lock for one read and one rename: a second writer waits its turn and
+    # then meets the revision check, rather than failing on the lock.
+    lock.acquire(timeout=SAVE_WAIT_SECONDS)
+    try:
         current = revision_of(_current_bytes(path))
         if current != expected_revision:
             raise Conflict(
@@ -37,6 +43,8 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
                 f"(now {current[:12]}); re-read it and try again"
             )
         write_private_file(path, data)
+    finally:
+        lock.release()
     return revision_of(data)
 
 

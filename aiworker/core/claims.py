@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
 from aiworker.store.engine import Database
-from aiworker.store.tasks import active_claims, claim_next_where, release_claim
+from aiworker.store.tasks import active_claims, claim_next, release_claim
 
 log = logging.getLogger(__name__)
 HANDOVER_GRACE = timedelta(seconds=60)
@@ -56,8 +56,8 @@ def recover_stale_claims(
 def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[str]) -> Claim | None:
     """Under discovery.lock, claim the next eligible task for SLOT (whose lock we hold)."""
     holder = f"{slot}-{secrets.token_hex(6)}"
-    with env.locks.held("discovery", timeout=DISCOVERY_WAIT_SECONDS), db.transaction() as conn:
-        task_id = claim_next_where(conn, slot, holder, kinds)
+    with env.locks.held("discovery", timeout=DISCOVERY_WAIT_SECONDS):
+        task_id = claim_next(db, slot, holder, kinds)
     return None if task_id is None else Claim(task_id, slot, holder)
 
 

@@ -26,7 +26,7 @@ from aiworker.core.authorization import (
 from aiworker.core.environment import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.store.discovery import pause_task, record_discovered, tasks_of
-from aiworker.store.tasks import ensure_repository
+from aiworker.store.task_records import ensure_repository
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")

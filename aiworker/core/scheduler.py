@@ -27,7 +27,7 @@ from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
-from aiworker.store.tasks import append_event, claimed_on, get_task, tasks_in_states
+from aiworker.store.tasks import append_event, claimed_on, task_kind, tasks_in_states
 
 log = logging.getLogger(__name__)
 CHECK_EVENT = "scheduler.check"
@@ -88,8 +88,8 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
             report.delivering = start_delivery_steps(env, db)
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
-        with db.write() as session:
-            append_event(session, CHECK_EVENT, actor="scheduler", data=report.as_dict())
+        with db.transaction() as connection:
+            append_event(connection, CHECK_EVENT, actor="scheduler", data=report.as_dict())
     finally:
         db.dispose()
     update_state(
@@ -143,12 +143,13 @@ def run_slot(env: Environment, slot: int) -> None:
         raise Unavailable(f"slot {slot} is already running a job")
     db = env.open_database()
     try:
-        with db.read() as session:
-            task = claimed_on(session, slot)
-            if task is None:
-                lock.release()
-                raise Unavailable(f"nothing is claimed on slot {slot}")
-            argv = argv_for(env, task.kind, task.id, slot)
+        with db.read_connection() as connection:
+            claimed = claimed_on(connection, slot)
+        if claimed is None:
+            lock.release()
+            raise Unavailable(f"nothing is claimed on slot {slot}")
+        task_id, kind = claimed
+        argv = argv_for(env, kind, task_id, slot)
     finally:
         db.dispose()
     exec_keeping(argv, lock.fileno)
@@ -157,8 +158,8 @@ def run_slot(env: Environment, slot: int) -> None:
 def start_delivery_steps(env: Environment, db: Any) -> list[dict[str, Any]]:
     """Start publish, ci, review or merge for each task waiting on one; a per-task lock,
     handed to the step's process, keeps two ticks from running a task's step twice."""
-    with db.read() as session:
-        waiting = tasks_in_states(session, list(DELIVERY_PHASE))
+    with db.read_connection() as connection:
+        waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
     started = []
     for task_id, state in waiting:
         lock = env.locks.lock(f"task-{task_id}")
@@ -179,10 +180,10 @@ def start_delivery_steps(env: Environment, db: Any) -> list[dict[str, Any]]:
 
 def launch(env: Environment, db: Any, slot: int, lock: FileLock, task_id: int) -> dict[str, Any]:
     config = env.loaded.config
-    with db.read() as session:
-        task = get_task(session, task_id)
-        assert task is not None
-        kind = task.kind
+    with db.read_connection() as connection:
+        kind = task_kind(connection, task_id)
+    if kind is None:
+        raise LookupError(f"task {task_id} vanished after its claim")
     argv = argv_for(env, kind, task_id, slot)
     if config.scheduler.launcher == "systemd":
         # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.

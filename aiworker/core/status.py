@@ -7,7 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from aiworker.core.environment import Environment
-from aiworker.store.tasks import TASK_STATES, claims_by_slot, count_by_state, latest_event
+from aiworker.store.task_records import claims_by_slot, latest_event
+from aiworker.store.tasks import TASK_STATES, count_by_state
 
 CHECK_EVENT = "scheduler.check"
 

@@ -6,7 +6,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Task
-from aiworker.store.tasks import create_task, transition
+from aiworker.store.task_records import create_task
+from aiworker.store.tasks import transition
 
 ACTIVE_STATES = ("new", "ready", "claimed", "running", "awaiting_ci", "awaiting_review")
 

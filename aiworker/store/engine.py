@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import PoolProxiedConnection
+
+from aiworker.store.driver import DriverConnection
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -76,6 +80,8 @@ class Database:
         self.write_engine = (
             self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.sqlite else self.engine
         )
+        self._driver = threading.local()
+        self._driver_connections: list[PoolProxiedConnection] = []
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
@@ -90,9 +96,44 @@ class Database:
             yield connection
 
     @contextlib.contextmanager
+    def driver_transaction(self) -> Iterator[DriverConnection]:
+        """The DB-API connection in a write transaction, for DriverStatements only: the
+        claim path, where SQLAlchemy's transaction object costs more than the claim.
+
+        The connection stays checked out (one per thread) until dispose(): a pool round
+        trip between two claims leaves the write lock free long enough for a waiting
+        process to take it, and then this one sleeps in SQLite's busy handler.
+        """
+        pooled = getattr(self._driver, "pooled", None)
+        if pooled is None:
+            pooled = self._driver.pooled = self.engine.raw_connection()
+            self._driver_connections.append(pooled)
+        dbapi = pooled.dbapi_connection
+        if self.sqlite:
+            dbapi.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        else:
+            dbapi.rollback()  # type: ignore[union-attr]  # start clean; the driver begins
+        try:
+            yield DriverConnection(dbapi, self.engine.dialect)
+        except BaseException:
+            dbapi.rollback()  # type: ignore[union-attr]
+            raise
+        dbapi.commit()  # type: ignore[union-attr]
+
+    @contextlib.contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A bare connection in a read transaction: no ORM on the way."""
+        with self.engine.begin() as connection:
+            yield connection
+
+    @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
     def dispose(self) -> None:
+        for pooled in self._driver_connections:
+            pooled.close()
+        self._driver_connections.clear()
+        self._driver = threading.local()
         self.engine.dispose()

@@ -1,199 +1,178 @@
-"""Typed SQLAlchemy models of the tables in DESIGN.md."""
+"""ORM classes mapped onto the Core tables in tables.py.
+
+Commands that read or create whole rows use these; the scheduler tick and the
+claim path use the tables directly and never import this module.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Text,
-    TypeDecorator,
-    UniqueConstraint,
-)
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase
 
-NAMING = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
+from aiworker.store import tables
+from aiworker.store.tables import utcnow
 
+__all__ = [
+    "Attempt",
+    "Base",
+    "CleanupItem",
+    "Event",
+    "ProviderObservation",
+    "Publication",
+    "Receipt",
+    "Repository",
+    "Task",
+    "WorkerJob",
+    "utcnow",
+]
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC in Python, naive UTC in the database."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetimes are not stored; use UTC-aware values")
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=UTC)
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Mapped
 
 
 class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON}
+    metadata = tables.metadata
+
+
+# Attribute types are declared for the type checker only: the columns come from
+# the tables, so nothing here is evaluated at import.
 
 
 class Repository(Base):
-    __tablename__ = "repositories"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    index: Mapped[int] = mapped_column(Integer, unique=True)
-    owner: Mapped[str] = mapped_column(String(100))
-    name: Mapped[str] = mapped_column(String(100))
-    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    __table_args__ = (UniqueConstraint("owner", "name"),)
+    __table__ = tables.repositories
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        index: Mapped[int]
+        owner: Mapped[str]
+        name: Mapped[str]
+        settings: Mapped[dict[str, Any]]
+        created_at: Mapped[datetime]
 
 
 class Task(Base):
-    __tablename__ = "tasks"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    repository_id: Mapped[int] = mapped_column(ForeignKey("repositories.id"))
-    kind: Mapped[str] = mapped_column(String(16))  # plan | milestone | feature | issue
-    issue_number: Mapped[int | None]
-    parent_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
-    title: Mapped[str] = mapped_column(Text, default="")
-    state: Mapped[str] = mapped_column(String(32))
-    version: Mapped[int] = mapped_column(default=1)
-    scope_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    base_commit: Mapped[str | None] = mapped_column(String(64))
-    head_commit: Mapped[str | None] = mapped_column(String(64))
-    claim_slot: Mapped[int | None]
-    claim_token: Mapped[str | None] = mapped_column(String(64))
-    claimed_at: Mapped[datetime | None]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    __table_args__ = (
-        UniqueConstraint("repository_id", "kind", "issue_number"),
-        Index("ix_tasks_state_id", "state", "id"),
-        Index("ix_tasks_claim_slot", "claim_slot"),
-        Index("ix_tasks_parent_id", "parent_id"),
-    )
+    __table__ = tables.tasks
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        repository_id: Mapped[int]
+        kind: Mapped[str]
+        issue_number: Mapped[int | None]
+        parent_id: Mapped[int | None]
+        title: Mapped[str]
+        state: Mapped[str]
+        version: Mapped[int]
+        scope_fingerprint: Mapped[str | None]
+        base_commit: Mapped[str | None]
+        head_commit: Mapped[str | None]
+        claim_slot: Mapped[int | None]
+        claim_token: Mapped[str | None]
+        claimed_at: Mapped[datetime | None]
+        created_at: Mapped[datetime]
+        updated_at: Mapped[datetime]
 
 
 class Attempt(Base):
-    __tablename__ = "attempts"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
-    phase: Mapped[str] = mapped_column(String(32))
-    provider: Mapped[str | None] = mapped_column(String(32))
-    model: Mapped[str | None] = mapped_column(String(100))
-    effort: Mapped[str | None] = mapped_column(String(16))
-    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    started_at: Mapped[datetime] = mapped_column(default=utcnow)
-    finished_at: Mapped[datetime | None]
-    outcome: Mapped[str | None] = mapped_column(String(32))
-    refunded: Mapped[bool] = mapped_column(Boolean, default=False)
-    prompt_path: Mapped[str | None] = mapped_column(Text)
-    result_path: Mapped[str | None] = mapped_column(Text)
-    log_path: Mapped[str | None] = mapped_column(Text)
+    __table__ = tables.attempts
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int]
+        phase: Mapped[str]
+        provider: Mapped[str | None]
+        model: Mapped[str | None]
+        effort: Mapped[str | None]
+        settings: Mapped[dict[str, Any]]
+        started_at: Mapped[datetime]
+        finished_at: Mapped[datetime | None]
+        outcome: Mapped[str | None]
+        refunded: Mapped[bool]
+        prompt_path: Mapped[str | None]
+        result_path: Mapped[str | None]
+        log_path: Mapped[str | None]
 
 
 class ProviderObservation(Base):
-    __tablename__ = "provider_observations"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    provider: Mapped[str] = mapped_column(String(32))
-    window: Mapped[str] = mapped_column(String(64))
-    used_percent: Mapped[float | None] = mapped_column(Float)
-    resets_at: Mapped[datetime | None]
-    observed_at: Mapped[datetime] = mapped_column(default=utcnow)
-    valid: Mapped[bool] = mapped_column(Boolean)
-    source: Mapped[str] = mapped_column(String(64))
-    reason: Mapped[str | None] = mapped_column(Text)
-    __table_args__ = (Index("ix_provider_observations_latest", "provider", "observed_at"),)
+    __table__ = tables.provider_observations
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        provider: Mapped[str]
+        window: Mapped[str]
+        used_percent: Mapped[float | None]
+        resets_at: Mapped[datetime | None]
+        observed_at: Mapped[datetime]
+        valid: Mapped[bool]
+        source: Mapped[str]
+        reason: Mapped[str | None]
 
 
 class WorkerJob(Base):
-    __tablename__ = "worker_jobs"
-    repository_index: Mapped[int] = mapped_column(primary_key=True)
-    worker_job_index: Mapped[int] = mapped_column(primary_key=True)
-    request: Mapped[dict[str, Any]]
-    state: Mapped[str] = mapped_column(String(32))
-    version: Mapped[int] = mapped_column(default=1)
-    lease_token: Mapped[str | None] = mapped_column(String(64))
-    lease_expires_at: Mapped[datetime | None]
-    attempt_count: Mapped[int] = mapped_column(default=0)
-    result: Mapped[dict[str, Any] | None]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    __table_args__ = (Index("ix_worker_jobs_state_lease", "state", "lease_expires_at"),)
+    __table__ = tables.worker_jobs
+    if TYPE_CHECKING:
+        repository_index: Mapped[int]
+        worker_job_index: Mapped[int]
+        request: Mapped[dict[str, Any]]
+        state: Mapped[str]
+        version: Mapped[int]
+        lease_token: Mapped[str | None]
+        lease_expires_at: Mapped[datetime | None]
+        attempt_count: Mapped[int]
+        result: Mapped[dict[str, Any] | None]
+        created_at: Mapped[datetime]
+        updated_at: Mapped[datetime]
 
 
 class Receipt(Base):
-    __tablename__ = "receipts"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
-    phase: Mapped[str] = mapped_column(String(32))
-    head_commit: Mapped[str] = mapped_column(String(64))
-    base_commit: Mapped[str] = mapped_column(String(64))
-    scope_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    check_id: Mapped[str | None] = mapped_column(String(100))
-    outcome: Mapped[str] = mapped_column(String(32))
-    body: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    __table_args__ = (Index("ix_receipts_task_phase_head", "task_id", "phase", "head_commit"),)
+    __table__ = tables.receipts
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int | None]
+        phase: Mapped[str]
+        head_commit: Mapped[str]
+        base_commit: Mapped[str]
+        scope_fingerprint: Mapped[str | None]
+        check_id: Mapped[str | None]
+        outcome: Mapped[str]
+        body: Mapped[dict[str, Any]]
+        created_at: Mapped[datetime]
 
 
 class Publication(Base):
-    __tablename__ = "publications"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
-    intent_id: Mapped[str] = mapped_column(String(64), unique=True)
-    ownership_marker: Mapped[str] = mapped_column(Text)
-    remote_branch: Mapped[str] = mapped_column(Text)
-    head_commit: Mapped[str | None] = mapped_column(String(64))
-    pr_number: Mapped[int | None]
-    state: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table__ = tables.publications
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int]
+        intent_id: Mapped[str]
+        ownership_marker: Mapped[str]
+        remote_branch: Mapped[str]
+        head_commit: Mapped[str | None]
+        pr_number: Mapped[int | None]
+        state: Mapped[str]
+        created_at: Mapped[datetime]
+        updated_at: Mapped[datetime]
 
 
 class Event(Base):
     """Append-only audit trail; rows are never updated or deleted."""
 
-    __tablename__ = "events"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"))
-    kind: Mapped[str] = mapped_column(String(64))
-    from_state: Mapped[str | None] = mapped_column(String(32))
-    to_state: Mapped[str | None] = mapped_column(String(32))
-    actor: Mapped[str | None] = mapped_column(String(100))
-    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    __table_args__ = (
-        Index("ix_events_task_id", "task_id"),
-        Index("ix_events_kind_id", "kind", "id"),
-    )
+    __table__ = tables.events
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int | None]
+        kind: Mapped[str]
+        from_state: Mapped[str | None]
+        to_state: Mapped[str | None]
+        actor: Mapped[str | None]
+        data: Mapped[dict[str, Any]]
+        created_at: Mapped[datetime]
 
 
 class CleanupItem(Base):
-    __tablename__ = "cleanup_inventory"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    task_id: Mapped[int | None] = mapped_column(ForeignKey("tasks.id"), index=True)
-    path: Mapped[str] = mapped_column(Text)
-    action: Mapped[str] = mapped_column(String(16))  # removed | kept
-    reason: Mapped[str | None] = mapped_column(Text)
-    bytes: Mapped[int | None]
-    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table__ = tables.cleanup_inventory
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int | None]
+        path: Mapped[str]
+        action: Mapped[str]
+        reason: Mapped[str | None]
+        bytes: Mapped[int | None]
+        recorded_at: Mapped[datetime]

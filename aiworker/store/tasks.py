@@ -1,4 +1,10 @@
-"""Task queries. Every state change is a compare-and-update on `version` plus an event."""
+"""Task state on Core tables. Every state change is a compare-and-update on `version`
+plus an event, in the caller's transaction.
+
+Nothing here builds ORM objects (task_records.py does), so the scheduler tick
+and the claim path never configure the mappers. The claim's statements run on
+the driver cursor (driver.py): they are the hottest writes in the system.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Update, bindparam, func, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from aiworker.store.models import Event, Repository, Task, utcnow
+from aiworker.store.driver import DriverConnection, DriverStatement, driver_of
+from aiworker.store.engine import Database
+from aiworker.store.tables import events, tasks, utcnow
 
 TASK_KINDS = ("plan", "milestone", "feature", "issue")
 TASK_STATES = (
@@ -28,6 +36,8 @@ TASK_STATES = (
     "failed",
     "cancelled",
 )
+# A milestone in one of these states keeps its plan's next milestone waiting.
+IN_FLIGHT = ("claimed", "running", "awaiting_ci", "awaiting_review")
 # Columns a transition may change besides state; version and timestamps are ours.
 _MUTABLE = frozenset(
     {
@@ -40,39 +50,25 @@ _MUTABLE = frozenset(
         "claimed_at",
     }
 )
+_EVENT_COLUMNS = ("task_id", "kind", "from_state", "to_state", "actor", "data", "created_at")
+_INSERT_EVENT = DriverStatement(insert(events), column_keys=_EVENT_COLUMNS)
 
-
-# Hot paths take either an ORM session or a bare connection from Database.transaction().
+# Queries take an ORM session or a bare connection (Database.transaction()); state changes
+# and claims also take the driver connection of Database.driver_transaction().
 Executor = Session | Connection
+Writer = Session | Connection | DriverConnection
 
 
 def _connection(target: Executor) -> Connection:
     return target.connection() if isinstance(target, Session) else target
 
 
-def ensure_repository(session: Session, index: int, owner: str, name: str) -> Repository:
-    """The repository with this stable index; a rename updates owner/name in place."""
-    repo = session.scalar(select(Repository).where(Repository.index == index))
-    if repo is None:
-        repo = Repository(index=index, owner=owner, name=name, settings={})
-        session.add(repo)
-        session.flush()
-        append_event(session, "repository.added", data={"index": index, "name": f"{owner}/{name}"})
-    elif (repo.owner, repo.name) != (owner, name):
-        append_event(
-            session,
-            "repository.renamed",
-            data={"index": index, "from": f"{repo.owner}/{repo.name}", "to": f"{owner}/{name}"},
-        )
-        repo.owner, repo.name = owner, name
-    return repo
-
-
-_INSERT_EVENT = insert(Event)
+def _driver(target: Writer) -> DriverConnection:
+    return target if isinstance(target, DriverConnection) else driver_of(_connection(target))
 
 
 def append_event(
-    session: Executor,
+    session: Writer,
     kind: str,
     *,
     task_id: int | None = None,
@@ -81,10 +77,8 @@ def append_event(
     actor: str | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> None:
-    # Straight to the connection: events are never read back in the same
-    # transaction, and the ORM's unit of work costs more than the statement.
-    _connection(session).execute(
-        _INSERT_EVENT,
+    _INSERT_EVENT.execute(
+        _driver(session),
         {
             "task_id": task_id,
             "kind": kind,
@@ -97,59 +91,29 @@ def append_event(
     )
 
 
-def create_task(
-    session: Session,
-    repository_id: int,
-    kind: str,
-    *,
-    issue_number: int | None = None,
-    title: str = "",
-    state: str = "ready",
-    parent_id: int | None = None,
-    actor: str | None = None,
-    scope_fingerprint: str | None = None,
-) -> Task:
-    if kind not in TASK_KINDS:
-        raise ValueError(f"unknown task kind {kind!r}")
-    if state not in TASK_STATES:
-        raise ValueError(f"unknown task state {state!r}")
-    task = Task(
-        repository_id=repository_id,
-        kind=kind,
-        issue_number=issue_number,
-        title=title,
-        state=state,
-        parent_id=parent_id,
-        scope_fingerprint=scope_fingerprint,
-    )
-    session.add(task)
-    session.flush()
-    append_event(session, "task.created", task_id=task.id, to_state=state, actor=actor)
-    return task
-
-
 @functools.cache
-def _transition_statement(columns: tuple[str, ...]) -> Update:
+def _transition_statement(columns: tuple[str, ...]) -> DriverStatement:
     """One prebuilt compare-and-update per set of changed columns (built once, reused)."""
     values: dict[str, Any] = {name: bindparam(f"new_{name}") for name in columns}
-    return (
-        update(Task)
+    statement = (
+        update(tasks)
         .where(
-            Task.id == bindparam("task_id"),
-            Task.version == bindparam("expected_version"),
-            Task.state == bindparam("from_state"),
+            tasks.c.id == bindparam("task_id"),
+            tasks.c.version == bindparam("expected_version"),
+            tasks.c.state == bindparam("from_state"),
         )
         .values(
             state=bindparam("to_state"),
-            version=Task.version + 1,
+            version=tasks.c.version + 1,
             updated_at=bindparam("now"),
             **values,
         )
     )
+    return DriverStatement(statement)
 
 
 def transition(
-    session: Executor,
+    session: Writer,
     task_id: int,
     expected_version: int,
     from_state: str,
@@ -172,8 +136,9 @@ def transition(
         raise ValueError(f"transition cannot set {sorted(unknown)}")
     columns = tuple(sorted(changes))
     params = {f"new_{name}": changes[name] for name in columns}
-    result = _connection(session).execute(
-        _transition_statement(columns),
+    driver = _driver(session)
+    cursor = _transition_statement(columns).execute(
+        driver,
         {
             "task_id": task_id,
             "expected_version": expected_version,
@@ -183,10 +148,10 @@ def transition(
             **params,
         },
     )
-    if result.rowcount != 1:
+    if cursor.rowcount != 1:
         return False
     append_event(
-        session,
+        driver,
         kind,
         task_id=task_id,
         from_state=from_state,
@@ -198,7 +163,7 @@ def transition(
 
 
 def claim(
-    session: Executor,
+    session: Writer,
     task_id: int,
     expected_version: int,
     slot: int,
@@ -222,19 +187,87 @@ def claim(
     )
 
 
-_OLDEST_READY = (
-    select(Task.id, Task.version).where(Task.state == "ready").order_by(Task.id).limit(1)
-)
+def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
+    """Claim the oldest ready task in one statement, returning its id.
+
+    OF_KINDS: only a task of the kinds bound as kind_0..kind_3 whose parent has no other
+    milestone in flight (states bound as in_flight_0..): a plan advances one milestone
+    at a time. The caller holds the write lock (BEGIN IMMEDIATE), so selecting and
+    updating in one statement cannot race.
+    """
+    candidate = tasks.alias("candidate")
+    conditions: list[ColumnElement[bool]] = [candidate.c.state == "ready"]
+    if of_kinds:
+        sibling = tasks.alias("sibling")
+        busy_parent = select(sibling.c.parent_id).where(
+            sibling.c.parent_id.is_not(None),
+            sibling.c.state.in_([bindparam(f"in_flight_{n}") for n in range(len(IN_FLIGHT))]),
+        )
+        conditions += [
+            candidate.c.kind.in_([bindparam(f"kind_{n}") for n in range(len(TASK_KINDS))]),
+            candidate.c.parent_id.is_(None) | candidate.c.parent_id.not_in(busy_parent),
+        ]
+    oldest = select(candidate.c.id).where(*conditions).order_by(candidate.c.id).limit(1)
+    statement = (
+        update(tasks)
+        .where(tasks.c.id == oldest.scalar_subquery(), tasks.c.state == "ready")
+        .values(
+            state="claimed",
+            version=tasks.c.version + 1,
+            updated_at=bindparam("now"),
+            claim_slot=bindparam("slot"),
+            claim_token=bindparam("holder"),
+            claimed_at=bindparam("now"),
+        )
+        .returning(tasks.c.id)
+    )
+    return DriverStatement(statement)
 
 
-def claim_next_ready(session: Executor, slot: int, holder_token: str) -> int | None:
-    """Inside a write transaction: claim the oldest ready task; return its id or None."""
-    while True:
-        row = _connection(session).execute(_OLDEST_READY).first()
-        if row is None:
+_CLAIM_ANY = _claim_oldest_statement(of_kinds=False)
+_CLAIM_OF_KINDS = _claim_oldest_statement(of_kinds=True)
+
+
+def claim_next(
+    db: Database, slot: int, holder_token: str, kinds: Sequence[str] | None = None
+) -> int | None:
+    """Claim the oldest ready task (of KINDS, when given) for SLOT in a write transaction of
+    its own; return its id, or None when nothing is eligible.
+
+    The statements are compiled before BEGIN IMMEDIATE: the first claim of a process
+    would otherwise hold every other writer back for the milliseconds that takes.
+    """
+    params: dict[str, Any] = {"slot": slot, "holder": holder_token}
+    statement = _CLAIM_ANY
+    if kinds is not None:
+        unknown = set(kinds) - set(TASK_KINDS)
+        if unknown:
+            raise ValueError(f"unknown task kinds {sorted(unknown)}")
+        if not kinds:
             return None
-        if claim(session, row.id, row.version, slot, holder_token):
-            return int(row.id)
+        padded = [*kinds, *[kinds[-1]] * (len(TASK_KINDS) - len(kinds))]
+        params.update({f"kind_{n}": kind for n, kind in enumerate(padded)})
+        params.update({f"in_flight_{n}": state for n, state in enumerate(IN_FLIGHT)})
+        statement = _CLAIM_OF_KINDS
+    dialect = db.engine.dialect
+    statement.prepare(dialect)
+    _INSERT_EVENT.prepare(dialect)
+    with db.driver_transaction() as connection:
+        params["now"] = utcnow()
+        rows = statement.execute(connection, params).fetchall()  # drained before COMMIT
+        if not rows:
+            return None
+        task_id = int(rows[0][0])
+        append_event(
+            connection,
+            "task.claimed",
+            task_id=task_id,
+            from_state="ready",
+            to_state="claimed",
+            actor=f"slot-{slot}",
+            data={"slot": slot, "holder": holder_token},
+        )
+    return task_id
 
 
 def active_claims(session: Executor) -> list[Any]:
@@ -242,18 +275,18 @@ def active_claims(session: Executor) -> list[Any]:
     return list(
         _connection(session).execute(
             select(
-                Task.id,
-                Task.version,
-                Task.state,
-                Task.claim_slot.label("slot"),
-                Task.claim_token.label("token"),
-                Task.claimed_at,
-            ).where(Task.claim_slot.is_not(None))
+                tasks.c.id,
+                tasks.c.version,
+                tasks.c.state,
+                tasks.c.claim_slot.label("slot"),
+                tasks.c.claim_token.label("token"),
+                tasks.c.claimed_at,
+            ).where(tasks.c.claim_slot.is_not(None))
         )
     )
 
 
-def release_claim(session: Executor, task_id: int, version: int, state: str, reason: str) -> bool:
+def release_claim(session: Writer, task_id: int, version: int, state: str, reason: str) -> bool:
     """Give a claimed task back (its holder died): ready again, with an event saying why."""
     return transition(
         session,
@@ -269,70 +302,34 @@ def release_claim(session: Executor, task_id: int, version: int, state: str, rea
     )
 
 
-def claim_next_where(
-    session: Executor, slot: int, holder_token: str, kinds: Sequence[str]
-) -> int | None:
-    """Inside a write transaction: claim the oldest ready task of KINDS whose parent has no
-    other milestone in flight (a plan advances one milestone at a time)."""
-    if not kinds:
-        return None
-    busy_parent = select(Task.parent_id).where(
-        Task.parent_id.is_not(None),
-        Task.state.in_(("claimed", "running", "awaiting_ci", "awaiting_review")),
+def tasks_in_states(session: Executor, states: Sequence[str]) -> list[tuple[int, str]]:
+    rows = _connection(session).execute(
+        select(tasks.c.id, tasks.c.state)
+        .where(tasks.c.state.in_(list(states)))
+        .order_by(tasks.c.id)
     )
-    while True:
-        row = (
-            _connection(session)
-            .execute(
-                select(Task.id, Task.version)
-                .where(
-                    Task.state == "ready",
-                    Task.kind.in_(list(kinds)),
-                    (Task.parent_id.is_(None)) | (Task.parent_id.not_in(busy_parent)),
-                )
-                .order_by(Task.id)
-                .limit(1)
-            )
-            .first()
-        )
-        if row is None:
-            return None
-        if claim(session, row.id, row.version, slot, holder_token):
-            return int(row.id)
-
-
-def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
-    return session.scalars(
-        select(Task).where(Task.state == "ready").order_by(Task.id).limit(limit)
-    ).all()
-
-
-def tasks_in_states(session: Session, states: Sequence[str]) -> list[tuple[int, str]]:
-    rows = session.execute(
-        select(Task.id, Task.state).where(Task.state.in_(list(states))).order_by(Task.id)
-    ).all()
     return [(int(task_id), str(state)) for task_id, state in rows]
 
 
-def claimed_on(session: Session, slot: int) -> Task | None:
-    return session.scalar(select(Task).where(Task.claim_slot == slot, Task.state == "claimed"))
+def task_kind(session: Executor, task_id: int) -> str | None:
+    kind = _connection(session).scalar(select(tasks.c.kind).where(tasks.c.id == task_id))
+    return None if kind is None else str(kind)
 
 
-def get_task(session: Session, task_id: int) -> Task | None:
-    return session.get(Task, task_id)
-
-
-def count_by_state(session: Session) -> dict[str, int]:
-    rows = session.execute(select(Task.state, func.count()).group_by(Task.state)).all()
-    return {str(state): int(count) for state, count in rows}
-
-
-def claims_by_slot(session: Session) -> dict[int, Task]:
-    rows = session.scalars(select(Task).where(Task.claim_slot.is_not(None))).all()
-    return {t.claim_slot: t for t in rows if t.claim_slot is not None}
-
-
-def latest_event(session: Session, kind: str) -> Event | None:
-    return session.scalar(
-        select(Event).where(Event.kind == kind).order_by(Event.id.desc()).limit(1)
+def claimed_on(session: Executor, slot: int) -> tuple[int, str] | None:
+    """(id, kind) of the task claimed on SLOT and not yet started."""
+    row = (
+        _connection(session)
+        .execute(
+            select(tasks.c.id, tasks.c.kind).where(
+                tasks.c.claim_slot == slot, tasks.c.state == "claimed"
+            )
+        )
+        .first()
     )
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def count_by_state(session: Executor) -> dict[str, int]:
+    rows = _connection(session).execute(select(tasks.c.state, func.count()).group_by(tasks.c.state))
+    return {str(state): int(count) for state, count in rows}

@@ -5,7 +5,9 @@ Usage: claim_worker.py DB_URL GO_LOCK SLOT MODE
 MODE "optimistic" reads the candidate outside the write transaction and lets
 compare-and-update arbitrate; "next" selects inside the write transaction, as
 the scheduler's claim does.
-Waits until the parent releases GO_LOCK, then claims ready tasks through the
+Prints "ready" once connected and imported, waits until the parent releases
+GO_LOCK (parents open it only when every worker is ready: on two cores, eight
+processes still importing would steal the CPU from the race), then claims ready tasks through the
 store's compare-and-update until none are left; prints one JSON line with the
 ids it won and how many compare-and-updates it lost.
 """
@@ -19,7 +21,8 @@ import sys
 import time
 
 from aiworker.store.engine import Database
-from aiworker.store.tasks import claim, claim_next_ready, ready_tasks
+from aiworker.store.task_records import ready_tasks
+from aiworker.store.tasks import claim, claim_next
 
 
 def main() -> None:
@@ -28,14 +31,14 @@ def main() -> None:
     holder = f"pid-{os.getpid()}"
     with db.read() as session:  # open the connection before the start signal
         ready_tasks(session, limit=1)
+    print("ready", flush=True)
     fd = os.open(go_lock, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_SH)
     started = time.perf_counter()
     won: list[int] = []
     lost = 0
     while mode == "next":
-        with db.transaction() as session:
-            task_id = claim_next_ready(session, slot, holder)
+        task_id = claim_next(db, slot, holder)
         if task_id is None:
             break
         won.append(task_id)
@@ -50,7 +53,10 @@ def main() -> None:
             else:
                 lost += 1
     elapsed = time.perf_counter() - started
-    print(json.dumps({"slot": slot, "won": won, "lost": lost, "seconds": elapsed}))
+    # CLOCK_MONOTONIC is system-wide: the parent compares it with when it opened the gate.
+    finished = time.monotonic()
+    report = {"slot": slot, "won": won, "lost": lost, "seconds": elapsed, "finished": finished}
+    print(json.dumps(report))
     db.dispose()
 
 

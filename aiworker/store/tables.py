@@ -1,0 +1,218 @@
+"""The tables of DESIGN.md as SQLAlchemy Core tables: the schema itself.
+
+The ORM classes in models.py map onto these. Paths that run on every scheduler
+tick or claim use the tables directly: building Core tables costs a fifth of
+declarative classes, and Core statements skip mapper configuration and the
+ORM's compile step (benchmarks/tick).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in Python, naive UTC in the database."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use UTC-aware values")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def _id() -> Column[int]:
+    return Column("id", Integer, primary_key=True)
+
+
+def _at(name: str, *, required: bool = True) -> Column[datetime]:
+    return Column(name, UTCDateTime(), nullable=not required, default=utcnow if required else None)
+
+
+def _task_ref(*, index: bool = False, required: bool = False) -> Column[int]:
+    return Column("task_id", Integer, ForeignKey("tasks.id"), nullable=not required, index=index)
+
+
+repositories = Table(
+    "repositories",
+    metadata,
+    _id(),
+    Column("index", Integer, nullable=False, unique=True),
+    Column("owner", String(100), nullable=False),
+    Column("name", String(100), nullable=False),
+    Column("settings", JSON, nullable=False, default=dict),
+    _at("created_at"),
+    UniqueConstraint("owner", "name"),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    _id(),
+    Column("repository_id", Integer, ForeignKey("repositories.id"), nullable=False),
+    Column("kind", String(16), nullable=False),  # plan | milestone | feature | issue
+    Column("issue_number", Integer),
+    Column("parent_id", Integer, ForeignKey("tasks.id")),
+    Column("title", Text, nullable=False, default=""),
+    Column("state", String(32), nullable=False),
+    Column("version", Integer, nullable=False, default=1),
+    Column("scope_fingerprint", String(64)),
+    Column("base_commit", String(64)),
+    Column("head_commit", String(64)),
+    Column("claim_slot", Integer),
+    Column("claim_token", String(64)),
+    _at("claimed_at", required=False),
+    _at("created_at"),
+    _at("updated_at"),
+    UniqueConstraint("repository_id", "kind", "issue_number"),
+    Index("ix_tasks_state_id", "state", "id"),
+    Index("ix_tasks_claim_slot", "claim_slot"),
+    Index("ix_tasks_parent_id", "parent_id"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    _id(),
+    _task_ref(index=True, required=True),
+    Column("phase", String(32), nullable=False),
+    Column("provider", String(32)),
+    Column("model", String(100)),
+    Column("effort", String(16)),
+    Column("settings", JSON, nullable=False, default=dict),
+    _at("started_at"),
+    _at("finished_at", required=False),
+    Column("outcome", String(32)),
+    Column("refunded", Boolean, nullable=False, default=False),
+    Column("prompt_path", Text),
+    Column("result_path", Text),
+    Column("log_path", Text),
+)
+
+provider_observations = Table(
+    "provider_observations",
+    metadata,
+    _id(),
+    Column("provider", String(32), nullable=False),
+    Column("window", String(64), nullable=False),
+    Column("used_percent", Float),
+    _at("resets_at", required=False),
+    _at("observed_at"),
+    Column("valid", Boolean, nullable=False),
+    Column("source", String(64), nullable=False),
+    Column("reason", Text),
+    Index("ix_provider_observations_latest", "provider", "observed_at"),
+)
+
+worker_jobs = Table(
+    "worker_jobs",
+    metadata,
+    Column("repository_index", Integer, primary_key=True),
+    Column("worker_job_index", Integer, primary_key=True),
+    Column("request", JSON, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("version", Integer, nullable=False, default=1),
+    Column("lease_token", String(64)),
+    _at("lease_expires_at", required=False),
+    Column("attempt_count", Integer, nullable=False, default=0),
+    Column("result", JSON),
+    _at("created_at"),
+    _at("updated_at"),
+    Index("ix_worker_jobs_state_lease", "state", "lease_expires_at"),
+)
+
+receipts = Table(
+    "receipts",
+    metadata,
+    _id(),
+    _task_ref(),
+    Column("phase", String(32), nullable=False),
+    Column("head_commit", String(64), nullable=False),
+    Column("base_commit", String(64), nullable=False),
+    Column("scope_fingerprint", String(64)),
+    Column("check_id", String(100)),
+    Column("outcome", String(32), nullable=False),
+    Column("body", JSON, nullable=False, default=dict),
+    _at("created_at"),
+    Index("ix_receipts_task_phase_head", "task_id", "phase", "head_commit"),
+)
+
+publications = Table(
+    "publications",
+    metadata,
+    _id(),
+    _task_ref(index=True, required=True),
+    Column("intent_id", String(64), nullable=False, unique=True),
+    Column("ownership_marker", Text, nullable=False),
+    Column("remote_branch", Text, nullable=False),
+    Column("head_commit", String(64)),
+    Column("pr_number", Integer),
+    Column("state", String(32), nullable=False),
+    _at("created_at"),
+    _at("updated_at"),
+)
+
+# Append-only audit trail; rows are never updated or deleted.
+events = Table(
+    "events",
+    metadata,
+    _id(),
+    _task_ref(),
+    Column("kind", String(64), nullable=False),
+    Column("from_state", String(32)),
+    Column("to_state", String(32)),
+    Column("actor", String(100)),
+    Column("data", JSON, nullable=False, default=dict),
+    _at("created_at"),
+    Index("ix_events_task_id", "task_id"),
+    Index("ix_events_kind_id", "kind", "id"),
+)
+
+cleanup_inventory = Table(
+    "cleanup_inventory",
+    metadata,
+    _id(),
+    _task_ref(index=True),
+    Column("path", Text, nullable=False),
+    Column("action", String(16), nullable=False),  # removed | kept
+    Column("reason", Text),
+    Column("bytes", Integer),
+    _at("recorded_at"),
+)

@@ -1,0 +1,77 @@
+"""Whole task and repository rows as ORM objects, for commands that read or create them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aiworker.store.models import Event, Repository, Task
+from aiworker.store.tasks import TASK_KINDS, TASK_STATES, append_event
+
+
+def ensure_repository(session: Session, index: int, owner: str, name: str) -> Repository:
+    """The repository with this stable index; a rename updates owner/name in place."""
+    repo = session.scalar(select(Repository).where(Repository.index == index))
+    if repo is None:
+        repo = Repository(index=index, owner=owner, name=name, settings={})
+        session.add(repo)
+        session.flush()
+        append_event(session, "repository.added", data={"index": index, "name": f"{owner}/{name}"})
+    elif (repo.owner, repo.name) != (owner, name):
+        append_event(
+            session,
+            "repository.renamed",
+            data={"index": index, "from": f"{repo.owner}/{repo.name}", "to": f"{owner}/{name}"},
+        )
+        repo.owner, repo.name = owner, name
+    return repo
+
+
+def create_task(
+    session: Session,
+    repository_id: int,
+    kind: str,
+    *,
+    issue_number: int | None = None,
+    title: str = "",
+    state: str = "ready",
+    parent_id: int | None = None,
+    actor: str | None = None,
+    scope_fingerprint: str | None = None,
+) -> Task:
+    if kind not in TASK_KINDS:
+        raise ValueError(f"unknown task kind {kind!r}")
+    if state not in TASK_STATES:
+        raise ValueError(f"unknown task state {state!r}")
+    task = Task(
+        repository_id=repository_id,
+        kind=kind,
+        issue_number=issue_number,
+        title=title,
+        state=state,
+        parent_id=parent_id,
+        scope_fingerprint=scope_fingerprint,
+    )
+    session.add(task)
+    session.flush()
+    append_event(session, "task.created", task_id=task.id, to_state=state, actor=actor)
+    return task
+
+
+def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
+    return session.scalars(
+        select(Task).where(Task.state == "ready").order_by(Task.id).limit(limit)
+    ).all()
+
+
+def claims_by_slot(session: Session) -> dict[int, Task]:
+    rows = session.scalars(select(Task).where(Task.claim_slot.is_not(None))).all()
+    return {t.claim_slot: t for t in rows if t.claim_slot is not None}
+
+
+def latest_event(session: Session, kind: str) -> Event | None:
+    return session.scalar(
+        select(Event).where(Event.kind == kind).order_by(Event.id.desc()).limit(1)
+    )
