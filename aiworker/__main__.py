@@ -1,5 +1,3 @@
-import sys
+from aiworker.cli import run
 
-from aiworker.cli import main
-
-sys.exit(main())
+run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import select, text
+from sqlalchemy import insert, select, text
 
+from aiworker.store import tables
+from aiworker.store.driver import DriverStatement
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
-from aiworker.store.tasks import claim, transition
+from aiworker.store.tasks import claim, claim_next, transition
 
 
 def sqlite_cli(db: Path, sql: str) -> str:
@@ -143,4 +146,100 @@ def test_claim_records_slot_holder_and_event(upgraded):
         assert stored.claimed_at.tzinfo is not None
         event = session.scalars(select(Event).where(Event.kind == "task.claimed")).one()
         assert event.data == {"slot": 2, "holder": "holder-a"}
+    db.dispose()
+
+
+def seed_plan(db: Database) -> dict[str, int]:
+    """A plan with two milestones, an older issue task and a newer feature task."""
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        ids = {"issue": create_task(session, repo.id, "issue", issue_number=1).id}
+        plan = create_task(session, repo.id, "plan", issue_number=2, state="running")
+        for number, name in ((3, "m1"), (4, "m2")):
+            ids[name] = create_task(
+                session, repo.id, "milestone", issue_number=number, parent_id=plan.id
+            ).id
+        ids["feature"] = create_task(session, repo.id, "feature", issue_number=5).id
+    return ids
+
+
+def test_claim_next_takes_the_oldest_task_of_the_given_kinds(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    ids = seed_plan(db)
+    assert claim_next(db, 1, "h1", ["feature"]) == ids["feature"]
+    assert claim_next(db, 2, "h2", ["feature", "issue"]) == ids["issue"]
+    assert claim_next(db, 3, "h3", ["feature", "issue"]) is None
+    assert claim_next(db, 3, "h3", []) is None
+    with db.read() as session:
+        claimed = {
+            t.id: (t.state, t.claim_slot, t.claim_token)
+            for t in session.scalars(select(Task).where(Task.state == "claimed"))
+        }
+        events = session.scalars(select(Event).where(Event.kind == "task.claimed")).all()
+    assert claimed == {ids["feature"]: ("claimed", 1, "h1"), ids["issue"]: ("claimed", 2, "h2")}
+    assert sorted((e.task_id, e.actor, e.data["holder"]) for e in events) == sorted(
+        [(ids["feature"], "slot-1", "h1"), (ids["issue"], "slot-2", "h2")]
+    )
+    db.dispose()
+
+
+def test_a_plan_advances_one_milestone_at_a_time(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    ids = seed_plan(db)
+    assert claim_next(db, 1, "h1", ["milestone"]) == ids["m1"]
+    # m1 is in flight: its sibling waits, whichever state of flight m1 is in.
+    for state in ("running", "awaiting_ci", "awaiting_review"):
+        with db.write() as session:
+            current = session.get(Task, ids["m1"])
+            assert transition(session, current.id, current.version, current.state, state)
+        assert claim_next(db, 2, "h2", ["milestone"]) is None
+    with db.write() as session:
+        current = session.get(Task, ids["m1"])
+        assert transition(session, current.id, current.version, current.state, "done")
+    assert claim_next(db, 2, "h2", ["milestone"]) == ids["m2"]
+    db.dispose()
+
+
+def test_claim_next_refuses_unknown_kinds(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    seed_plan(db)
+    with pytest.raises(ValueError, match="unknown task kinds"):
+        claim_next(db, 1, "h1", ["bugfix"])
+    with db.read() as session:
+        assert session.scalars(select(Task).where(Task.state == "claimed")).all() == []
+    db.dispose()
+
+
+def test_driver_statements_store_what_sqlalchemy_reads_back(upgraded):
+    """Values bound on the driver go through SQLAlchemy's own processors: JSON and UTC time
+    read back through the ORM exactly as written."""
+    db = Database(f"sqlite:///{upgraded}")
+    written = datetime(2026, 11, 30, 3, 4, 5, 0, tzinfo=UTC)  # no microseconds: no shortcut
+    statement = DriverStatement(
+        insert(tables.events),
+        column_keys=["kind", "data", "created_at", "task_id", "from_state", "to_state", "actor"],
+    )
+    with db.driver_transaction() as connection:
+        statement.execute(
+            connection,
+            {
+                "kind": "probe",
+                "data": {"nested": [1, "two", None], "ü": True},
+                "created_at": written,
+                "task_id": None,
+                "from_state": None,
+                "to_state": None,
+                "actor": None,
+            },
+        )
+    with db.read() as session:
+        event = session.scalars(select(Event).where(Event.kind == "probe")).one()
+    assert event.data == {"nested": [1, "two", None], "ü": True}
+    assert event.created_at == written
+    with pytest.raises(KeyError, match="no value for parameter"):  # noqa: SIM117
+        with db.driver_transaction() as connection:
+            statement.execute(connection, {"data": {}})
+    in_list = select(tables.tasks.c.id).where(tables.tasks.c.state.in_(["ready", "new"]))
+    with pytest.raises(ValueError, match="IN lists"):
+        DriverStatement(in_list).prepare(db.engine.dialect)
     db.dispose()
