@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sqlite3
 import subprocess
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import insert, select, text
 
-from aiworker.store import tables
+from aiworker.store import models, tables
 from aiworker.store.driver import DriverStatement
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
@@ -243,3 +244,26 @@ def test_driver_statements_store_what_sqlalchemy_reads_back(upgraded):
     with pytest.raises(ValueError, match="IN lists"):
         DriverStatement(in_list).prepare(db.engine.dialect)
     db.dispose()
+
+
+def test_orm_attribute_types_match_the_tables():
+    """models.py declares each mapped attribute's type for the type checker only; the tables
+    are the schema. Every column must be declared, optional exactly when nullable."""
+    source = (Path(models.__file__)).read_text()
+    declared: dict[str, dict[str, str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name != "Base":
+            guarded = [n for n in node.body if isinstance(n, ast.If)]
+            declared[node.name] = {
+                item.target.id: ast.unparse(item.annotation)
+                for block in guarded
+                for item in block.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+    assert declared, "no mapped classes found"
+    for name, typed in declared.items():
+        table = getattr(models, name).__table__
+        assert set(typed) == {c.name for c in table.columns}, name
+        for column in table.columns:
+            optional = typed[column.name].endswith("| None]")
+            assert optional == column.nullable, f"{name}.{column.name}"

@@ -115,10 +115,11 @@ class Database:
             dbapi.rollback()  # type: ignore[union-attr]  # start clean; the driver begins
         try:
             yield DriverConnection(dbapi, self.engine.dialect)
+            dbapi.commit()  # type: ignore[union-attr]
         except BaseException:
+            # Also when COMMIT itself fails: the kept connection must not stay in a transaction.
             dbapi.rollback()  # type: ignore[union-attr]
             raise
-        dbapi.commit()  # type: ignore[union-attr]
 
     @contextlib.contextmanager
     def read_connection(self) -> Iterator[Connection]:
