@@ -1,5 +1,5 @@
-"""Task state on Core tables. Every state change is a compare-and-update on `version`
-plus an event, in the caller's transaction.
+"""Task state on Core tables. Every state change is a compare-and-update plus an event:
+on `version` for a transition, on `state` under the write lock for a claim.
 
 Nothing here builds ORM objects (task_records.py does), so the scheduler tick
 and the claim path never configure the mappers. The claim's statements run on
