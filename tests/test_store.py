@@ -14,9 +14,10 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import insert, select, text
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from aiworker.store import models, tables
-from aiworker.store.driver import DriverStatement
+from aiworker.store.driver import DriverConnection, DriverStatement
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
@@ -267,3 +268,29 @@ def test_orm_attribute_types_match_the_tables():
         for column in table.columns:
             optional = typed[column.name].endswith("| None]")
             assert optional == column.nullable, f"{name}.{column.name}"
+
+
+def test_driver_statements_bind_by_name_where_the_driver_wants_names(upgraded):
+    """Drivers with named parameters (PostgreSQL's) get a mapping, not a list: run the same
+    statement on SQLite through its named paramstyle, next to the positional one."""
+    statement = DriverStatement(insert(tables.events), column_keys=["kind", "data", "created_at"])
+    at = datetime(2026, 11, 30, 4, 0, 0, 123456, tzinfo=UTC)
+    raw = sqlite3.connect(upgraded, isolation_level=None)
+    try:
+        for dialect in (sqlite_dialect(paramstyle="named"), sqlite_dialect()):
+            raw.execute("BEGIN IMMEDIATE")
+            statement.execute(
+                DriverConnection(raw, dialect),
+                {"kind": f"probe-{dialect.paramstyle}", "data": {"n": 1}, "created_at": at},
+            )
+            raw.execute("COMMIT")
+    finally:
+        raw.close()
+    db = Database(f"sqlite:///{upgraded}")
+    with db.read() as session:
+        events = session.scalars(select(Event).where(Event.kind.like("probe-%"))).all()
+    db.dispose()
+    assert sorted((e.kind, e.data, e.created_at) for e in events) == [
+        ("probe-named", {"n": 1}, at),
+        ("probe-qmark", {"n": 1}, at),
+    ]

@@ -55,14 +55,15 @@ class DriverStatement:
     def __init__(self, statement: ClauseElement, column_keys: Sequence[str] | None = None) -> None:
         self.statement = statement
         self.column_keys = list(column_keys) if column_keys is not None else None
-        self._by_dialect: dict[str, _Compiled] = {}
+        self._by_dialect: dict[tuple[str, str], _Compiled] = {}
 
     def prepare(self, dialect: Dialect) -> None:
         """Compile for DIALECT now, outside any transaction."""
         self._compiled(dialect)
 
     def _compiled(self, dialect: Dialect) -> _Compiled:
-        found = self._by_dialect.get(dialect.name)
+        key = (dialect.name, dialect.paramstyle)
+        found = self._by_dialect.get(key)
         if found is not None:
             return found
         compiled = cast(
@@ -79,7 +80,7 @@ class DriverStatement:
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             parameters.append(_Parameter(name, default, process))
         found = _Compiled(compiled.string, tuple(parameters), bool(compiled.positional))
-        self._by_dialect[dialect.name] = found
+        self._by_dialect[key] = found
         return found
 
     def execute(self, connection: DriverConnection, params: Mapping[str, Any]) -> Any:
