@@ -294,3 +294,16 @@ def test_driver_statements_bind_by_name_where_the_driver_wants_names(upgraded):
         ("probe-named", {"n": 1}, at),
         ("probe-qmark", {"n": 1}, at),
     ]
+    # A statement with its own literals (state, limit) binds them by name as well.
+    oldest = DriverStatement(
+        select(tables.events.c.kind)
+        .where(tables.events.c.kind == "probe-named")
+        .order_by(tables.events.c.id)
+        .limit(1)
+    )
+    raw = sqlite3.connect(upgraded, isolation_level=None)
+    try:
+        named = DriverConnection(raw, sqlite_dialect(paramstyle="named"))
+        assert oldest.execute(named, {}).fetchall() == [("probe-named",)]
+    finally:
+        raw.close()

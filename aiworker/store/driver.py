@@ -72,9 +72,15 @@ class DriverStatement:
         if compiled.post_compile_params or compiled.literal_execute_params:
             # IN lists are expanded per execution by SQLAlchemy; bind each value instead.
             raise ValueError("a DriverStatement cannot hold IN lists: bind each value")
-        names = compiled.positiontup if compiled.positional else list(compiled.binds)
+        # Positional: one entry per placeholder, repeats included. Named: each name once;
+        # binds also holds anonymous keys, bind_names maps each parameter to its rendered name.
+        names = (
+            list(compiled.positiontup or ())
+            if compiled.positional
+            else list(dict.fromkeys(compiled.bind_names.values()))
+        )
         parameters = []
-        for name in names or ():
+        for name in names:
             bind = compiled.binds[name]
             default = _REQUIRED if bind.required or bind.value is None else bind.value
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
