@@ -5,11 +5,11 @@ Usage: claim_worker.py DB_URL GO_LOCK SLOT MODE
 MODE "optimistic" reads the candidate outside the write transaction and lets
 compare-and-update arbitrate; "next" selects inside the write transaction, as
 the scheduler's claim does.
-Prints "ready" once connected and imported, waits until the parent releases
-GO_LOCK (parents open it only when every worker is ready: on two cores, eight
-processes still importing would steal the CPU from the race), then claims ready tasks through the
-store's compare-and-update until none are left; prints one JSON line with the
-ids it won and how many compare-and-updates it lost.
+Prints "ready" once connected and imported, then waits until the parent
+releases GO_LOCK (parents open it only when every worker is ready: on two cores,
+eight processes still importing would steal the CPU from the race). Then claims
+ready tasks until none are left and prints one JSON line with the ids it won,
+how many compare-and-updates it lost, and when it finished (CLOCK_MONOTONIC).
 """
 
 from __future__ import annotations
