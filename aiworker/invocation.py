@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aiworker.config.loader import LoadedConfig
-    from aiworker.core.environment import Environment
+    from aiworker.core.context import Environment
 
 
 def default_config_path() -> tuple[Path, bool]:
@@ -44,6 +44,6 @@ class Invocation:
         return self._config
 
     def environment(self) -> Environment:
-        from aiworker.core.environment import Environment
+        from aiworker.core.context import Environment
 
         return Environment(state_dir=self.state_dir.absolute(), loaded=self.config())

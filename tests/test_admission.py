@@ -8,7 +8,7 @@ import pytest
 
 from aiworker.adapters.providers.base import Reading, Window
 from aiworker.config.models import Config
-from aiworker.core.admission import evaluate, provider_settings, select_provider
+from aiworker.core.providers.admission import evaluate, provider_settings, select_provider
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -122,7 +122,7 @@ def test_validation_uses_implementation_settings_and_simple_layers_over_them():
 
 
 def test_failures_back_off_exponentially_and_skip_the_provider():
-    from aiworker.core.admission import backoff_until
+    from aiworker.core.providers.admission import backoff_until
 
     assert backoff_until(0, None) is None
     assert backoff_until(1, NOW) == NOW + timedelta(minutes=1)

@@ -19,7 +19,7 @@ from aiworker.adapters.providers.kimi import KimiProvider
 from aiworker.adapters.providers.llama import LlamaProvider
 from aiworker.adapters.providers.opencode import OpenCodeProvider
 from aiworker.config.models import Config
-from aiworker.core.admission import evaluate
+from aiworker.core.providers.admission import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.quality_gate import (
+from aiworker.core.evidence.gate import (
     Requirement,
     publication_allowed,
     requirements_from_issue,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aiworker.core.runner_execute import RunnerSettings, execute_request
-from aiworker.core.runner_requests import RequestRejected, parse_request
+from aiworker.core.runner.execute import RunnerSettings, execute_request
+from aiworker.core.runner.requests import RequestRejected, parse_request
 from tests.runner_helpers import execute, make_source, request
 
 

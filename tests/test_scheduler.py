@@ -241,8 +241,8 @@ def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):
 
 def test_phase_commands_carry_this_state_and_only_an_existing_config(tmp_path):
     from aiworker.config.loader import load_config
-    from aiworker.core.environment import Environment
-    from aiworker.core.phases import argv_for
+    from aiworker.core.context import Environment
+    from aiworker.core.scheduling.phase_commands import argv_for
 
     absent = load_config(tmp_path / "absent.toml", required=False)
     argv = argv_for(Environment(tmp_path / "state", absent), "issue", 7, 2)

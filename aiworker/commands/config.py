@@ -17,7 +17,7 @@ app = typer.Typer(
 @app.command("show")
 def show(ctx: typer.Context) -> None:
     """Print the effective configuration with every secret redacted."""
-    from aiworker.core.configuration import describe_config
+    from aiworker.core.maintenance.configuration import describe_config
 
     inv: Invocation = ctx.obj
     description = describe_config(inv.config())

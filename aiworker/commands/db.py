@@ -20,7 +20,7 @@ app = typer.Typer(
 @app.command("upgrade")
 def upgrade(ctx: typer.Context) -> None:
     """Create the database, or migrate it to this version's schema."""
-    from aiworker.core.database import upgrade_database
+    from aiworker.core.maintenance.database import upgrade_database
 
     inv: Invocation = ctx.obj
     report = upgrade_database(inv.environment()).as_dict()
@@ -38,7 +38,7 @@ def upgrade(ctx: typer.Context) -> None:
 @app.command("current")
 def current(ctx: typer.Context) -> None:
     """Show the database's schema revision and this version's head."""
-    from aiworker.core.database import database_revision
+    from aiworker.core.maintenance.database import database_revision
 
     inv: Invocation = ctx.obj
     report = database_revision(inv.environment()).as_dict()
@@ -52,7 +52,7 @@ def backup(
     to: Annotated[Path, typer.Option("--to", help="New absolute path for the snapshot.")],
 ) -> None:
     """Write a consistent snapshot of the live database to a new 0600 file."""
-    from aiworker.core.database import backup_database
+    from aiworker.core.maintenance.database import backup_database
 
     inv: Invocation = ctx.obj
     report = backup_database(inv.environment(), to).as_dict()

@@ -14,7 +14,7 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 def doctor(ctx: typer.Context) -> int:
     """Run every health check; exit 1 when any check fails."""
-    from aiworker.core.doctor import run_doctor
+    from aiworker.core.maintenance.doctor import run_doctor
 
     inv: Invocation = ctx.obj
     checks = run_doctor(inv.state_dir.absolute(), inv.config_path, inv.config_required)

@@ -17,7 +17,7 @@ def implement(
 ) -> int:
     """Implement a claimed task: pin the base, choose a provider, run it in a disposable
     workspace, import its commits and re-run the required checks (exit 75: no provider now)."""
-    from aiworker.core.implement import implement as run
+    from aiworker.core.phases.implement import implement as run
 
     inv: Invocation = ctx.obj
     report = run(inv.environment(), task, slot).as_dict()
@@ -47,7 +47,7 @@ def publish(
 ) -> None:
     """Push the task's branch and open or update its PR, once, after re-checking
     authorisation, scope, the pinned base and the receipts."""
-    from aiworker.core.publish import publish as run
+    from aiworker.core.delivery.publish import publish as run
 
     inv: Invocation = ctx.obj
     report = run(inv.environment(), task).as_dict()
@@ -68,7 +68,7 @@ def ci(
     task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
 ) -> int:
     """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
-    from aiworker.core.ci_dispatch import dispatch_ci
+    from aiworker.core.delivery.ci import dispatch_ci
 
     inv: Invocation = ctx.obj
     report = dispatch_ci(inv.environment(), task)
@@ -88,7 +88,7 @@ def review(
     task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
 ) -> int:
     """Review the PR head independently as the reviewer identity and post a formal review."""
-    from aiworker.core.review import review as run
+    from aiworker.core.phases.review import review as run
 
     inv: Invocation = ctx.obj
     report = run(inv.environment(), task)
@@ -109,7 +109,7 @@ def merge(
     task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
 ) -> None:
     """Merge when the review approved and CI passed on the exact head, and record evidence."""
-    from aiworker.core.merge import merge as run
+    from aiworker.core.delivery.merge import merge as run
 
     inv: Invocation = ctx.obj
     report = run(inv.environment(), task)
@@ -126,7 +126,7 @@ def merge(
 def cleanup(ctx: typer.Context) -> None:
     """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
     merge evidence; record an inventory. A second run changes nothing."""
-    from aiworker.core.cleanup import cleanup as run
+    from aiworker.core.maintenance.cleanup import cleanup as run
 
     inv: Invocation = ctx.obj
     report = run(inv.environment())

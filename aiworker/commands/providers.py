@@ -61,7 +61,7 @@ def _render(report: dict[str, Any]) -> Any:
 def status(ctx: typer.Context) -> None:
     """Every configured provider's windows, headroom after the running-job penalty, and
     whether it is eligible for each phase, with the reason."""
-    from aiworker.core.providers import providers_status
+    from aiworker.core.providers.registry import providers_status
 
     inv: Invocation = ctx.obj
     report = providers_status(inv.environment())
@@ -74,7 +74,7 @@ def check(
     name: Annotated[str, typer.Argument(help="Provider name, e.g. codex or script.")],
 ) -> None:
     """Read one provider's quota signal now (no inference) and record the observation."""
-    from aiworker.core.providers import providers_status
+    from aiworker.core.providers.registry import providers_status
 
     inv: Invocation = ctx.obj
     report = providers_status(inv.environment(), only=name)

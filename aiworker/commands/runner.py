@@ -62,7 +62,7 @@ def execute(
     ] = 64 * 1024,
 ) -> int:
     """Run one job request; print one result JSON (exit 0 only when it succeeded)."""
-    from aiworker.core.runner_cli import read_request_bytes, run_execute
+    from aiworker.core.runner.operation import read_request_bytes, run_execute
 
     raw = read_request_bytes(request, sys.stdin.buffer)
     document, code = run_execute(

@@ -27,7 +27,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="A loopback address.")] = "127.0.0.1",
 ) -> None:
     """Serve the sandbox forge's API and git smart HTTP until interrupted."""
-    from aiworker.core.sandbox_ops import serve_forge
+    from aiworker.core.maintenance.sandbox import serve_forge
 
     def announce(url: str) -> None:
         sys.stderr.write(f"sandbox forge at {url}\n")
@@ -42,7 +42,7 @@ def seed(
     data: Annotated[Path, typer.Option("--data", help="Directory the forge persists to.")],
 ) -> None:
     """Create the demo users, a repository with a small project, and issues."""
-    from aiworker.core.sandbox_ops import seed_forge
+    from aiworker.core.maintenance.sandbox import seed_forge
 
     inv: Invocation = ctx.obj
     result = seed_forge(data)

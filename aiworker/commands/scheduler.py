@@ -18,7 +18,7 @@ app = typer.Typer(
 @app.command("tick")
 def tick(ctx: typer.Context) -> None:
     """Poll, recover stale claims, start each free slot's next phase, record a check."""
-    from aiworker.core.scheduler import tick as run_tick
+    from aiworker.core.scheduling.tick import tick as run_tick
 
     inv: Invocation = ctx.obj
     report = run_tick(inv.environment()).as_dict()
@@ -46,7 +46,7 @@ def pause(
     reason: Annotated[str, typer.Option("--reason", help="Shown in status.")] = "",
 ) -> None:
     """Stop starting new work (running jobs finish)."""
-    from aiworker.core.scheduler import update_state
+    from aiworker.core.scheduling.tick import update_state
 
     inv: Invocation = ctx.obj
     update_state(inv.environment(), paused=True, paused_reason=reason)
@@ -60,7 +60,7 @@ def pause(
 @app.command("resume")
 def resume(ctx: typer.Context) -> None:
     """Start new work again."""
-    from aiworker.core.scheduler import update_state
+    from aiworker.core.scheduling.tick import update_state
 
     inv: Invocation = ctx.obj
     update_state(inv.environment(), paused=False, paused_reason="")
@@ -70,7 +70,7 @@ def resume(ctx: typer.Context) -> None:
 @app.command("start-now")
 def start_now(ctx: typer.Context) -> None:
     """Request an immediate check through the mechanism the timer and jobs use."""
-    from aiworker.core.scheduler import request_follow_up
+    from aiworker.core.scheduling.tick import request_follow_up
 
     inv: Invocation = ctx.obj
     result = request_follow_up(inv.environment())
@@ -80,7 +80,7 @@ def start_now(ctx: typer.Context) -> None:
 @app.command("status")
 def status(ctx: typer.Context) -> None:
     """Slots and their holders, pause state, the last and the next check."""
-    from aiworker.core.scheduler_status import scheduler_status
+    from aiworker.core.scheduling.status import scheduler_status
 
     inv: Invocation = ctx.obj
     report = scheduler_status(inv.environment())
@@ -109,7 +109,7 @@ def run_slot(
     slot: Annotated[int, typer.Argument(min=1, max=3, help="Slot number.")],
 ) -> None:
     """Used by aiworker-slot@N.service: take slot-N.lock and run the task claimed on it."""
-    from aiworker.core.scheduler import run_slot as run
+    from aiworker.core.scheduling.tick import run_slot as run
 
     inv: Invocation = ctx.obj
     run(inv.environment(), slot)
@@ -124,7 +124,7 @@ def install(
     ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to enable."""
-    from aiworker.core.systemd_units import NEXT_STEPS, install_units, user_unit_dir
+    from aiworker.core.scheduling.units import NEXT_STEPS, install_units, user_unit_dir
     from aiworker.errors import InvalidInput
 
     inv: Invocation = ctx.obj

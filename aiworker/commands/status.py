@@ -12,7 +12,7 @@ from aiworker.render import emit
 
 def status(ctx: typer.Context) -> None:
     """Show task counts by state, slot holders and when work was last checked."""
-    from aiworker.core.status import collect_status
+    from aiworker.core.scheduling.overview import collect_status
 
     inv: Invocation = ctx.obj
     report = collect_status(inv.environment()).as_dict()

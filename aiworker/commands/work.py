@@ -12,8 +12,8 @@ from aiworker.render import emit
 
 def poll(ctx: typer.Context) -> None:
     """Record labelled and assigned issues as tasks, verifying who authorised each."""
-    from aiworker.core.discovery import poll as poll_forge
     from aiworker.core.forge_access import ForgeAccess
+    from aiworker.core.intake.discovery import poll as poll_forge
 
     inv: Invocation = ctx.obj
     env = inv.environment()
@@ -46,7 +46,7 @@ def claim(
     Outside a scheduler tick nothing holds the slot afterwards, so the next tick
     releases such a claim as stale after a minute unless a process takes slot-N.lock.
     """
-    from aiworker.core.claims import claim_once
+    from aiworker.core.scheduling.claims import claim_once
 
     inv: Invocation = ctx.obj
     result = claim_once(inv.environment(), slot)

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from aiworker.core.claims import claim_for_slot, recover_stale_claims
-from aiworker.core.environment import Environment
-from aiworker.core.phases import (
+from aiworker.core.context import Environment
+from aiworker.core.scheduling.claims import claim_for_slot, recover_stale_claims
+from aiworker.core.scheduling.phase_commands import (
     DELIVERY_PHASE,
     aiworker_argv,
     argv_for,
     phase_command,
     runnable_kinds,
 )
-from aiworker.core.scheduler_state import SchedulerState
+from aiworker.core.scheduling.state import SchedulerState
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
@@ -115,8 +115,8 @@ def request_follow_up(env: Environment) -> dict[str, Any]:
 
 
 def _poll(env: Environment, report: TickReport) -> None:
-    from aiworker.core.discovery import poll
     from aiworker.core.forge_access import ForgeAccess
+    from aiworker.core.intake.discovery import poll
 
     try:
         report.poll = poll(env, ForgeAccess(env.loaded)).as_dict()

@@ -24,7 +24,7 @@ from aiworker.contracts.runner import (
     SuiteRecord,
     Termination,
 )
-from aiworker.core.runner_requests import RequestRejected, resolve_entrypoint, resolve_source
+from aiworker.core.runner.requests import RequestRejected, resolve_entrypoint, resolve_source
 from aiworker.runtime.attempts import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,

@@ -18,14 +18,14 @@ from aiworker.adapters.providers.opencode import OpenCodeProvider
 from aiworker.adapters.providers.script import ScriptProvider
 from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import PROVIDER_NAMES, ProviderOptions
-from aiworker.core.admission import (
+from aiworker.core.context import Environment
+from aiworker.core.providers.admission import (
     Decision,
     backoff_until,
     capability_reason,
     provider_settings,
     select_provider,
 )
-from aiworker.core.environment import Environment
 from aiworker.errors import InvalidInput
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite

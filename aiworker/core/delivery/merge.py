@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiworker.core.authorization import PermissionReader
-from aiworker.core.delivery import CI_CONTEXT, load_delivery, move, pull_at_head, record
-from aiworker.core.discovery import authorize
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
+from aiworker.core.delivery.pull import CI_CONTEXT, load_delivery, move, pull_at_head, record
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.authorization import PermissionReader
+from aiworker.core.intake.discovery import authorize
 from aiworker.errors import Conflict
 from aiworker.store.receipts import add_receipt
 

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.delivery import CI_CONTEXT, load_delivery, move, pull_at_head
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
+from aiworker.core.delivery.pull import CI_CONTEXT, load_delivery, move, pull_at_head
+from aiworker.core.evidence.gate import Requirement, run_checks
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.quality_gate import Requirement, run_checks
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.gitcache import GitCache
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
 from aiworker.store.engine import Database
 from aiworker.store.tasks import active_claims, claim_next, release_claim
@@ -63,7 +63,7 @@ def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[st
 
 def claim_once(env: Environment, slot: int | None) -> dict[str, object]:
     """`aiworker claim`: claim the next eligible task for SLOT (or the first free slot)."""
-    from aiworker.core.phases import NEXT_PHASE
+    from aiworker.core.scheduling.phase_commands import NEXT_PHASE
 
     shares = env.loaded.config.shares
     if slot is not None and not 1 <= slot <= shares:

@@ -15,11 +15,11 @@ from typing import Any
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
-from aiworker.core.authorization import PermissionReader
-from aiworker.core.discovery import authorize, fingerprint
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
+from aiworker.core.evidence.gate import publication_allowed, requirements_from_issue
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.quality_gate import publication_allowed, requirements_from_issue
+from aiworker.core.intake.authorization import PermissionReader
+from aiworker.core.intake.discovery import authorize, fingerprint
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache

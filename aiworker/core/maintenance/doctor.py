@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworker.config.loader import LoadedConfig, identities_of, load_config, read_token
-from aiworker.core.environment import Environment, state_dir_mode
+from aiworker.core.context import Environment, state_dir_mode
 from aiworker.errors import AiworkerError
 from aiworker.runtime.accel import kvm_static_verdict
 from aiworker.runtime.processes import run_command, which

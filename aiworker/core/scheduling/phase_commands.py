@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
 
 # Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
 BUILTIN_PHASES: frozenset[str] = frozenset({"implement", "publish", "ci", "review", "merge"})

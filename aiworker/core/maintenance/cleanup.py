@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.store.cleanup import delivered_task_ids, record_cleanup
 

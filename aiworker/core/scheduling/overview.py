@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
 from aiworker.store.task_records import claims_by_slot, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from aiworker.contracts.runner import MAX_REQUEST_BYTES, RunnerError
-from aiworker.core.runner_execute import RunnerSettings, execute_request
-from aiworker.core.runner_requests import RequestRejected, parse_request
+from aiworker.core.runner.execute import RunnerSettings, execute_request
+from aiworker.core.runner.requests import RequestRejected, parse_request
 from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from aiworker.runtime.attempts import default_attempt_root
 

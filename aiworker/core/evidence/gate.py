@@ -21,7 +21,7 @@ from typing import Any
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import ENTRYPOINT_SELECTOR, JobRequest
-from aiworker.core.runner_execute import RunnerSettings, execute_request
+from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.errors import InvalidInput
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache, GitCacheError

@@ -16,15 +16,15 @@ from typing import Any
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.config.models import Config
-from aiworker.core.authorization import (
+from aiworker.core.context import Environment
+from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.authorization import (
     Decision,
     PermissionReader,
     assignment_actor,
     decide,
     label_actor,
 )
-from aiworker.core.environment import Environment
-from aiworker.core.forge_access import ForgeAccess
 from aiworker.store.discovery import pause_task, record_discovered, tasks_of
 from aiworker.store.task_records import ensure_repository
 

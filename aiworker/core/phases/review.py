@@ -15,12 +15,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.admission import provider_settings, select_provider
-from aiworker.core.delivery import load_delivery, move, pull_at_head
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
+from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.implement_run import run_provider
-from aiworker.core.providers import backoffs, capability_check, observe, provider_for, read_provider
+from aiworker.core.phases.run import run_provider
+from aiworker.core.providers.admission import provider_settings, select_provider
+from aiworker.core.providers.registry import (
+    backoffs,
+    capability_check,
+    observe,
+    provider_for,
+    read_provider,
+)
 from aiworker.errors import Unavailable
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.workspace import LocalBackend

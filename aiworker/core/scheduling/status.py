@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiworker.core.environment import Environment
-from aiworker.core.scheduler_state import SchedulerState
-from aiworker.core.status import collect_status
+from aiworker.core.context import Environment
+from aiworker.core.scheduling.overview import collect_status
+from aiworker.core.scheduling.state import SchedulerState
 
 
 def scheduler_status(env: Environment) -> dict[str, Any]:

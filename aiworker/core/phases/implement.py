@@ -19,18 +19,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.admission import provider_settings, select_provider
-from aiworker.core.environment import Environment
+from aiworker.core.context import Environment
+from aiworker.core.evidence.gate import requirements_from_issue, run_gate
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.implement_run import RunReport, run_provider
-from aiworker.core.providers import (
+from aiworker.core.phases.run import RunReport, run_provider
+from aiworker.core.providers.admission import provider_settings, select_provider
+from aiworker.core.providers.registry import (
     backoffs,
     capability_check,
     observe,
     provider_for,
     read_provider,
 )
-from aiworker.core.quality_gate import requirements_from_issue, run_gate
 from aiworker.errors import Conflict, InvalidInput, Unavailable
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from aiworker.runtime.workspace import LocalBackend
