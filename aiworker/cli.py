@@ -28,6 +28,7 @@ COMMANDS = {
     "runner": ("runner", "app", True),
     "sandbox": ("sandbox", "app", True),
     "providers": ("providers", "app", True),
+    "task": ("task", "app", True),
     "implement": ("phases", "implement", False),
     "publish": ("phases", "publish", False),
     "ci": ("phases", "ci", False),

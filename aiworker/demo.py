@@ -69,16 +69,20 @@ SCENARIO = {
 }
 
 
+DELIVERY = ("implemented", "awaiting_ci", "awaiting_review", "approved", "done")
+
+
 def wait_for_state(state: str, timeout: float = 120) -> None:
-    """Wait until the demo's task reaches STATE (the phase runs as its own process)."""
+    """Wait until the demo's task reaches STATE or a later one (each phase runs as its own
+    process, and a job that made progress asks for the next check itself)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tasks = json.loads(aiworker("--json", "status"))["tasks"]
-        if tasks.get(state):
+        current = json.loads(aiworker("--json", "task", "show", "1"))["state"]
+        if current in DELIVERY and DELIVERY.index(current) >= DELIVERY.index(state):
             return
-        if tasks.get("failed"):
-            raise SystemExit("the task failed; see .demo/state/logs/slot-1.log")
-        time.sleep(0.3)
+        if current in ("failed", "needs_input", "cancelled"):
+            raise SystemExit(f"the task is {current}; see `aiworker task show 1`")
+        time.sleep(0.2)
     raise SystemExit(f"the task did not reach {state}; see .demo/state/logs/")
 
 
@@ -174,14 +178,16 @@ def main() -> None:
         step("Scheduler tick: claims the task and starts `aiworker implement` on a slot")
         say(aiworker("scheduler", "tick"))
         wait_for_state("implemented")
-        say((DEMO / "state" / "logs" / "slot-1.log").read_text())
 
-        step("Ticks deliver it: publish, CI at the PR head, independent review, merge")
-        for reached in ("awaiting_ci", "awaiting_review", "approved", "done"):
-            say(aiworker("scheduler", "tick"))
+        step("Each job that made progress asks for the next check: publish, CI, review, merge")
+        for reached in DELIVERY[1:]:
             wait_for_state(reached)
+            say(f"task 1 reached {reached}")
         say((DEMO / "state" / "logs" / "task-1.log").read_text())
         show_delivery(url, tokens["worker-bot"])
+
+        step("The task's whole history")
+        say(aiworker("task", "show", "1"))
 
         step("Status and doctor")
         say(aiworker("status"))

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 MESSAGES = {
@@ -54,6 +55,8 @@ def main() -> int:
         (home / Path(name).name).write_text(text)
     if scenario.get("stderr"):
         sys.stderr.write(str(scenario["stderr"]) + "\n")
+    # A scenario may take its time, as a model does (cancellation and crash tests).
+    time.sleep(float(scenario.get("sleep_s") or 0))
     failure = scenario.get("failure")
     if failure:
         sys.stderr.write(MESSAGES.get(failure, str(failure)) + "\n")

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.evidence.gate import (
-    Requirement,
-    publication_allowed,
-    requirements_from_issue,
-    run_gate,
-)
+from aiworker.core.evidence.gate import publication_allowed, run_gate
+from aiworker.core.intake.scope import Requirement, requirements_from_issue
 from aiworker.errors import InvalidInput
 from aiworker.runtime.gitcache import GitCache
 from aiworker.sandbox.gitrepo import BareRepo

@@ -124,7 +124,7 @@ def test_killed_phase_leaves_a_stale_claim_the_next_tick_recovers(scheduled, mon
         second = run_process("--json", "scheduler", "tick")
         assert second.exit_code == 0, second
         report = second.json()
-        assert report["recovered"] == [victim["task"]]
+        assert [(r["task"], r["state"]) for r in report["recovered"]] == [(victim["task"], "ready")]
         assert report["busy_slots"] == sorted(s["slot"] for s in started[1:])
         assert [s["slot"] for s in report["started"]] == [victim["slot"]]
         db = Database(f"sqlite:///{db_path}")

@@ -16,13 +16,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert, select, text
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
 from aiworker.store.driver import DriverConnection, DriverStatement
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
-from aiworker.store.tasks import claim, claim_next, transition
+from aiworker.store.tasks import claim, claim_next, compare_and_update
 
 
 def sqlite_cli(db: Path, sql: str) -> str:
@@ -120,10 +121,13 @@ def test_compare_and_update_refuses_a_stale_version(upgraded):
         task = create_task(session, repo.id, "issue", issue_number=7, title="fix it")
         task_id, version = task.id, task.version
     with db.write() as session:
-        assert transition(session, task_id, version, "ready", "paused", actor="test")
-    with db.write() as session:
-        # A writer that read version 1 is now stale: nothing changes.
-        assert not transition(session, task_id, version, "ready", "running", actor="stale")
+        assert advance(session, task_id, "ready", version, "paused", "test", actor="test") == 2
+    # A writer that read version 1 is now stale: nothing changes, and it is told why.
+    with pytest.raises(TransitionRefused) as refused, db.write() as session:
+        advance(session, task_id, "ready", version, "claimed", "stale", actor="stale")
+    assert refused.value.message == (
+        f"task {task_id} is paused at version 2, not ready at version 1; ready -> claimed refused"
+    )
     with db.read() as session:
         task = session.get(Task, task_id)
         assert (task.state, task.version) == ("paused", 2)
@@ -193,11 +197,11 @@ def test_a_plan_advances_one_milestone_at_a_time(upgraded):
     for state in ("running", "awaiting_ci", "awaiting_review"):
         with db.write() as session:
             current = session.get(Task, ids["m1"])
-            assert transition(session, current.id, current.version, current.state, state)
+            assert compare_and_update(session, current.id, current.version, current.state, state)
         assert claim_next(db, 2, "h2", ["milestone"]) is None
     with db.write() as session:
         current = session.get(Task, ids["m1"])
-        assert transition(session, current.id, current.version, current.state, "done")
+        assert compare_and_update(session, current.id, current.version, current.state, "done")
     assert claim_next(db, 2, "h2", ["milestone"]) == ids["m2"]
     db.dispose()
 

@@ -20,7 +20,8 @@ def implement(
     from aiworker.core.phases.implement import implement as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment(), task, slot).as_dict()
+    result = run(inv.environment(), task, slot)
+    report = result.to_json()
 
     def human(console: Any) -> None:
         console.print(
@@ -38,7 +39,7 @@ def implement(
                 console.print(f"  finding: {finding}", markup=False)
 
     emit(inv.json, report, human)
-    return 0 if report["outcome"] == "implemented" else 1
+    return result.exit_code
 
 
 def publish(
@@ -50,7 +51,8 @@ def publish(
     from aiworker.core.delivery.publish import publish as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment(), task).as_dict()
+    result = run(inv.environment(), task)
+    report = result.to_json()
     verb = "opened" if report["created"] else "found"
     emit(
         inv.json,
@@ -71,7 +73,8 @@ def ci(
     from aiworker.core.delivery.ci import dispatch_ci
 
     inv: Invocation = ctx.obj
-    report = dispatch_ci(inv.environment(), task)
+    result = dispatch_ci(inv.environment(), task)
+    report = result.to_json()
     emit(
         inv.json,
         report,
@@ -80,7 +83,7 @@ def ci(
             markup=False,
         ),
     )
-    return 0 if report["state"] == "success" else 1
+    return result.exit_code
 
 
 def review(
@@ -91,7 +94,8 @@ def review(
     from aiworker.core.phases.review import review as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment(), task)
+    result = run(inv.environment(), task)
+    report = result.to_json()
     emit(
         inv.json,
         report,
@@ -101,7 +105,7 @@ def review(
             markup=False,
         ),
     )
-    return 0 if report["event"] == "APPROVED" else 1
+    return result.exit_code
 
 
 def merge(
@@ -112,7 +116,8 @@ def merge(
     from aiworker.core.delivery.merge import merge as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment(), task)
+    result = run(inv.environment(), task)
+    report = result.to_json()
     emit(
         inv.json,
         report,
@@ -129,7 +134,7 @@ def cleanup(ctx: typer.Context) -> None:
     from aiworker.core.maintenance.cleanup import cleanup as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment())
+    report = run(inv.environment()).to_json()
     lines = [f"removed {item['path']} ({item['bytes']} bytes)" for item in report["removed"]]
     lines += [f"skipped task {item['task']}: {item['reason']}" for item in report["skipped"]]
     emit(

@@ -21,7 +21,7 @@ def tick(ctx: typer.Context) -> None:
     from aiworker.core.scheduling.tick import tick as run_tick
 
     inv: Invocation = ctx.obj
-    report = run_tick(inv.environment()).as_dict()
+    report = run_tick(inv.environment()).to_json()
 
     def human(console: Any) -> None:
         if report["status"] == "paused":
@@ -46,7 +46,7 @@ def pause(
     reason: Annotated[str, typer.Option("--reason", help="Shown in status.")] = "",
 ) -> None:
     """Stop starting new work (running jobs finish)."""
-    from aiworker.core.scheduling.tick import update_state
+    from aiworker.core.scheduling.state import update_state
 
     inv: Invocation = ctx.obj
     update_state(inv.environment(), paused=True, paused_reason=reason)
@@ -60,7 +60,7 @@ def pause(
 @app.command("resume")
 def resume(ctx: typer.Context) -> None:
     """Start new work again."""
-    from aiworker.core.scheduling.tick import update_state
+    from aiworker.core.scheduling.state import update_state
 
     inv: Invocation = ctx.obj
     update_state(inv.environment(), paused=False, paused_reason="")
@@ -70,7 +70,7 @@ def resume(ctx: typer.Context) -> None:
 @app.command("start-now")
 def start_now(ctx: typer.Context) -> None:
     """Request an immediate check through the mechanism the timer and jobs use."""
-    from aiworker.core.scheduling.tick import request_follow_up
+    from aiworker.core.scheduling.launcher import request_follow_up
 
     inv: Invocation = ctx.obj
     result = request_follow_up(inv.environment())
@@ -109,7 +109,7 @@ def run_slot(
     slot: Annotated[int, typer.Argument(min=1, max=3, help="Slot number.")],
 ) -> None:
     """Used by aiworker-slot@N.service: take slot-N.lock and run the task claimed on it."""
-    from aiworker.core.scheduling.tick import run_slot as run
+    from aiworker.core.scheduling.launcher import run_slot as run
 
     inv: Invocation = ctx.obj
     run(inv.environment(), slot)

@@ -49,7 +49,8 @@ def claim(
     from aiworker.core.scheduling.claims import claim_once
 
     inv: Invocation = ctx.obj
-    result = claim_once(inv.environment(), slot)
+    claimed = claim_once(inv.environment(), slot)
+    result = claimed.to_json()
 
     def human(console: Any) -> None:
         if result["claimed"]:
@@ -58,4 +59,4 @@ def claim(
             console.print(f"nothing claimed: {result['reason']}", markup=False)
 
     emit(inv.json, result, human)
-    return 75 if result.get("reason") == "no free slot" else 0
+    return claimed.exit_code

@@ -157,6 +157,29 @@ class Scheduler(Strict):
         return value
 
 
+class Budgets(Strict):
+    """How many tries each phase gets per task before the task ends as failed."""
+
+    implementation: Annotated[int, Field(ge=1, le=50)] = 3
+    # Repair episodes after review findings, a red CI or a moved base.
+    repair: Annotated[int, Field(ge=1, le=50)] = 3
+    planning: Annotated[int, Field(ge=1, le=50)] = 3
+    review: Annotated[int, Field(ge=1, le=50)] = 3
+    # Each delivery step (publish, ci, merge) separately.
+    delivery: Annotated[int, Field(ge=1, le=50)] = 5
+
+    def limit(self, phase: str) -> int:
+        value = getattr(self, phase, None)
+        return int(value) if isinstance(value, int) else self.delivery
+
+
+class Housekeeping(Strict):
+    # Workspaces and logs of failed and cancelled tasks are kept this long for diagnosis.
+    retention_days: Annotated[int, Field(ge=0, le=3650)] = 7
+    # Scheduler check events kept (the latest); older ones are removed by the tick.
+    check_events: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
+
+
 class Config(Strict):
     forge: Forge | None = None
     repositories: list[Repository] = []
@@ -171,6 +194,8 @@ class Config(Strict):
     database: Database = Database()
     labels: Labels = Labels()
     scheduler: Scheduler = Scheduler()
+    budgets: Budgets = Budgets()
+    housekeeping: Housekeeping = Housekeeping()
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

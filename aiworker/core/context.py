@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworker.config.loader import LoadedConfig
+from aiworker.errors import LockHeld
 from aiworker.runtime.locks import LockDir
 from aiworker.store.engine import Database, default_url
 from aiworker.store.schema import ensure_current
@@ -41,6 +42,15 @@ class Environment:
                 db.dispose()
                 raise
         return db
+
+
+def hold_job_lock(env: Environment, name: str) -> None:
+    """Hold lock NAME for this job (inherited from the scheduler, or taken when an operator
+    runs the step by hand): recovery reads a free lock as a dead job."""
+    lock = env.locks.lock(name)
+    if not lock.hold_for_job():
+        holder = lock.holder_pid()
+        raise LockHeld(f"lock {name!r} is held by pid {holder}; that job is still running")
 
 
 def state_dir_mode(path: Path) -> int | None:

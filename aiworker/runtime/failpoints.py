@@ -1,4 +1,5 @@
-"""Crash points for the crash tests: AIWORKER_FAILPOINT=NAME kills the process right there.
+"""Crash points for the fault tests: AIWORKER_FAILPOINT=NAME kills the process right there
+(SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead.
 
 Nothing happens unless that variable names the point; operators never set it.
 """
@@ -9,6 +10,13 @@ import os
 import signal
 
 
+class FailpointError(RuntimeError):
+    pass
+
+
 def failpoint(name: str) -> None:
-    if os.environ.get("AIWORKER_FAILPOINT") == name:
+    wanted = os.environ.get("AIWORKER_FAILPOINT")
+    if wanted == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if wanted == f"{name}:raise":
+        raise FailpointError(f"failpoint {name}")

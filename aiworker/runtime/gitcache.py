@@ -105,6 +105,13 @@ class GitCache:
             raise GitCacheError(f"{ref} did not resolve to a full commit hash")
         return full
 
+    def file_mode(self, index: int, commit: str, path: str) -> str | None:
+        """The git mode of PATH in COMMIT's tree (100755 executable, 120000 a link), or None."""
+        result = self._git(index, "ls-tree", "--full-tree", commit, "--", path)
+        if not result.ok or not result.stdout.strip():
+            return None
+        return result.stdout.split(" ", 1)[0]
+
     def pin(self, index: int, slot: int, name: str, commit: str) -> str:
         """Pin COMMIT (any revision) as refs/aiworker/slot-N/NAME by its full hash."""
         with self._locked(index):

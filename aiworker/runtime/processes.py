@@ -54,6 +54,15 @@ def run_command(
     return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
 
 
+def process_alive(pid: int) -> bool:
+    """True while PID exists and is not a zombie (a dead child not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+
+
 def which(program: str) -> str | None:
     return shutil.which(program)
 
@@ -113,10 +122,17 @@ def run_binary(
     return done.returncode, done.stdout, done.stderr
 
 
-def spawn_detached(argv: Sequence[str], *, log_path: Path, keep_fds: Sequence[int] = ()) -> int:
+def spawn_detached(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    keep_fds: Sequence[int] = (),
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Start ARGV in its own session, outliving us, with output appended to LOG_PATH.
 
-    KEEP_FDS stay open in the child (a slot lock travels this way); return its pid.
+    KEEP_FDS stay open in the child (a slot lock travels this way); ENV is added to
+    ours; return its pid.
     """
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -127,6 +143,7 @@ def spawn_detached(argv: Sequence[str], *, log_path: Path, keep_fds: Sequence[in
             stdout=fd,
             stderr=fd,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
             pass_fds=tuple(keep_fds),
             close_fds=True,
         )

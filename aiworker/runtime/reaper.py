@@ -153,3 +153,16 @@ def kill_attempt(job_pid: int, pgid: int, tag: bytes, rounds: int = 50) -> int:
         time.sleep(0.01)
     reap_children(exclude=job_pid)
     return len(killed - {job_pid})
+
+
+def process_tree(pid: int) -> set[int]:
+    """PID and every live descendant of it, whatever session or group they moved to."""
+    children: dict[int, list[int]] = {}
+    for info in list_processes():
+        children.setdefault(info.ppid, []).append(info.pid)
+    return {pid, *_descendants(pid, children)} if (PROC / str(pid)).exists() else set()
+
+
+def tagged_processes(tag: bytes) -> list[int]:
+    """Live processes whose environment carries TAG (NAME=VALUE)."""
+    return [info.pid for info in list_processes() if _has_tag(info.pid, tag)]

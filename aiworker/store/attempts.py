@@ -1,12 +1,14 @@
-"""Attempts: one model or execution phase run, with the settings it used."""
+"""Attempts: one model or execution phase run, with the settings it used and how it ended."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from aiworker.store.budgets import charge, refund
 from aiworker.store.models import Attempt, utcnow
 
 
@@ -18,8 +20,11 @@ def start_attempt(
     model: str | None,
     effort: str | None,
     settings: dict[str, Any],
+    *,
+    pid: int | None = None,
 ) -> int:
-    """Record the settings used now, so later edits never rewrite history."""
+    """Record the settings used now, so later edits never rewrite history; the attempt
+    is charged to the task's budget for PHASE in the same transaction."""
     attempt = Attempt(
         task_id=task_id,
         phase=phase,
@@ -27,10 +32,16 @@ def start_attempt(
         model=model,
         effort=effort,
         settings=settings,
+        pid=pid,
     )
     session.add(attempt)
     session.flush()
+    charge(session, task_id, phase)
     return attempt.id
+
+
+def set_workspace(session: Session, attempt_id: int, path: str) -> None:
+    session.execute(update(Attempt).where(Attempt.id == attempt_id).values(workspace_path=path))
 
 
 def finish_attempt(
@@ -38,24 +49,48 @@ def finish_attempt(
     attempt_id: int,
     outcome: str,
     *,
+    reason: str = "",
     refunded: bool = False,
     result_path: str | None = None,
     log_path: str | None = None,
-) -> None:
-    session.execute(
+) -> bool:
+    """Close an open attempt; False when it was already closed (by its phase or recovery).
+    A refund gives its budget charge back in the same transaction."""
+    closed = session.execute(
         update(Attempt)
-        .where(Attempt.id == attempt_id)
+        .where(Attempt.id == attempt_id, Attempt.finished_at.is_(None))
         .values(
             finished_at=utcnow(),
             outcome=outcome,
+            reason=reason[:2000],
             refunded=refunded,
             result_path=result_path,
             log_path=log_path,
         )
     )
+    if closed.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    if refunded:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        refund(session, attempt.task_id, attempt.phase)
+    return True
+
+
+def open_attempts(session: Session, task_id: int | None = None) -> Sequence[Attempt]:
+    query = select(Attempt).where(Attempt.finished_at.is_(None))
+    if task_id is not None:
+        query = query.where(Attempt.task_id == task_id)
+    return session.scalars(query.order_by(Attempt.id)).all()
+
+
+def attempts_of(session: Session, task_id: int) -> Sequence[Attempt]:
+    return session.scalars(
+        select(Attempt).where(Attempt.task_id == task_id).order_by(Attempt.id)
+    ).all()
 
 
 def providers_tried_at(session: Session, task_id: int, base: str) -> set[str]:
     """Providers that already ran an attempt of TASK_ID on the snapshot BASE."""
-    rows = session.scalars(select(Attempt).where(Attempt.task_id == task_id)).all()
+    rows = attempts_of(session, task_id)
     return {a.provider for a in rows if a.provider and a.settings.get("base") == base}

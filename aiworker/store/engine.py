@@ -22,6 +22,8 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from aiworker.store.driver import DriverConnection
 
+# Session is re-exported: core types the sessions it passes to store/ by it.
+__all__ = ["BUSY_TIMEOUT_MS", "Database", "Session", "default_url", "is_sqlite", "sqlite_path"]
 BUSY_TIMEOUT_MS = 30_000
 
 

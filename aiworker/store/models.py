@@ -89,6 +89,9 @@ class Attempt(Base):
         prompt_path: Mapped[str | None]
         result_path: Mapped[str | None]
         log_path: Mapped[str | None]
+        reason: Mapped[str | None]
+        pid: Mapped[int | None]
+        workspace_path: Mapped[str | None]
 
 
 class ProviderObservation(Base):
@@ -176,3 +179,14 @@ class CleanupItem(Base):
         reason: Mapped[str | None]
         bytes: Mapped[int | None]
         recorded_at: Mapped[datetime]
+
+
+class Budget(Base):
+    __table__ = tables.budgets
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        task_id: Mapped[int]
+        phase: Mapped[str]
+        used: Mapped[int]
+        resets: Mapped[int]
+        updated_at: Mapped[datetime]

@@ -42,3 +42,19 @@ def advance_publication(
     if pr_number is not None:
         values["pr_number"] = pr_number
     session.execute(update(Publication).where(Publication.id == publication_id).values(**values))
+
+
+def publications_of(session: Session, task_id: int) -> list[Publication]:
+    return list(
+        session.scalars(
+            select(Publication).where(Publication.task_id == task_id).order_by(Publication.id)
+        )
+    )
+
+
+def close_publication(session: Session, publication_id: int, state: str) -> None:
+    session.execute(
+        update(Publication)
+        .where(Publication.id == publication_id)
+        .values(state=state, updated_at=utcnow())
+    )

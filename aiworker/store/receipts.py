@@ -44,3 +44,9 @@ def receipts_for(session: Session, task_id: int | None, phase: str) -> Sequence[
         .where(Receipt.task_id == task_id, Receipt.phase == phase)
         .order_by(Receipt.id)
     ).all()
+
+
+def receipts_of(session: Session, task_id: int) -> Sequence[Receipt]:
+    return session.scalars(
+        select(Receipt).where(Receipt.task_id == task_id).order_by(Receipt.id)
+    ).all()

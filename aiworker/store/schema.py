@@ -15,7 +15,7 @@ from aiworker.errors import SchemaMismatch
 from aiworker.store.engine import Database
 
 # Oldest first; the last one is the head this code runs against.
-KNOWN_REVISIONS = ("0001_initial",)
+KNOWN_REVISIONS = ("0001_initial", "0002_lifecycle")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 

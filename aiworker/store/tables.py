@@ -124,6 +124,11 @@ attempts = Table(
     Column("prompt_path", Text),
     Column("result_path", Text),
     Column("log_path", Text),
+    # Why it ended as it did, the process that ran it, and where its files are (or were).
+    Column("reason", Text),
+    Column("pid", Integer),
+    Column("workspace_path", Text),
+    Index("ix_attempts_open", "finished_at"),
 )
 
 provider_observations = Table(
@@ -189,7 +194,8 @@ publications = Table(
     _at("updated_at"),
 )
 
-# Append-only audit trail; rows are never updated or deleted.
+# Append-only audit trail: task events are never updated or deleted; only scheduler
+# check receipts (task_id NULL) are pruned to the latest N by the tick.
 events = Table(
     "events",
     metadata,
@@ -203,6 +209,19 @@ events = Table(
     _at("created_at"),
     Index("ix_events_task_id", "task_id"),
     Index("ix_events_kind_id", "kind", "id"),
+)
+
+# Attempts and repair episodes used per task and phase; survives restarts and polls.
+budgets = Table(
+    "budgets",
+    metadata,
+    _id(),
+    _task_ref(required=True),
+    Column("phase", String(32), nullable=False),
+    Column("used", Integer, nullable=False, default=0),
+    Column("resets", Integer, nullable=False, default=0),
+    _at("updated_at"),
+    UniqueConstraint("task_id", "phase"),
 )
 
 cleanup_inventory = Table(

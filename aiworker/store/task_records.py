@@ -75,3 +75,30 @@ def latest_event(session: Session, kind: str) -> Event | None:
     return session.scalar(
         select(Event).where(Event.kind == kind).order_by(Event.id.desc()).limit(1)
     )
+
+
+def task_row(session: Session, task_id: int) -> Task | None:
+    return session.get(Task, task_id)
+
+
+def last_task_event(session: Session, task_id: int) -> Event | None:
+    return session.scalar(
+        select(Event).where(Event.task_id == task_id).order_by(Event.id.desc()).limit(1)
+    )
+
+
+def list_tasks(
+    session: Session, state: str | None, limit: int, after: int = 0
+) -> Sequence[tuple[Task, Repository]]:
+    query = (
+        select(Task, Repository)
+        .join(Repository, Repository.id == Task.repository_id)
+        .where(Task.id > after)
+    )
+    if state is not None:
+        query = query.where(Task.state == state)
+    return [(t, r) for t, r in session.execute(query.order_by(Task.id).limit(limit))]
+
+
+def events_of(session: Session, task_id: int) -> Sequence[Event]:
+    return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()

@@ -13,31 +13,38 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, func, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from aiworker.store.driver import DriverConnection, DriverStatement, driver_of
 from aiworker.store.engine import Database
-from aiworker.store.tables import events, tasks, utcnow
+from aiworker.store.tables import attempts, events, tasks, utcnow
 
 TASK_KINDS = ("plan", "milestone", "feature", "issue")
+# The vocabulary of core/tasks/states.py (a test keeps the two equal); which state may
+# follow which is decided there, never here.
 TASK_STATES = (
     "new",
     "ready",
     "claimed",
     "running",
+    "planning",
+    "awaiting_plan_approval",
+    "milestones",
     "implemented",
     "awaiting_ci",
     "awaiting_review",
+    "repairing",
     "approved",
+    "needs_input",
     "paused",
     "done",
     "failed",
     "cancelled",
 )
 # A milestone in one of these states keeps its plan's next milestone waiting.
-IN_FLIGHT = ("claimed", "running", "awaiting_ci", "awaiting_review")
+IN_FLIGHT = ("claimed", "running", "repairing", "awaiting_ci", "awaiting_review")
 # Columns a transition may change besides state; version and timestamps are ours.
 _MUTABLE = frozenset(
     {
@@ -52,6 +59,9 @@ _MUTABLE = frozenset(
 )
 _EVENT_COLUMNS = ("task_id", "kind", "from_state", "to_state", "actor", "data", "created_at")
 _INSERT_EVENT = DriverStatement(insert(events), column_keys=_EVENT_COLUMNS)
+_STATE_OF = DriverStatement(
+    select(tasks.c.state, tasks.c.version).where(tasks.c.id == bindparam("task_id"))
+)
 
 # Queries take an ORM session or a bare connection (Database.transaction()); state changes
 # and claims also take the driver connection of Database.driver_transaction().
@@ -112,7 +122,7 @@ def _transition_statement(columns: tuple[str, ...]) -> DriverStatement:
     return DriverStatement(statement)
 
 
-def transition(
+def compare_and_update(
     session: Writer,
     task_id: int,
     expected_version: int,
@@ -127,7 +137,9 @@ def transition(
     """Move a task from FROM_STATE at EXPECTED_VERSION to TO_STATE.
 
     Returns False, changing nothing, when another writer got there first: the
-    caller must re-read and decide again.
+    caller must re-read and decide again. Only core.tasks.lifecycle.advance() calls
+    this (it checks the edge table first); claims below are the one hard-wired edge,
+    ready -> claimed.
     """
     if to_state not in TASK_STATES:
         raise ValueError(f"unknown task state {to_state!r}")
@@ -172,7 +184,7 @@ def claim(
     now: datetime | None = None,
 ) -> bool:
     """Claim a ready task for SLOT; False when someone else changed it first."""
-    return transition(
+    return compare_and_update(
         session,
         task_id,
         expected_version,
@@ -286,20 +298,10 @@ def active_claims(session: Executor) -> list[Any]:
     )
 
 
-def release_claim(session: Writer, task_id: int, version: int, state: str, reason: str) -> bool:
-    """Give a claimed task back (its holder died): ready again, with an event saying why."""
-    return transition(
-        session,
-        task_id,
-        version,
-        state,
-        "ready",
-        kind="task.claim_recovered",
-        data={"reason": reason},
-        claim_slot=None,
-        claim_token=None,
-        claimed_at=None,
-    )
+def task_state(session: Writer, task_id: int) -> tuple[str, int] | None:
+    """(state, version) of TASK_ID as this transaction sees it."""
+    row = _STATE_OF.execute(_driver(session), {"task_id": task_id}).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))
 
 
 def tasks_in_states(session: Executor, states: Sequence[str]) -> list[tuple[int, str]]:
@@ -309,6 +311,42 @@ def tasks_in_states(session: Executor, states: Sequence[str]) -> list[tuple[int,
         .order_by(tasks.c.id)
     )
     return [(int(task_id), str(state)) for task_id, state in rows]
+
+
+def states_of(session: Executor, task_ids: Sequence[int]) -> dict[int, tuple[str, datetime]]:
+    """State and last change of each of TASK_IDS that exists."""
+    rows = _connection(session).execute(
+        select(tasks.c.id, tasks.c.state, tasks.c.updated_at).where(tasks.c.id.in_(task_ids))
+    )
+    return {int(i): (str(s), u) for i, s, u in rows}
+
+
+def prune_events(session: Executor, kind: str, keep: int) -> int:
+    """Delete all but the latest KEEP events of KIND (scheduler checks, never task history)."""
+    connection = _connection(session)
+    cutoff = connection.scalar(
+        select(events.c.id)
+        .where(events.c.kind == kind)
+        .order_by(events.c.id.desc())
+        .offset(keep)
+        .limit(1)
+    )
+    if cutoff is None:
+        return 0
+    deleted = connection.execute(
+        delete(events).where(
+            events.c.kind == kind, events.c.id <= cutoff, events.c.task_id.is_(None)
+        )
+    )
+    return int(deleted.rowcount)
+
+
+def has_open_attempts(session: Executor) -> bool:
+    """Whether any attempt is still open (a running job, or one a dead job left)."""
+    found = _connection(session).scalar(
+        select(attempts.c.id).where(attempts.c.finished_at.is_(None)).limit(1)
+    )
+    return found is not None
 
 
 def task_kind(session: Executor, task_id: int) -> str | None:

@@ -7,6 +7,7 @@ It is a real provider for dry runs, the demo and the tests. A scenario is JSON:
      "admission_error": null,      # a string makes the reading invalid
      "blocked": false,             # true: the next run would spend paid credits
      "failure": null,              # quota_exhausted | auth | transient | invalid | other
+     "sleep_s": 0,                 # seconds to take before answering, as a model does
      "edits": {"path/in/repo": "new content"},
      "result": {...}}              # the agent result document to hand back
 """

@@ -2,21 +2,46 @@
 
 The controller posts `pending`, runs the check through the runner core on a
 fresh checkout of the exact head, writes a receipt, and posts the terminal
-status under the context `aiworker / ci`.
+status under the context `aiworker / ci`. Every `pending` is followed by a
+terminal status: a failure of the run's setup posts `error` with the reason
+(the guard does it), and a run whose process died gets its `error` from
+recovery (tasks/recovery.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import CI_CONTEXT, load_delivery, move, pull_at_head
-from aiworker.core.evidence.gate import Requirement, run_checks
+from aiworker.core.delivery.pull import CI_CONTEXT, Delivery, load_delivery, move, pull_at_head
+from aiworker.core.delivery.steps import step_guard
+from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.scope import Requirement
+from aiworker.core.report import Report
+from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import EXIT_FAILED, EXIT_OK
 from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
+
+
+@dataclass
+class CiReport(Report):
+    task: int
+    pr: int
+    head: str
+    state: str  # success | failure
+    check: dict[str, Any]
+    evidence: str
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.state == "success" else EXIT_FAILED
 
 
 def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, Any]) -> Path:
@@ -31,66 +56,84 @@ def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, A
     return path
 
 
-def dispatch_ci(env: Environment, task_id: int) -> dict[str, Any]:
+def post_ci_error(env: Environment, delivery: Delivery, head: str, reason: str) -> None:
+    """The terminal `error` status that follows a `pending` whose run could not finish."""
+    worker = ForgeAccess(env.loaded).required("worker")
+    worker.create_status(
+        delivery.repo.owner,
+        delivery.repo.name,
+        head,
+        state="error",
+        context=CI_CONTEXT,
+        description=f"aiworker could not finish ./ci/run: {reason}"[:140],
+    )
+
+
+def dispatch_ci(env: Environment, task_id: int) -> CiReport:
     db = env.open_database()
     try:
-        delivery = load_delivery(db, task_id, "awaiting_ci")
+        delivery = load_delivery(db, task_id, S.AWAITING_CI)
         task, repo = delivery.task, delivery.repo
-        assert task.head_commit is not None
-        assert task.base_commit is not None
-        access = ForgeAccess(env.loaded)
-        worker = access.required("worker")
-        pull_at_head(worker, delivery)
-        worker.create_status(
-            repo.owner,
-            repo.name,
-            task.head_commit,
-            state="pending",
-            context=CI_CONTEXT,
-            description="./ci/run is running",
-        )
-        report = run_checks(
-            db,
-            GitCache(env.state_dir),
-            index=repo.index,
-            head=task.head_commit,
-            base=task.base_commit,
-            task_id=task.id,
-            scope=task.scope_fingerprint,
-            requirements=[Requirement("ci", ("./ci/run",))],
-            phase="ci",
-        )
-        check = report.checks[0]
-        state = "success" if report.passed else "failure"
-        evidence = write_evidence(env, task.id, task.head_commit, check)
-        description = (
-            f"./ci/run {check['status']} (exit {check['exit_code']}) at "
-            f"{task.head_commit[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
-        )
-        worker.create_status(
-            repo.owner,
-            repo.name,
-            task.head_commit,
-            state=state,
-            context=CI_CONTEXT,
-            description=description[:140],
-            target_url=evidence.as_uri(),
-        )
-        move(
-            db,
-            task,
-            "awaiting_ci",
-            "awaiting_review" if report.passed else "failed",
-            "ci.finished",
-            {"state": state, "head": task.head_commit, "pr": delivery.pr},
-        )
-        return {
-            "task": task.id,
-            "pr": delivery.pr,
-            "head": task.head_commit,
-            "state": state,
-            "check": check,
-            "evidence": str(evidence),
-        }
+        head, base = task.head_commit, task.base_commit
+        assert head is not None
+        assert base is not None
+        pending = False
+
+        def terminal_error(reason: str) -> None:
+            if pending:
+                post_ci_error(env, delivery, head, reason)
+
+        with step_guard(env, db, task, "ci", {"head": head}, terminal_error) as guard:
+            worker = ForgeAccess(env.loaded).required("worker")
+            pull_at_head(worker, delivery)
+            worker.create_status(
+                repo.owner,
+                repo.name,
+                head,
+                state="pending",
+                context=CI_CONTEXT,
+                description="./ci/run is running",
+            )
+            pending = True
+            failpoint("ci.after_pending")
+            report = run_checks(
+                db,
+                GitCache(env.state_dir),
+                index=repo.index,
+                head=head,
+                base=base,
+                task_id=task.id,
+                scope=task.scope_fingerprint,
+                requirements=[Requirement("ci", ("./ci/run",))],
+                phase="ci",
+            )
+            check = report.checks[0]
+            state = "success" if report.passed else "failure"
+            evidence = write_evidence(env, task.id, head, check)
+            description = (
+                f"./ci/run {check['status']} (exit {check['exit_code']}) at "
+                f"{head[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
+            )
+            worker.create_status(
+                repo.owner,
+                repo.name,
+                head,
+                state=state,
+                context=CI_CONTEXT,
+                description=description[:140],
+                target_url=evidence.as_uri(),
+            )
+            pending = False
+            guard.finish("succeeded" if report.passed else "failed", f"./ci/run {state}")
+            move(
+                db,
+                task,
+                S.AWAITING_CI,
+                S.AWAITING_REVIEW if report.passed else S.FAILED,
+                "ci.finished",
+                {"state": state, "head": head, "pr": delivery.pr},
+            )
+        follow_up_if_asked(env)
+        return CiReport(task.id, delivery.pr, head, state, check, str(evidence))
     finally:
         db.dispose()

@@ -8,80 +8,122 @@ last window. The merge commit is recorded as evidence.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import CI_CONTEXT, load_delivery, move, pull_at_head, record
+from aiworker.core.delivery.pull import (
+    CI_CONTEXT,
+    Delivery,
+    load_delivery,
+    move,
+    pull_at_head,
+    record,
+)
+from aiworker.core.delivery.steps import step_guard
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.discovery import authorize
+from aiworker.core.report import Report
+from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
+from aiworker.runtime.failpoints import failpoint
+from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
 
 
-def merge(env: Environment, task_id: int) -> dict[str, Any]:
+@dataclass
+class MergeReport(Report):
+    task: int
+    pr: int
+    head: str
+    merge_commit: str | None
+    merged_at: str | None
+
+
+def merge(env: Environment, task_id: int) -> MergeReport:
     db = env.open_database()
     try:
-        delivery = load_delivery(db, task_id, "approved")
-        task, repo = delivery.task, delivery.repo
-        head = task.head_commit
-        assert head is not None
-        assert task.base_commit is not None
-        access = ForgeAccess(env.loaded)
-        reviewer = access.required("reviewer")
-        reviewer_login = access.logins["reviewer"]
-        pull_at_head(reviewer, delivery)
-        reasons = []
-        reviews = reviewer.reviews(repo.owner, repo.name, delivery.pr)
-        if not any(
-            r.state == "APPROVED"
-            and r.commit_id == head
-            and r.user is not None
-            and r.user.login == reviewer_login
-            for r in reviews
-        ):
-            reasons.append(f"no APPROVED review by {reviewer_login} on {head}")
-        statuses = reviewer.combined_status(repo.owner, repo.name, head).statuses
-        if not any(s.context == CI_CONTEXT and s.status == "success" for s in statuses):
-            reasons.append(f"no successful '{CI_CONTEXT}' status on {head}")
-        worker = access.required("worker")
-        issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-        decision = authorize(
-            worker,
-            PermissionReader(access.optional("operator"), access.bots()),
-            env.loaded.config,
-            repo.owner,
-            repo.name,
-            task.kind,
-            issue,
-            access.logins["worker"],
-        )
-        if not decision.authorized:
-            reasons.append(f"authorisation no longer holds: {decision.reason}")
+        delivery = load_delivery(db, task_id, S.APPROVED)
+        task = delivery.task
+        assert task.head_commit is not None
+        with step_guard(env, db, task, "merge", {"head": task.head_commit}) as guard:
+            report = _merge(env, db, delivery)
+            guard.finish("succeeded", f"merged as {report.merge_commit}")
+        return report
+    finally:
+        db.dispose()
+
+
+def _refusals(env: Environment, access: ForgeAccess, delivery: Delivery) -> list[str]:
+    """Why the PR may not be merged now; empty when it may."""
+    task, repo = delivery.task, delivery.repo
+    head = task.head_commit
+    reviewer = access.required("reviewer")
+    reviewer_login = access.logins["reviewer"]
+    reasons = []
+    reviews = reviewer.reviews(repo.owner, repo.name, delivery.pr)
+    if not any(
+        r.state == "APPROVED"
+        and r.commit_id == head
+        and r.user is not None
+        and r.user.login == reviewer_login
+        for r in reviews
+    ):
+        reasons.append(f"no APPROVED review by {reviewer_login} on {head}")
+    statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
+    if not any(s.context == CI_CONTEXT and s.status == "success" for s in statuses):
+        reasons.append(f"no successful '{CI_CONTEXT}' status on {head}")
+    worker = access.required("worker")
+    issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+    decision = authorize(
+        worker,
+        PermissionReader(access.optional("operator"), access.bots()),
+        env.loaded.config,
+        repo.owner,
+        repo.name,
+        task.kind,
+        issue,
+        access.logins["worker"],
+    )
+    if not decision.authorized:
+        reasons.append(f"authorisation no longer holds: {decision.reason}")
+    return reasons
+
+
+def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
+    task, repo = delivery.task, delivery.repo
+    head = task.head_commit
+    assert head is not None
+    assert task.base_commit is not None
+    access = ForgeAccess(env.loaded)
+    reviewer = access.required("reviewer")
+    pull = pull_at_head(reviewer, delivery)
+    if not pull.merged:  # merged already: a run that died after the request
+        reasons = _refusals(env, access, delivery)
         if reasons:
             record(db, task, "merge.refused", {"reasons": reasons})
             raise Conflict(f"task {task.id} is not mergeable: " + "; ".join(reasons))
         reviewer.merge_pull(repo.owner, repo.name, delivery.pr, style="merge", head_commit_id=head)
-        merged = reviewer.pull(repo.owner, repo.name, delivery.pr)
-        evidence = {
-            "pr": delivery.pr,
-            "head": head,
-            "merge_commit": merged.merge_commit_sha,
-            "merged_at": merged.merged_at.isoformat() if merged.merged_at else None,
-        }
-        with db.write() as session:
-            add_receipt(
-                session,
-                task_id=task.id,
-                phase="merge",
-                head=head,
-                base=task.base_commit,
-                scope=task.scope_fingerprint,
-                check_id=None,
-                outcome="merged",
-                body=evidence,
-            )
-        move(db, task, "approved", "done", "merge.done", evidence)
-        return {"task": task.id, **evidence}
-    finally:
-        db.dispose()
+        failpoint("merge.after_request")
+        pull = reviewer.pull(repo.owner, repo.name, delivery.pr)
+    merged_at = pull.merged_at.isoformat() if pull.merged_at else None
+    evidence = {
+        "pr": delivery.pr,
+        "head": head,
+        "merge_commit": pull.merge_commit_sha,
+        "merged_at": merged_at,
+    }
+    with db.write() as session:
+        add_receipt(
+            session,
+            task_id=task.id,
+            phase="merge",
+            head=head,
+            base=task.base_commit,
+            scope=task.scope_fingerprint,
+            check_id=None,
+            outcome="merged",
+            body=evidence,
+        )
+    move(db, task, S.APPROVED, S.DONE, "merge.done", evidence)
+    return MergeReport(task.id, delivery.pr, head, pull.merge_commit_sha, merged_at)

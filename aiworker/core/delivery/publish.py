@@ -11,42 +11,45 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.context import Environment
-from aiworker.core.evidence.gate import publication_allowed, requirements_from_issue
+from aiworker.core.delivery.steps import step_guard
+from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import PermissionReader
-from aiworker.core.intake.discovery import authorize, fingerprint
+from aiworker.core.intake.discovery import authorize
+from aiworker.core.intake.scope import fingerprint, requirements_from_issue
+from aiworker.core.report import Report
+from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
+from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.publications import advance_publication, current_publication, save_intent
-from aiworker.store.tasks import append_event, transition
+from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
 
 
 @dataclass
-class PublishReport:
+class PublishReport(Report):
     task: int
     pr: int | None
     branch: str
     head: str
     created: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
 
 def owned_by(pull: PullRequest, task_id: int) -> bool:
     return f"<!-- aiworker:task={task_id} " in pull.body
 
 
-def _refuse(db: Any, task: Task, reason: str) -> None:
+def _refuse(db: Database, task: Task, reason: str) -> None:
     with db.write() as session:
         append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
     raise Conflict(f"task {task.id} cannot be published: {reason}")
@@ -54,7 +57,7 @@ def _refuse(db: Any, task: Task, reason: str) -> None:
 
 def _preconditions(
     env: Environment,
-    db: Any,
+    db: Database,
     task: Task,
     repo: Repository,
     access: ForgeAccess,
@@ -109,52 +112,60 @@ def publish(env: Environment, task_id: int) -> PublishReport:
             raise InvalidInput(f"no task {task_id}")
         if task.state != "implemented" or not task.head_commit:
             raise Conflict(f"task {task_id} is {task.state}; only implemented work is published")
-        access = ForgeAccess(env.loaded)
-        worker = access.required("worker")
-        issue, default_branch = _preconditions(env, db, task, repo, access, worker)
-        branch = f"aiworker/task-{task.id}"
-        with db.write() as session:
-            publication = current_publication(session, task.id)
-            if publication is None:
-                intent = secrets.token_hex(8)
-                publication = save_intent(
-                    session,
-                    task.id,
-                    intent,
-                    MARKER.format(task=task.id, intent=intent),
-                    branch,
-                    task.head_commit,
-                )
-            publication_id, marker = publication.id, publication.ownership_marker
-        clone_url = worker.repository(repo.owner, repo.name).clone_url
-        GitCache(env.state_dir).push(
-            repo.index, task.head_commit, clone_url, access.token("worker"), branch
-        )
-        pushed = worker.branch(repo.owner, repo.name, branch).commit.id
-        if pushed != task.head_commit:
-            _refuse(db, task, f"the pushed branch reads back {pushed}, not {task.head_commit}")
-        with db.write() as session:
-            advance_publication(session, publication_id, "pushed")
-        pull, created = _open_or_update(worker, repo, task, issue, branch, default_branch, marker)
-        failpoint("publish.after_request")
-        with db.write() as session:
-            advance_publication(session, publication_id, "opened", pull.number)
-            current = session.get(Task, task.id)
-            assert current is not None
-            transition(
-                session,
-                task.id,
-                current.version,
-                "implemented",
-                "awaiting_ci",
-                actor="publish",
-                kind="task.published",
-                data={"pr": pull.number, "head": task.head_commit, "created": created},
-            )
+        with step_guard(env, db, task, "publish", {"head": task.head_commit}) as guard:
+            report = _publish(env, db, task, repo)
+            guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
         failpoint("publish.after_record")
-        return PublishReport(task.id, pull.number, branch, task.head_commit, created)
+        follow_up_if_asked(env)
+        return report
     finally:
         db.dispose()
+
+
+def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> PublishReport:
+    assert task.head_commit is not None
+    access = ForgeAccess(env.loaded)
+    worker = access.required("worker")
+    issue, default_branch = _preconditions(env, db, task, repo, access, worker)
+    branch = f"aiworker/task-{task.id}"
+    with db.write() as session:
+        publication = current_publication(session, task.id)
+        if publication is None:
+            intent = secrets.token_hex(8)
+            publication = save_intent(
+                session,
+                task.id,
+                intent,
+                MARKER.format(task=task.id, intent=intent),
+                branch,
+                task.head_commit,
+            )
+        publication_id, marker = publication.id, publication.ownership_marker
+    clone_url = worker.repository(repo.owner, repo.name).clone_url
+    GitCache(env.state_dir).push(
+        repo.index, task.head_commit, clone_url, access.token("worker"), branch
+    )
+    pushed = worker.branch(repo.owner, repo.name, branch).commit.id
+    if pushed != task.head_commit:
+        _refuse(db, task, f"the pushed branch reads back {pushed}, not {task.head_commit}")
+    with db.write() as session:
+        advance_publication(session, publication_id, "pushed")
+    pull, created = _open_or_update(worker, repo, task, issue, branch, default_branch, marker)
+    failpoint("publish.after_request")
+    with db.write() as session:
+        advance_publication(session, publication_id, "opened", pull.number)
+        task.version = advance(
+            session,
+            task.id,
+            S.IMPLEMENTED,
+            task.version,
+            S.AWAITING_CI,
+            f"published as PR #{pull.number}",
+            actor="publish",
+            kind="task.published",
+            data={"pr": pull.number, "head": task.head_commit, "created": created},
+        )
+    return PublishReport(task.id, pull.number, branch, task.head_commit, created)
 
 
 def _open_or_update(

@@ -7,10 +7,12 @@ from typing import Any
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.core.tasks.lifecycle import advance
 from aiworker.errors import Conflict, InvalidInput
+from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.publications import current_publication
-from aiworker.store.tasks import append_event, transition
+from aiworker.store.tasks import append_event
 
 CI_CONTEXT = "aiworker / ci"
 
@@ -22,7 +24,7 @@ class Delivery:
     pr: int
 
 
-def load_delivery(db: Any, task_id: int, state: str) -> Delivery:
+def load_delivery(db: Database, task_id: int, state: str) -> Delivery:
     with db.read() as session:
         task = session.get(Task, task_id)
         repo = session.get(Repository, task.repository_id) if task else None
@@ -48,24 +50,23 @@ def pull_at_head(client: ForgejoClient, delivery: Delivery) -> PullRequest:
 
 
 def move(
-    db: Any, task: Task, from_state: str, to_state: str, kind: str, data: dict[str, Any]
+    db: Database, task: Task, from_state: str, to_state: str, kind: str, data: dict[str, Any]
 ) -> None:
+    """Advance TASK as this step loaded it; a task that moved meanwhile refuses the move."""
     with db.write() as session:
-        current = session.get(Task, task.id)
-        assert current is not None
-        if not transition(
+        task.version = advance(
             session,
             task.id,
-            current.version,
             from_state,
+            task.version,
             to_state,
+            kind,
             actor=kind.split(".", maxsplit=1)[0],
             kind=kind,
             data=data,
-        ):
-            raise Conflict(f"task {task.id} changed meanwhile")
+        )
 
 
-def record(db: Any, task: Task, kind: str, data: dict[str, Any]) -> None:
+def record(db: Database, task: Task, kind: str, data: dict[str, Any]) -> None:
     with db.write() as session:
         append_event(session, kind, task_id=task.id, data=data)

@@ -1,7 +1,7 @@
 """The quality gate: the host re-runs every required check itself on the exact result head.
 
-Requirements come from the issue (a fenced `aiworker-checks` block of
-`check_id: ./ci/run ARGS` lines) or default to the repository's `./ci/run`.
+Requirements come from the issue (intake/scope.py: a fenced `aiworker-checks`
+block of `check_id: ./ci/run ARGS` lines) or default to the repository's `./ci/run`.
 Each check runs through the runner execution core in a fresh checkout of the
 head, and a receipt binds its outcome to the full head and base hashes and the
 scope fingerprint. Publication needs a passing receipt for every check with
@@ -11,8 +11,6 @@ a finding.
 
 from __future__ import annotations
 
-import re
-import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -20,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.contracts.runner import ENTRYPOINT_SELECTOR, JobRequest
+from aiworker.contracts.runner import JobRequest
+from aiworker.core.intake.scope import Requirement
 from aiworker.core.runner.execute import RunnerSettings, execute_request
-from aiworker.errors import InvalidInput
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.runtime.processes import run_command
@@ -30,16 +28,7 @@ from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt, receipts_for
 
 PHASE = "validation"
-BLOCK = re.compile(r"```aiworker-checks[^\n]*\n(.*?)```", re.DOTALL)
-CHECK_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
-
-
-@dataclass(frozen=True)
-class Requirement:
-    check_id: str
-    argv: tuple[str, ...]
-    expected_exit_code: int = 0
 
 
 @dataclass
@@ -49,27 +38,6 @@ class GateReport:
     passed: bool
     checks: list[dict[str, Any]] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
-
-
-def requirements_from_issue(body: str) -> list[Requirement]:
-    """The checks an issue asks for, or the repository's ./ci/run."""
-    found = BLOCK.search(body or "")
-    if not found:
-        return [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
-    requirements = []
-    for number, line in enumerate(found.group(1).splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        check_id, sep, command = line.partition(":")
-        argv = tuple(shlex.split(command))
-        if not sep or not CHECK_ID.match(check_id.strip()) or not argv:
-            raise InvalidInput(f"aiworker-checks line {number}: expected 'check_id: ./ci/run ARGS'")
-        if argv[0] != ENTRYPOINT_SELECTOR:
-            raise InvalidInput(f"aiworker-checks line {number}: checks run {ENTRYPOINT_SELECTOR}")
-        requirements.append(Requirement(check_id.strip(), argv))
-    if len({r.check_id for r in requirements}) != len(requirements):
-        raise InvalidInput("aiworker-checks: each check id may appear once")
-    return requirements or [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
 
 
 def _checkout(cache: GitCache, index: int, head: str, target: Path) -> None:

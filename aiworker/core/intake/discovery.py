@@ -7,8 +7,6 @@ identity). A second poll with nothing changed writes nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,25 +23,12 @@ from aiworker.core.intake.authorization import (
     decide,
     label_actor,
 )
-from aiworker.store.discovery import pause_task, record_discovered, tasks_of
+from aiworker.core.intake.recording import pause_task, record_discovered
+from aiworker.core.intake.scope import fingerprint
+from aiworker.store.discovery import tasks_of
 from aiworker.store.task_records import ensure_repository
 
 log = logging.getLogger(__name__)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")
-
-
-def fingerprint(issue: Issue) -> str:
-    """What the requirements are: title, body, labels and eligible images."""
-    images = sorted(
-        (a.name, a.size, a.uuid) for a in issue.assets if a.name.lower().endswith(IMAGE_SUFFIXES)
-    )
-    document = {
-        "title": issue.title,
-        "body": issue.body,
-        "labels": sorted(issue.label_names),
-        "images": images,
-    }
-    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass

@@ -1,55 +1,50 @@
 """`aiworker implement --task ID --slot N`: one implementation attempt, start to receipt.
 
-Pin the base in the git cache, prepare a workspace, choose a provider by
-admission, run the phase with a deadline and a private home, validate the
-result document, import the result bundle (it must descend from the base), and
-let the quality gate re-run the checks and write receipts. A quota failure
-keeps the work, refunds the attempt and hands the task back so the next tick
-can choose another provider.
+The task moves claimed -> running; then, before any provider runs, the base is
+pinned and the issue's inputs are checked (a problem there moves the task to
+needs_input with a comment, spending nothing) and the budget is read. A provider
+is chosen by admission and run in a disposable workspace inside the phase guard;
+its result is validated, its commits imported (they must descend from the base)
+and the quality gate re-runs the checks. The task's last move compares against
+the version this phase set: if poll paused it or an operator cancelled it
+meanwhile, that decision stands and the result is retained with the reason.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from aiworker.contracts.agent import AgentResult
-from aiworker.core.context import Environment
-from aiworker.core.evidence.gate import requirements_from_issue, run_gate
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.phases.run import RunReport, run_provider
-from aiworker.core.providers.admission import provider_settings, select_provider
-from aiworker.core.providers.registry import (
-    backoffs,
-    capability_check,
-    observe,
-    provider_for,
-    read_provider,
-)
-from aiworker.errors import Conflict, InvalidInput, Unavailable
+from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
+from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.prompts import implementation_prompt
+from aiworker.core.report import Report
+from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.budgets import RELEASE, land_after_failure, spent
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Conflict, InvalidInput
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
-from aiworker.runtime.workspace import LocalBackend
-from aiworker.store.attempts import finish_attempt, providers_tried_at, start_attempt
+from aiworker.store.attempts import providers_tried_at
+from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.observations import record_run, running_jobs
-from aiworker.store.tasks import append_event, transition
 
 log = logging.getLogger(__name__)
-BACKEND = LocalBackend()
 PHASE = "implementation"
 # Failures after which another try (maybe another provider) may succeed.
 RETRYABLE = ("quota_exhausted", "transient", "auth", "over_budget")
 
 
 @dataclass
-class ImplementReport:
+class ImplementReport(Report):
     task: int
-    outcome: str
+    outcome: str  # implemented | ready | failed | needs_input | unavailable | retained
     provider: str | None = None
     attempt: int | None = None
     base: str | None = None
@@ -57,237 +52,261 @@ class ImplementReport:
     gate: dict[str, Any] | None = None
     reason: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    state: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+    @property
+    def exit_code(self) -> int:
+        if self.outcome == "implemented":
+            return EXIT_OK
+        return EXIT_UNAVAILABLE if self.outcome == "unavailable" else EXIT_FAILED
 
 
-def _load(db: Any, task_id: int, slot: int) -> tuple[Task, Repository]:
+@dataclass
+class Running:
+    """The task as this phase left it: every later move compares against this version."""
+
+    task: Task
+    repo: Repository
+    slot: int
+    version: int
+
+
+def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
     with db.read() as session:
         task = session.get(Task, task_id)
         if task is None:
             raise InvalidInput(f"no task {task_id}")
         repo = session.get(Repository, task.repository_id)
         assert repo is not None
-    if task.state != "claimed" or task.claim_slot != slot:
+    if task.state != S.CLAIMED or task.claim_slot != slot:
         raise Conflict(
             f"task {task_id} is {task.state} on slot {task.claim_slot}, not claimed on slot {slot}"
         )
     return task, repo
 
 
-def _move(db: Any, task: Task, to_state: str, reason: str, **changes: Any) -> None:
-    with db.write() as session:
-        current = session.get(Task, task.id)
-        assert current is not None
-        if not transition(
-            session,
-            task.id,
-            current.version,
-            current.state,
-            to_state,
-            actor="implement",
-            data={"reason": reason},
-            **changes,
-        ):
-            raise Conflict(f"task {task.id} changed while implementing; stopping")
-
-
 def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
-    config = env.loaded.config
     db = env.open_database()
     try:
         task, repo = _load(db, task_id, slot)
-        _move(db, task, "running", f"implementing on slot {slot}")
-        release = {"claim_slot": None, "claim_token": None, "claimed_at": None}
-        access = ForgeAccess(env.loaded)
-        worker = access.required("worker")
-        issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-        forge_repo = worker.repository(repo.owner, repo.name)
-        cache = GitCache(env.state_dir)
-        cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
-        base = cache.pin(
-            repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}"
-        )
-        simple = config.labels.simple in issue.label_names
-        now = datetime.now(UTC)
-        with db.read() as session:
-            running = running_jobs(session)
-            backoff = backoffs(session, config.providers)
-            tried = providers_tried_at(session, task.id, base)
-        selection = select_provider(
-            config,
-            PHASE,
-            lambda n: read_provider(env, n, now),
-            running,
-            now,
-            simple=simple,
-            backoff=backoff,
-            capable=capability_check(env, PHASE, simple=simple, tried_here=tried),
-        )
-        observe(db, selection.decisions)
-        decisions = [
-            {"provider": d.provider, "eligible": d.eligible, "reason": d.reason}
-            for d in selection.decisions
-        ]
-        if selection.provider is None:
-            _move(db, task, "ready", "no provider is eligible now", **release)
-            raise Unavailable(
-                "no provider is eligible for implementation now"
-                + ("; inference is suspended" if selection.suspended else "")
-            )
-        name = selection.provider
-        settings = provider_settings(config, PHASE, name, simple=simple)
-        model = settings.model if settings else None
-        effort = settings.effort if settings else None
+        hold_job_lock(env, f"slot-{slot}")
         with db.write() as session:
-            attempt_id = start_attempt(
+            version = advance(
                 session,
                 task.id,
-                PHASE,
-                name,
-                model,
-                effort,
-                {**(settings.model_dump() if settings else {}), "base": base, "simple": simple},
+                S.CLAIMED,
+                task.version,
+                S.RUNNING,
+                f"implementing on slot {slot}",
+                actor="implement",
             )
-            append_event(
-                session,
-                "attempt.started",
-                task_id=task.id,
-                actor=name,
-                data={"attempt": attempt_id, "phase": PHASE, "base": base},
+        running = Running(task, repo, slot, version)
+
+        def recover(reason: str) -> None:
+            land_after_failure(
+                env, db, task.id, S.RUNNING, running.version, PHASE, reason, retry_state=S.READY
             )
-        report = ImplementReport(task.id, "running", name, attempt_id, base, decisions=decisions)
-        workspaces = env.state_dir / "workspaces"
-        workspaces.mkdir(mode=0o700, exist_ok=True)
-        root = workspaces / f"task-{task.id}-attempt-{attempt_id}"
-        bundle = cache.bundle_out(
-            repo.index,
-            slot,
-            env.state_dir / "workspaces" / f"task-{task.id}-attempt-{attempt_id}.bundle",
-        )
-        prompt = (
-            f"# {issue.title}\n\n{issue.body}\n\nWork on branch `work`; commit your "
-            "changes; finish with the result document.\n"
-        )
-        schema = json.dumps(AgentResult.model_json_schema())
-        workspace = BACKEND.prepare(
-            root,
-            bundle,
-            f"refs/aiworker/slot-{slot}/base",
-            {
-                "prompt.md": prompt,
-                "result-schema.json": schema,
-                "context.json": json.dumps(
-                    {"repository": f"{repo.owner}/{repo.name}", "issue": issue.number, "base": base}
-                ),
-                "settings.json": json.dumps({"provider": name, "model": model, "effort": effort}),
-            },
-        )
-        bundle.unlink(missing_ok=True)
-        run = run_provider(
-            provider_for(env, name), workspace, model, effort, attempt_id, backend=BACKEND
-        )
-        return _conclude(db, cache, task, repo, slot, issue.body, report, workspace, run, release)
+
+        with PhaseGuard(db, task.id, PHASE, recover, BACKEND) as guard:
+            report = _implement(env, db, guard, running)
+        if report.outcome != "unavailable":
+            follow_up_if_asked(env)
+        return report
     finally:
         db.dispose()
 
 
+def _land(db: Database, running: Running, to_state: str, reason: str, **changes: Any) -> bool:
+    """The phase's last move; False when the task moved on meanwhile (its decision stands)."""
+    try:
+        with db.write() as session:
+            running.version = advance(
+                session,
+                running.task.id,
+                S.RUNNING,
+                running.version,
+                to_state,
+                reason,
+                actor="implement",
+                **{**RELEASE, **changes},
+            )
+    except TransitionRefused:
+        return False
+    return True
+
+
+def _implement(
+    env: Environment, db: Database, guard: PhaseGuard, running: Running
+) -> ImplementReport:
+    task, repo, slot = running.task, running.repo, running.slot
+    access = ForgeAccess(env.loaded)
+    worker = access.required("worker")
+    issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+    forge_repo = worker.repository(repo.owner, repo.name)
+    cache = GitCache(env.state_dir)
+    cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
+    base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")
+    report = ImplementReport(task.id, "running", base=base)
+    problems = check_inputs(issue, cache, repo.index, base)
+    if problems:
+        return _needs_input(env, db, running, report, problems)
+    if fingerprint(issue) != task.scope_fingerprint:
+        reason = "the issue changed since it was scoped; the next poll records the new scope"
+        return _ended(db, running, report, S.READY, "ready", reason)
+    used, allowed = spent(env, db, task.id, PHASE)
+    if used >= allowed:
+        guard.recover(f"no {PHASE} attempts left ({used} of {allowed} used)")
+        report.outcome, report.reason, report.state = "failed", "budget spent", S.FAILED
+        return report
+    simple = env.loaded.config.labels.simple in issue.label_names
+    with db.read() as session:
+        tried = providers_tried_at(session, task.id, base)
+    admission = admit(env, db, PHASE, simple=simple, tried_here=tried)
+    report.decisions = admission.decisions
+    if admission.provider is None:
+        reason = "no provider is eligible for implementation now" + (
+            "; inference is suspended" if admission.suspended else ""
+        )
+        return _ended(db, running, report, S.READY, "unavailable", reason)
+    bundle = cache.bundle_out(
+        repo.index, slot, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
+    )
+    run = run_model_phase(
+        env,
+        db,
+        guard,
+        admission,
+        bundle=bundle,
+        ref=f"refs/aiworker/slot-{slot}/base",
+        inputs={
+            "prompt.md": implementation_prompt(issue),
+            "context.json": _context(repo, issue.number, base),
+        },
+        recorded={"base": base, "simple": simple},
+    )
+    report.provider, report.attempt = run.provider, run.attempt
+    return _conclude(env, db, guard, running, cache, issue.body, report, run)
+
+
+def _context(repo: Repository, issue: int, base: str) -> str:
+    import json
+
+    return json.dumps({"repository": f"{repo.owner}/{repo.name}", "issue": issue, "base": base})
+
+
+def _ended(
+    db: Database, running: Running, report: ImplementReport, state: str, outcome: str, reason: str
+) -> ImplementReport:
+    """End before any attempt started: nothing was spent."""
+    _land(db, running, state, reason)
+    report.outcome, report.reason, report.state = outcome, reason, state
+    return report
+
+
+def _needs_input(
+    env: Environment, db: Database, running: Running, report: ImplementReport, problems: list[str]
+) -> ImplementReport:
+    reason = "; ".join(problems)
+    if _land(db, running, S.NEEDS_INPUT, reason):
+        comment_on_issue(
+            env,
+            db,
+            running.task.id,
+            "aiworker cannot start on this issue yet; nothing was run. Please fix:\n"
+            + "\n".join(f"- {p}" for p in problems)
+            + "\n\nEditing the issue makes it eligible again.",
+        )
+    report.outcome, report.reason, report.state = "needs_input", reason, S.NEEDS_INPUT
+    return report
+
+
 def _conclude(
-    db: Any,
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    running: Running,
     cache: GitCache,
-    task: Task,
-    repo: Repository,
-    slot: int,
     body: str,
     report: ImplementReport,
-    workspace: Any,
-    run: RunReport,
-    release: dict[str, Any],
+    run: ModelRun,
 ) -> ImplementReport:
-    assert report.attempt is not None
-    assert report.provider is not None
-    outcome_bundle = BACKEND.result_bundle(workspace, workspace.root / "result.bundle")
+    repo, slot = running.repo, running.slot
+    outcome_bundle = BACKEND.result_bundle(run.workspace, run.workspace.root / "result.bundle")
     if run.failure is not None:
         quota = run.failure == "quota_exhausted"
-        with db.write() as session:
-            finish_attempt(session, report.attempt, run.failure, refunded=quota)
-            record_run(session, report.provider, run.failure, run.reason)
         if quota and outcome_bundle is not None:
             report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
-        BACKEND.teardown(workspace, preserve=quota)
-        _move(
+            guard.keep("a quota failure keeps its work for the next provider")
+        guard.finish(run.failure, run.reason, refunded=quota)
+        retry = run.failure in RETRYABLE
+        report.outcome, report.reason = run.failure if retry else "failed", run.reason
+        landed = land_after_failure(
+            env,
             db,
-            task,
-            "ready" if run.failure in RETRYABLE else "failed",
+            running.task.id,
+            S.RUNNING,
+            running.version,
+            PHASE,
             f"{run.failure}: {run.reason}",
-            **release,
+            retry_state=S.READY if retry else S.FAILED,
         )
-        report.outcome, report.reason = run.failure, run.reason
+        report.state = landed or "unchanged"
         return report
-    try:
-        result = AgentResult.model_validate(run.result)
-    except ValidationError as exc:
-        first = exc.errors(include_input=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(document)"
-        return _fail(
-            db,
-            task,
-            report,
-            workspace,
-            release,
-            f"malformed result document: {where}: {first['msg']}",
-        )
     if outcome_bundle is None:
-        return _fail(db, task, report, workspace, release, "the agent made no commits")
+        return _failed(db, guard, running, report, "the agent made no commits")
     try:
         report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
     except AncestryRejected as exc:
-        return _fail(db, task, report, workspace, release, exc.message)
+        return _failed(db, guard, running, report, exc.message)
+    assert run.result is not None
     gate = run_gate(
         db,
         cache,
         index=repo.index,
         slot=slot,
-        task_id=task.id,
-        scope=task.scope_fingerprint,
+        task_id=running.task.id,
+        scope=running.task.scope_fingerprint,
         requirements=requirements_from_issue(body),
-        claimed=result,
+        claimed=run.result,
     )
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
-    with db.write() as session:
-        finish_attempt(session, report.attempt, "succeeded" if gate.passed else "gate_failed")
-        record_run(session, report.provider, "ok", "")
-    BACKEND.teardown(workspace, preserve=False)
-    state = "implemented" if gate.passed and result.completion == "complete" else "failed"
-    _move(
-        db,
-        task,
-        state,
-        "quality gate passed"
-        if state == "implemented"
-        else "quality gate failed or the agent did not complete",
-        base_commit=report.base,
-        head_commit=report.head,
-        **release,
+    guard.finish("succeeded" if gate.passed else "gate_failed", "; ".join(gate.findings))
+    complete = gate.passed and run.result.completion == "complete"
+    state = S.IMPLEMENTED if complete else S.FAILED
+    reason = (
+        "quality gate passed" if complete else "quality gate failed or the agent did not complete"
     )
-    report.outcome = state
+    if not _land(db, running, state, reason, base_commit=report.base, head_commit=report.head):
+        return _retained(db, guard, running, report)
+    report.outcome, report.reason, report.state = str(state), reason, state
     return report
 
 
-def _fail(
-    db: Any,
-    task: Task,
-    report: ImplementReport,
-    workspace: Any,
-    release: dict[str, Any],
-    reason: str,
+def _failed(
+    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport, reason: str
 ) -> ImplementReport:
-    assert report.attempt is not None
-    with db.write() as session:
-        finish_attempt(session, report.attempt, "failed")
-    BACKEND.teardown(workspace, preserve=False)
-    _move(db, task, "failed", reason, **release)
-    report.outcome, report.reason = "failed", reason
-    log.warning("task %d: %s", task.id, reason)
+    guard.finish("failed", reason)
+    if not _land(db, running, S.FAILED, reason):
+        return _retained(db, guard, running, report)
+    report.outcome, report.reason, report.state = "failed", reason, S.FAILED
+    log.warning("task %d: %s", running.task.id, reason)
+    return report
+
+
+def _retained(
+    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport
+) -> ImplementReport:
+    """The task moved on while the phase ran (paused, cancelled): keep the result."""
+    with db.read() as session:
+        now = session.get(Task, running.task.id)
+    state = now.state if now else "gone"
+    reason = f"the task became {state} while the phase ran; its result is retained"
+    guard.keep(reason)
+    if now is not None and now.state == S.RUNNING and now.claim_token == running.task.claim_token:
+        # Still ours, but poll recorded a new scope meanwhile: the result answers the old one.
+        reason = "the issue changed while the phase ran; its result is retained"
+        running.version = now.version
+        if _land(db, running, S.READY, reason):
+            state = S.READY
+    report.outcome, report.reason, report.state = "retained", reason, state
     return report

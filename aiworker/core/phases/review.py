@@ -1,41 +1,53 @@
 """`aiworker review --task ID`: an independent review of the PR head by the reviewer identity.
 
 The review phase runs with its own provider settings on a read-only workspace
-of the exact head; its result document decides the formal review: blocking
-findings (major, blocker) or an incomplete review request changes, anything
-else approves. The review is posted on the head commit it inspected.
+of the exact head, inside the phase guard; its result document decides the
+formal review: blocking findings (major, blocker) or an incomplete review
+request changes, anything else approves. The review is posted on the head
+commit it inspected. A failed review attempt leaves the task awaiting review
+while its budget lasts, then fails it with a comment.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.context import Environment
+from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.phases.run import run_provider
-from aiworker.core.providers.admission import provider_settings, select_provider
-from aiworker.core.providers.registry import (
-    backoffs,
-    capability_check,
-    observe,
-    provider_for,
-    read_provider,
-)
-from aiworker.errors import Unavailable
+from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.prompts import review_prompt
+from aiworker.core.report import Report
+from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
 from aiworker.runtime.gitcache import GitCache
-from aiworker.runtime.workspace import LocalBackend
-from aiworker.store.attempts import finish_attempt, start_attempt
-from aiworker.store.observations import record_run, running_jobs
 
 PHASE = "review"
-BACKEND = LocalBackend()
 BLOCKING = ("major", "blocker")
+
+
+@dataclass
+class ReviewReport(Report):
+    task: int
+    pr: int
+    event: str | None = None  # APPROVED | REQUEST_CHANGES; None when nothing was posted
+    review: int | None = None
+    provider: str | None = None
+    reason: str = ""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    state: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        if self.event == "APPROVED":
+            return EXIT_OK
+        return EXIT_UNAVAILABLE if self.reason.startswith("no provider") else EXIT_FAILED
 
 
 def review_body(result: AgentResult) -> str:
@@ -50,114 +62,89 @@ def review_body(result: AgentResult) -> str:
     return "\n".join(lines)
 
 
-def review(env: Environment, task_id: int) -> dict[str, Any]:
-    config = env.loaded.config
+def review(env: Environment, task_id: int) -> ReviewReport:
     db = env.open_database()
     try:
-        delivery = load_delivery(db, task_id, "awaiting_review")
+        delivery = load_delivery(db, task_id, S.AWAITING_REVIEW)
+        hold_job_lock(env, f"task-{task_id}")
         task, repo = delivery.task, delivery.repo
-        assert task.head_commit is not None
-        access = ForgeAccess(env.loaded)
-        reviewer = access.required("reviewer")
-        pull = pull_at_head(reviewer, delivery)
-        now = datetime.now(UTC)
-        with db.read() as session:
-            running = running_jobs(session)
-            backoff = backoffs(session, config.providers)
-        selection = select_provider(
-            config,
-            PHASE,
-            lambda n: read_provider(env, n, now),
-            running,
-            now,
-            backoff=backoff,
-            capable=capability_check(env, PHASE),
-        )
-        observe(db, selection.decisions)
-        if selection.provider is None:
-            raise Unavailable("no provider is eligible for review now")
-        name = selection.provider
-        settings = provider_settings(config, PHASE, name)
-        model, effort = (settings.model, settings.effort) if settings else (None, None)
-        with db.write() as session:
-            attempt = start_attempt(
-                session,
+        head = task.head_commit
+        assert head is not None
+        report = ReviewReport(task.id, delivery.pr, state=S.AWAITING_REVIEW)
+
+        def recover(reason: str) -> None:
+            landed = land_after_failure(
+                env,
+                db,
                 task.id,
+                S.AWAITING_REVIEW,
+                task.version,
                 PHASE,
-                name,
-                model,
-                effort,
-                {**(settings.model_dump() if settings else {}), "head": task.head_commit},
+                reason,
+                retry_state=S.AWAITING_REVIEW,
             )
-        cache = GitCache(env.state_dir)
-        root = env.state_dir / "workspaces" / f"task-{task.id}-review-{attempt}"
-        root.parent.mkdir(mode=0o700, exist_ok=True)
-        ref = f"refs/aiworker/review/task-{task.id}"
-        bundle = cache.bundle_commit(
-            repo.index, task.head_commit, ref, root.parent / f"review-{attempt}.bundle"
-        )
-        prompt = (
-            f"Review pull request #{pull.number}: {pull.title}\n\n{pull.body}\n\n"
-            "Inspect the source at this head; report findings; do not change files.\n"
-        )
-        workspace = BACKEND.prepare(
-            root,
-            bundle,
-            ref,
-            {
-                "prompt.md": prompt,
-                "result-schema.json": json.dumps(AgentResult.model_json_schema()),
-                "context.json": json.dumps({"pr": pull.number, "head": task.head_commit}),
-            },
-        )
-        bundle.unlink(missing_ok=True)
-        run = run_provider(
-            provider_for(env, name), workspace, model, effort, attempt, PHASE, backend=BACKEND
-        )
-        BACKEND.teardown(workspace, preserve=False)
-        try:
-            result = AgentResult.model_validate(run.result) if run.failure is None else None
-        except ValidationError as exc:
-            result, run.failure, run.reason = (
-                None,
-                "invalid",
-                f"malformed result: {exc.errors()[0]['msg']}",
+            report.state = landed or "unchanged"
+
+        with PhaseGuard(db, task.id, PHASE, recover, BACKEND) as guard:
+            reviewer = ForgeAccess(env.loaded).required("reviewer")
+            pull = pull_at_head(reviewer, delivery)
+            used, allowed = spent(env, db, task.id, PHASE)
+            if used >= allowed:
+                guard.recover(f"no {PHASE} attempts left ({used} of {allowed} used)")
+                report.reason = "budget spent"
+                return report
+            admission = admit(env, db, PHASE)
+            if admission.provider is None:
+                report.reason = "no provider is eligible for review now"
+                return report
+            ref = f"refs/aiworker/review/task-{task.id}"
+            bundle = GitCache(env.state_dir).bundle_commit(
+                repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
             )
-        with db.write() as session:
-            finish_attempt(
-                session,
-                attempt,
-                "succeeded" if result else (run.failure or "failed"),
-                refunded=run.failure == "quota_exhausted",
+            run = run_model_phase(
+                env,
+                db,
+                guard,
+                admission,
+                bundle=bundle,
+                ref=ref,
+                inputs={
+                    "prompt.md": review_prompt(pull),
+                    "context.json": json.dumps({"pr": pull.number, "head": head}),
+                },
+                recorded={"head": head},
             )
-            record_run(session, name, "ok" if result else (run.failure or "other"), run.reason)
-        if result is None:
-            return {"task": task.id, "pr": pull.number, "event": None, "reason": run.reason}
-        blocking = [f for f in result.findings if f.severity in BLOCKING]
-        event = "REQUEST_CHANGES" if blocking or result.completion != "complete" else "APPROVED"
-        posted = reviewer.create_review(
-            repo.owner,
-            repo.name,
-            pull.number,
-            event=event,
-            body=review_body(result),
-            commit_id=task.head_commit,
-        )
-        move(
-            db,
-            task,
-            "awaiting_review",
-            "approved" if event == "APPROVED" else "failed",
-            "review.posted",
-            {"event": event, "review": posted.id, "head": task.head_commit},
-        )
-        return {
-            "task": task.id,
-            "pr": pull.number,
-            "event": event,
-            "review": posted.id,
-            "provider": name,
-            "findings": [f.model_dump() for f in result.findings],
-        }
+            report.provider = run.provider
+            if run.result is None:
+                quota = run.failure == "quota_exhausted"
+                guard.finish(run.failure or "failed", run.reason, refunded=quota)
+                report.reason = run.reason
+                guard.recover(f"{run.failure}: {run.reason}")
+                return report
+            result = run.result
+            blocking = [f for f in result.findings if f.severity in BLOCKING]
+            event = "REQUEST_CHANGES" if blocking or result.completion != "complete" else "APPROVED"
+            posted = reviewer.create_review(
+                repo.owner,
+                repo.name,
+                pull.number,
+                event=event,
+                body=review_body(result),
+                commit_id=head,
+            )
+            guard.finish("succeeded", f"posted {event}")
+            to_state = S.APPROVED if event == "APPROVED" else S.FAILED
+            move(
+                db,
+                task,
+                S.AWAITING_REVIEW,
+                to_state,
+                "review.posted",
+                {"event": event, "review": posted.id, "head": head},
+            )
+            report.event, report.review, report.state = event, posted.id, to_state
+            report.findings = [f.model_dump() for f in result.findings]
+        follow_up_if_asked(env)
+        return report
     finally:
         db.dispose()

@@ -1,26 +1,23 @@
-"""Claiming work for a slot under discovery.lock, and recovering claims whose holder died.
+"""Claiming work for a slot under discovery.lock.
 
 A slot's job holds slot-N.lock for as long as it runs, so a claim on a slot
-whose lock is free belongs to a dead holder. A fresh claim gets a short grace,
-so the hand-over from the scheduler to the slot's process is never mistaken
-for a death.
+whose lock is free belongs to a dead holder; tasks/recovery.py gives such
+claims back (after their grace period) before anything new is claimed.
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
 
 from aiworker.core.context import Environment
-from aiworker.errors import InvalidInput
+from aiworker.core.report import Report
+from aiworker.core.tasks.recovery import recover_slots
+from aiworker.errors import EXIT_OK, EXIT_UNAVAILABLE, InvalidInput
 from aiworker.store.engine import Database
-from aiworker.store.tasks import active_claims, claim_next, release_claim
+from aiworker.store.tasks import claim_next
 
-log = logging.getLogger(__name__)
-HANDOVER_GRACE = timedelta(seconds=60)
 DISCOVERY_WAIT_SECONDS = 30.0
 
 
@@ -31,26 +28,21 @@ class Claim:
     holder: str
 
 
-def recover_stale_claims(
-    env: Environment, db: Database, own_slots: Sequence[int] = (), now: datetime | None = None
-) -> list[int]:
-    """Release claims whose slot lock is free; OWN_SLOTS are locked by us but not yet used."""
-    now = now or datetime.now(UTC)
-    recovered = []
-    with db.transaction() as conn:
-        for row in active_claims(conn):
-            if row.state not in ("claimed", "running"):
-                continue
-            ours = row.slot in own_slots
-            if not ours and env.locks.slot(row.slot).is_locked():
-                continue
-            if not ours and row.claimed_at and now - row.claimed_at < HANDOVER_GRACE:
-                continue
-            reason = f"slot {row.slot} lock free: holder {row.token} is gone"
-            if release_claim(conn, row.id, row.version, row.state, reason):
-                recovered.append(int(row.id))
-                log.warning("recovered stale claim of task %d on slot %d", row.id, row.slot)
-    return recovered
+@dataclass
+class ClaimReport(Report):
+    claimed: bool
+    slot: int | None
+    task: int | None = None
+    holder: str | None = None
+    reason: str = ""
+    recovered: list[int] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_UNAVAILABLE if self.reason == NO_FREE_SLOT else EXIT_OK
+
+
+NO_FREE_SLOT = "no free slot"
 
 
 def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[str]) -> Claim | None:
@@ -61,7 +53,7 @@ def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[st
     return None if task_id is None else Claim(task_id, slot, holder)
 
 
-def claim_once(env: Environment, slot: int | None) -> dict[str, object]:
+def claim_once(env: Environment, slot: int | None) -> ClaimReport:
     """`aiworker claim`: claim the next eligible task for SLOT (or the first free slot)."""
     from aiworker.core.scheduling.phase_commands import NEXT_PHASE
 
@@ -75,24 +67,23 @@ def claim_once(env: Environment, slot: int | None) -> dict[str, object]:
             if not lock.try_acquire():
                 continue
             try:
-                recovered = recover_stale_claims(env, db, [number])
+                recovered = [r.task for r in recover_slots(env, db, [number])]
+                if _slot_taken(db, number):
+                    continue
                 claim = claim_for_slot(env, db, number, list(NEXT_PHASE))
             finally:
                 lock.release()
             if claim is not None:
-                return {
-                    "claimed": True,
-                    "task": claim.task_id,
-                    "slot": number,
-                    "holder": claim.holder,
-                    "recovered": recovered,
-                }
-            return {
-                "claimed": False,
-                "slot": number,
-                "reason": "no eligible task",
-                "recovered": recovered,
-            }
+                return ClaimReport(True, number, claim.task_id, claim.holder, "", recovered)
+            return ClaimReport(False, number, reason="no eligible task", recovered=recovered)
     finally:
         db.dispose()
-    return {"claimed": False, "slot": slot, "reason": "no free slot"}
+    return ClaimReport(False, slot, reason=NO_FREE_SLOT)
+
+
+def _slot_taken(db: Database, slot: int) -> bool:
+    """A claim still in its grace period keeps its slot: nothing else is claimed there."""
+    from aiworker.store.tasks import claimed_on
+
+    with db.read_connection() as connection:
+        return claimed_on(connection, slot) is not None

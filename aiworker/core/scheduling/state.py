@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.core.context import Environment
 from aiworker.runtime.atomic import write_private_file
 
 
@@ -34,3 +35,13 @@ class SchedulerState:
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_private_file(self.path(state_dir), json.dumps(asdict(self)).encode())
+
+
+def update_state(env: Environment, **changes: Any) -> SchedulerState:
+    """Change the scheduler's state under its lock (pause, resume, check requests)."""
+    with env.locks.held("scheduler-state", timeout=10):
+        state = SchedulerState.load(env.state_dir)
+        for key, value in changes.items():
+            setattr(state, key, value)
+        state.save(env.state_dir)
+    return state

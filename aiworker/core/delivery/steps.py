@@ -1,0 +1,50 @@
+"""Every delivery step (publish, ci, merge) runs as a guarded attempt of its own.
+
+The step is recorded as an attempt (no provider) charged to the task's budget
+for that step, so a step that keeps failing or dying ends the task as failed
+with a comment instead of being restarted on every tick; a failure of something
+outside (the forge unavailable) is refunded. The task stays in the state the
+step started from while the budget lasts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.errors import Conflict
+from aiworker.store.engine import Database
+from aiworker.store.models import Task
+
+
+class StepBudgetSpent(Conflict):
+    code = "budget_spent"
+
+
+def step_guard(
+    env: Environment,
+    db: Database,
+    task: Task,
+    step: str,
+    settings: dict[str, object],
+    on_failure: Callable[[str], None] | None = None,
+) -> PhaseGuard:
+    """A started guard for STEP of TASK (which stays in its current state on a failure
+    while the budget lasts). ON_FAILURE runs first (CI posts its terminal status)."""
+    hold_job_lock(env, f"task-{task.id}")
+    state, version = task.state, task.version
+
+    def recover(reason: str) -> None:
+        if on_failure is not None:
+            on_failure(reason)
+        land_after_failure(env, db, task.id, state, version, step, reason, retry_state=state)
+
+    guard = PhaseGuard(db, task.id, step, recover)
+    used, allowed = spent(env, db, task.id, step)
+    if used >= allowed:
+        recover(f"no {step} attempts left ({used} of {allowed} used)")
+        raise StepBudgetSpent(f"task {task.id}: the {step} budget is spent")
+    guard.start(None, settings)
+    return guard

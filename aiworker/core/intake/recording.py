@@ -1,0 +1,110 @@
+"""Recording what poll found: a new task, a resumed one, a changed scope, a pause.
+
+Every change goes through advance() against the version poll read, in poll's
+write transaction; a task that a phase moved meanwhile refuses, and poll reports
+a conflict for it and decides again next time.
+"""
+
+from __future__ import annotations
+
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.states import ACTIVE, TaskState
+from aiworker.store.engine import Session
+from aiworker.store.models import Task
+from aiworker.store.task_records import create_task
+
+
+def record_discovered(
+    session: Session,
+    repository_id: int,
+    kind: str,
+    number: int,
+    title: str,
+    fingerprint: str,
+    known: Task | None,
+    actor: str | None,
+) -> str:
+    """Create, resume or update the task for an authorised issue; say which (or 'unchanged')."""
+    if known is None:
+        task = create_task(
+            session,
+            repository_id,
+            kind,
+            issue_number=number,
+            title=title,
+            state=TaskState.READY,
+            actor=actor,
+        )
+        advance(
+            session,
+            task.id,
+            TaskState.READY,
+            task.version,
+            TaskState.READY,
+            "scope recorded",
+            kind="task.scope_recorded",
+            data={"fingerprint": fingerprint},
+            scope_fingerprint=fingerprint,
+        )
+        return "created"
+    try:
+        return _update(session, known, title, fingerprint, actor)
+    except TransitionRefused:
+        return "conflict"
+
+
+def _update(session: Session, known: Task, title: str, fingerprint: str, actor: str | None) -> str:
+    outcome = "unchanged"
+    state, version = known.state, known.version
+    if state == TaskState.PAUSED:
+        version = advance(
+            session,
+            known.id,
+            state,
+            version,
+            TaskState.READY,
+            "authorised again",
+            actor=actor,
+            kind="task.resumed",
+        )
+        state, outcome = TaskState.READY, "resumed"
+    changed = known.scope_fingerprint != fingerprint or known.title != title
+    if changed and state in ACTIVE | {TaskState.PAUSED}:
+        # An issue edited while it waited for input is eligible again.
+        to_state = TaskState.READY if state == TaskState.NEEDS_INPUT else state
+        advance(
+            session,
+            known.id,
+            state,
+            version,
+            to_state,
+            "the issue's requirements changed",
+            actor=actor,
+            kind="task.scope_changed",
+            data={"from": known.scope_fingerprint, "to": fingerprint},
+            scope_fingerprint=fingerprint,
+            title=title,
+        )
+        outcome = "updated" if outcome == "unchanged" else outcome
+    return outcome
+
+
+def pause_task(session: Session, task: Task, reason: str) -> bool:
+    """Pause an active task whose authorisation was withdrawn (or whose issue closed)."""
+    if task.state not in ACTIVE:
+        return False
+    try:
+        advance(
+            session,
+            task.id,
+            task.state,
+            task.version,
+            TaskState.PAUSED,
+            reason,
+            kind="task.paused",
+            claim_slot=None,
+            claim_token=None,
+        )
+    except TransitionRefused:
+        return False
+    return True

@@ -1,0 +1,162 @@
+"""The model-phase engine shared by implementation and review (planning and repair next):
+admission, the attempt record, the workspace, the run, result validation.
+
+Each step runs inside the caller's PhaseGuard, so an exception anywhere closes the
+attempt and lands the task; the phase module only decides what a valid result
+means for its task.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from aiworker.contracts.agent import AgentResult
+from aiworker.core.context import Environment
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.run import RunReport, run_provider
+from aiworker.core.providers.admission import provider_settings, select_provider
+from aiworker.core.providers.registry import (
+    backoffs,
+    capability_check,
+    observe,
+    provider_for,
+    read_provider,
+)
+from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.workspace import LocalBackend, Workspace
+from aiworker.store.engine import Database
+from aiworker.store.observations import record_run, running_jobs
+
+BACKEND = LocalBackend()
+
+
+@dataclass
+class Admission:
+    provider: str | None
+    model: str | None = None
+    effort: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    suspended: bool = False
+
+
+@dataclass
+class ModelRun:
+    provider: str
+    attempt: int
+    workspace: Workspace
+    result: AgentResult | None
+    failure: str | None  # the provider's failure class, or "invalid" for a bad document
+    reason: str
+
+
+def admit(
+    env: Environment,
+    db: Database,
+    phase: str,
+    *,
+    simple: bool = False,
+    tried_here: set[str] | None = None,
+) -> Admission:
+    """Choose a provider for PHASE by quota admission; every decision is recorded."""
+    config = env.loaded.config
+    now = datetime.now(UTC)
+    with db.read() as session:
+        running = running_jobs(session)
+        backoff = backoffs(session, config.providers)
+    selection = select_provider(
+        config,
+        phase,
+        lambda n: read_provider(env, n, now),
+        running,
+        now,
+        simple=simple,
+        backoff=backoff,
+        capable=capability_check(env, phase, simple=simple, tried_here=tried_here or ()),
+    )
+    observe(db, selection.decisions)
+    decisions = [
+        {"provider": d.provider, "eligible": d.eligible, "reason": d.reason}
+        for d in selection.decisions
+    ]
+    if selection.provider is None:
+        return Admission(None, decisions=decisions, suspended=selection.suspended)
+    settings = provider_settings(config, phase, selection.provider, simple=simple)
+    return Admission(
+        selection.provider,
+        settings.model if settings else None,
+        settings.effort if settings else None,
+        settings.model_dump() if settings else {},
+        decisions,
+    )
+
+
+def run_model_phase(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    admission: Admission,
+    *,
+    bundle: Path,
+    ref: str,
+    inputs: dict[str, str],
+    recorded: dict[str, Any],
+) -> ModelRun:
+    """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the
+    provider and validate its result document. RECORDED joins the attempt's settings."""
+    name = admission.provider
+    assert name is not None
+    attempt = guard.start(
+        name, {**admission.settings, **recorded}, admission.model, admission.effort
+    )
+    inputs = {
+        **inputs,
+        "result-schema.json": json.dumps(AgentResult.model_json_schema()),
+        "settings.json": json.dumps(
+            {"provider": name, "model": admission.model, "effort": admission.effort}
+        ),
+    }
+    root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
+    try:
+        workspace = guard.track(BACKEND.prepare(root, bundle, ref, inputs))
+    finally:
+        bundle.unlink(missing_ok=True)
+    run = run_provider(
+        provider_for(env, name),
+        workspace,
+        admission.model,
+        admission.effort,
+        attempt,
+        guard.phase,
+        backend=BACKEND,
+    )
+    failpoint(f"{guard.phase}.after_run")
+    result, failure, reason = _validated(run)
+    with db.write() as session:
+        record_run(session, name, "ok" if failure is None else failure, reason)
+    return ModelRun(name, attempt, workspace, result, failure, reason)
+
+
+def _validated(run: RunReport) -> tuple[AgentResult | None, str | None, str]:
+    if run.failure is not None:
+        return None, run.failure, run.reason
+    try:
+        return AgentResult.model_validate(run.result), None, ""
+    except ValidationError as exc:
+        first = exc.errors(include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        return None, "invalid", f"malformed result document: {where}: {first['msg']}"
+
+
+def workspaces_dir(env: Environment) -> Path:
+    """Where workspaces live: state/workspaces/task-N-PHASE-ATTEMPT (cleanup finds them
+    by the task-N- prefix)."""
+    folder = env.state_dir / "workspaces"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder

@@ -1,0 +1,30 @@
+"""The typed result every core operation returns: its fields are the command's `--json`
+document and its exit_code is how the command exits, so no command chooses an exit
+code by comparing strings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aiworker.errors import EXIT_OK
+
+
+@dataclass
+class Report:
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Report):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,154 @@
+"""Starting jobs: a slot's phase as its own process holding slot-N.lock, a delivery step
+holding task-N.lock, or a unit through systemd; and follow-up checks.
+
+Every job writes to its task's own log (logs/task-N.log), which cleanup removes
+with the task. A job started here carries AIWORKER_FOLLOW_UP=1: when it makes
+progress it asks for a check right away instead of at the next interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.scheduling.phase_commands import (
+    DELIVERY_PHASE,
+    aiworker_argv,
+    argv_for,
+    phase_command,
+)
+from aiworker.core.scheduling.state import update_state
+from aiworker.errors import Unavailable
+from aiworker.runtime.locks import FileLock
+from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
+from aiworker.store.engine import Database
+from aiworker.store.tasks import claimed_on, task_kind, tasks_in_states
+
+log = logging.getLogger(__name__)
+FOLLOW_UP = "AIWORKER_FOLLOW_UP"
+
+
+def task_log(env: Environment, task_id: int) -> Path:
+    return env.state_dir / "logs" / f"task-{task_id}.log"
+
+
+def _systemctl_start(unit: str) -> None:
+    result = run_command(["systemctl", "--user", "start", "--no-block", unit], timeout=30)
+    if not result.ok:
+        raise Unavailable(f"systemctl could not start {unit}: {result.stderr.strip()}")
+
+
+def request_follow_up(env: Environment) -> dict[str, Any]:
+    """Ask for a check now instead of at the next interval: the same mechanism the timer
+    uses starts the tick."""
+    update_state(env, check_requested=True)
+    if env.loaded.config.scheduler.launcher == "systemd":
+        _systemctl_start("aiworker-scheduler.service")
+        return {"requested": True, "via": "aiworker-scheduler.service"}
+    argv = [*aiworker_argv(env), "scheduler", "tick"]
+    pid = spawn_detached(argv, log_path=env.state_dir / "logs" / "scheduler.log")
+    return {"requested": True, "via": "tick", "pid": pid}
+
+
+def follow_up_if_asked(env: Environment) -> None:
+    """A job the scheduler started made progress: check again now (best effort)."""
+    if os.environ.get(FOLLOW_UP) == "1":
+        try:
+            request_follow_up(env)
+        except Unavailable as exc:
+            log.warning("follow-up check not requested: %s", exc.message)
+
+
+def run_slot(env: Environment, slot: int) -> None:
+    """In aiworker-slot@N.service: take slot-N.lock and become the claimed task's phase."""
+    lock = env.locks.slot(slot)
+    if not lock.try_acquire():
+        raise Unavailable(f"slot {slot} is already running a job")
+    db = env.open_database()
+    try:
+        with db.read_connection() as connection:
+            claimed = claimed_on(connection, slot)
+        if claimed is None:
+            lock.release()
+            raise Unavailable(f"nothing is claimed on slot {slot}")
+        task_id, kind = claimed
+        argv = argv_for(env, kind, task_id, slot)
+    finally:
+        db.dispose()
+    os.environ[FOLLOW_UP] = "1"
+    exec_keeping(argv, lock.fileno)
+
+
+def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]:
+    """Start publish, ci, review or merge for each task waiting on one; a per-task lock,
+    handed to the step's process, keeps two ticks from running a task's step twice."""
+    with db.read_connection() as connection:
+        waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
+    started = []
+    for task_id, state in waiting:
+        lock = env.locks.lock(f"task-{task_id}")
+        if not lock.try_acquire():
+            continue
+        command = phase_command(env, DELIVERY_PHASE[state])
+        if command is None:
+            lock.release()
+            continue
+        argv = [*command, "--task", str(task_id)]
+        pid = spawn_detached(
+            argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
+        )
+        lock.hand_over(pid)
+        started.append({"task": task_id, "phase": DELIVERY_PHASE[state], "pid": pid})
+    return started
+
+
+def _record_job(db: Database, task_id: int, slot: int, pid: int) -> None:
+    """Name the job's process in the claim: recovery then knows the claim's holder died
+    without waiting out the hand-over grace that a claim made by hand gets."""
+    from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+    from aiworker.store.tasks import task_state
+
+    with db.read_connection() as connection:
+        current = task_state(connection, task_id)
+    if current is None or current[0] != "claimed":
+        return
+    try:
+        with db.transaction() as connection:
+            advance(
+                connection,
+                task_id,
+                "claimed",
+                current[1],
+                "claimed",
+                f"started on slot {slot} as pid {pid}",
+                actor=f"slot-{slot}",
+                kind="job.started",
+                data={"slot": slot, "pid": pid},
+                claim_token=f"{slot}-pid{pid}",
+            )
+    except TransitionRefused:
+        pass  # the task moved meanwhile; the job finds that itself and stops
+
+
+def launch(
+    env: Environment, db: Database, slot: int, lock: FileLock, task_id: int
+) -> dict[str, Any]:
+    with db.read_connection() as connection:
+        kind = task_kind(connection, task_id)
+    if kind is None:
+        raise LookupError(f"task {task_id} vanished after its claim")
+    argv = argv_for(env, kind, task_id, slot)
+    if env.loaded.config.scheduler.launcher == "systemd":
+        # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.
+        _systemctl_start(f"aiworker-slot@{slot}.service")
+        return {"slot": slot, "task": task_id, "unit": f"aiworker-slot@{slot}.service"}
+    pid = spawn_detached(
+        argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
+    )
+    lock.hand_over(pid)
+    _record_job(db, task_id, slot, pid)
+    log.info("slot %d: started %s for task %d as pid %d", slot, argv[:4], task_id, pid)
+    return {"slot": slot, "task": task_id, "pid": pid}

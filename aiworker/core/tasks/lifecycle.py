@@ -1,0 +1,100 @@
+"""advance(): the one way a task changes state.
+
+A transition is a compare-and-update on (state, version) plus an event, inside
+the caller's write transaction. A move the edge table does not allow, or one
+whose expected state and version are no longer current, is refused with
+TransitionRefused, which says what the task is now; nothing is applied. The
+caller decides what a refusal means for it (re-read, retain its work, stop).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiworker.core.tasks.states import allowed
+from aiworker.errors import Conflict
+from aiworker.store.tasks import Writer, compare_and_update, task_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    task_id: int
+    expected_state: str
+    expected_version: int
+    to_state: str
+    why: str  # disallowed | stale
+    actual_state: str | None = None
+    actual_version: int | None = None
+
+    def sentence(self) -> str:
+        move = f"{self.expected_state} -> {self.to_state}"
+        if self.why == "disallowed":
+            return f"task {self.task_id}: {move} is not an allowed transition"
+        if self.actual_state is None:
+            return f"task {self.task_id} does not exist"
+        return (
+            f"task {self.task_id} is {self.actual_state} at version {self.actual_version}, "
+            f"not {self.expected_state} at version {self.expected_version}; {move} refused"
+        )
+
+
+class TransitionRefused(Conflict):
+    code = "transition_refused"
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.sentence())
+        self.refusal = refusal
+
+
+def advance(
+    writer: Writer,
+    task_id: int,
+    expected_state: str,
+    expected_version: int,
+    to_state: str,
+    reason: str,
+    *,
+    actor: str | None = None,
+    kind: str = "task.transition",
+    data: Mapping[str, Any] | None = None,
+    **changes: Any,
+) -> int:
+    """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON.
+
+    Returns the task's new version; raises TransitionRefused, changing nothing, when
+    the edge is not allowed or the task moved on meanwhile.
+    """
+    if not allowed(expected_state, to_state):
+        refusal = Refusal(task_id, expected_state, expected_version, to_state, "disallowed")
+        log.error("%s", refusal.sentence())
+        raise TransitionRefused(refusal)
+    applied = compare_and_update(
+        writer,
+        task_id,
+        expected_version,
+        expected_state,
+        to_state,
+        actor=actor,
+        kind=kind,
+        data={"reason": reason, **(data or {})},
+        **changes,
+    )
+    if not applied:
+        actual = task_state(writer, task_id)
+        refusal = Refusal(
+            task_id,
+            expected_state,
+            expected_version,
+            to_state,
+            "stale",
+            actual[0] if actual else None,
+            actual[1] if actual else None,
+        )
+        log.warning("%s", refusal.sentence())
+        raise TransitionRefused(refusal)
+    return expected_version + 1

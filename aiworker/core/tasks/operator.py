@@ -1,0 +1,223 @@
+"""`aiworker task retry` and `aiworker task cancel`: an operator steers one task.
+
+Retry puts a failed or needs_input task back to ready and resets its budgets,
+recording what had been used. Cancel moves the task to cancelled first (so the
+job that runs it finds its own last move refused), then stops that job: SIGTERM
+to its process tree, which its phase guard turns into a closed attempt, and
+SIGKILL after a grace period to whatever is left, including the provider's
+processes found by their attempt tag. Open attempts are closed as cancelled,
+workspaces removed with an inventory, and an open PR is left open with a comment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.core.maintenance.cleanup import task_artifacts
+from aiworker.core.report import Report
+from aiworker.core.tasks.budgets import RELEASE
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.states import TERMINAL, TaskState
+from aiworker.errors import AiworkerError, Conflict, InvalidInput
+from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.processes import process_alive
+from aiworker.runtime.reaper import process_tree, signal_all, tagged_processes
+from aiworker.store.attempts import finish_attempt, open_attempts
+from aiworker.store.budgets import reset
+from aiworker.store.cleanup import record_cleanup
+from aiworker.store.engine import Database
+from aiworker.store.models import Task
+from aiworker.store.publications import publications_of
+from aiworker.store.tasks import append_event
+
+STOP_GRACE_S = 10.0
+RETRYABLE = (TaskState.FAILED, TaskState.NEEDS_INPUT)
+
+
+@dataclass
+class RetryReport(Report):
+    task: int
+    state: str
+    budget_reset: dict[str, int]
+
+
+@dataclass
+class CancelReport(Report):
+    task: int
+    state: str
+    was: str
+    stopped: list[int] = field(default_factory=list)
+    attempts_closed: list[int] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    pr_comment: int | None = None
+
+
+def _task(db: Database, task_id: int) -> Task:
+    with db.read() as session:
+        task = session.get(Task, task_id)
+    if task is None:
+        raise InvalidInput(f"no task {task_id}")
+    return task
+
+
+def retry_task(env: Environment, task_id: int) -> RetryReport:
+    db = env.open_database()
+    try:
+        task = _task(db, task_id)
+        if task.state not in RETRYABLE:
+            raise Conflict(
+                f"task {task_id} is {task.state}; only failed or needs_input tasks are retried"
+            )
+        with db.write() as session:
+            before = reset(session, task.id)
+            advance(
+                session,
+                task.id,
+                task.state,
+                task.version,
+                TaskState.READY,
+                "retried by an operator; budgets reset",
+                actor="operator",
+                kind="task.retried",
+                data={"budget_reset": before},
+            )
+        return RetryReport(task.id, TaskState.READY, before)
+    finally:
+        db.dispose()
+
+
+def cancel_task(env: Environment, task_id: int) -> CancelReport:
+    db = env.open_database()
+    try:
+        task = _cancel_record(db, task_id)
+        report = CancelReport(task.id, TaskState.CANCELLED, task.state)
+        report.stopped = _stop_jobs(env, db, task)
+        with db.write() as session:
+            for attempt in open_attempts(session, task.id):
+                if finish_attempt(
+                    session, attempt.id, "cancelled", reason="cancelled by an operator"
+                ):
+                    report.attempts_closed.append(attempt.id)
+        report.removed = _remove_workspaces(env, db, task.id)
+        report.pr_comment = _comment_on_pull(env, db, task)
+        return report
+    finally:
+        db.dispose()
+
+
+def _cancel_record(db: Database, task_id: int) -> Task:
+    """Move the task to cancelled, re-reading when a job moved it meanwhile."""
+    for _ in range(5):
+        task = _task(db, task_id)
+        if task.state in TERMINAL:
+            raise Conflict(f"task {task_id} is {task.state}; there is nothing to cancel")
+        try:
+            with db.write() as session:
+                advance(
+                    session,
+                    task.id,
+                    task.state,
+                    task.version,
+                    TaskState.CANCELLED,
+                    "cancelled by an operator",
+                    actor="operator",
+                    kind="task.cancelled",
+                    **RELEASE,
+                )
+        except TransitionRefused:
+            continue
+        return task
+    raise Conflict(f"task {task_id} kept changing; try the cancel again")
+
+
+def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
+    """Stop every process working on TASK; return the pids that were running."""
+    holders = {env.locks.lock(f"task-{task.id}").holder_pid()}
+    if task.claim_slot is not None:
+        holders.add(env.locks.slot(task.claim_slot).holder_pid())
+    with db.read() as session:
+        attempts = [(a.id, a.phase, a.pid) for a in open_attempts(session, task.id)]
+    holders.update(pid for _, _, pid in attempts)
+    tags = [f"AIWORKER_ATTEMPT_ID={phase}-{aid}".encode() for aid, phase, _ in attempts]
+    tree: set[int] = set()
+    for pid in holders:
+        # A recorded pid may have been reused since: only an aiworker process is ours.
+        if pid is not None and pid != os.getpid() and _runs_aiworker(pid):
+            tree |= process_tree(pid)
+    for tag in tags:
+        tree.update(tagged_processes(tag))
+    tree.discard(os.getpid())
+    signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(process_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(20):
+        left = {p for p in tree if process_alive(p)}
+        for tag in tags:
+            left.update(tagged_processes(tag))
+        if not left:
+            break
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+    with db.write() as session:
+        append_event(session, "task.jobs_stopped", task_id=task.id, data={"pids": sorted(tree)})
+    return sorted(tree)
+
+
+def _runs_aiworker(pid: int) -> bool:
+    try:
+        return b"aiworker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _remove_workspaces(env: Environment, db: Database, task_id: int) -> list[str]:
+    removed = []
+    for path in task_artifacts(env.state_dir, task_id):
+        if path.suffix == ".log":
+            continue  # the log stays for the retention period, for diagnosis
+        gone = remove_attempt(path).removed if path.is_dir() else _unlink(path)
+        if gone:
+            with db.write() as session:
+                record_cleanup(session, task_id, str(path), "removed", "cancelled", None)
+            removed.append(str(path))
+    return removed
+
+
+def _unlink(path: Path) -> bool:
+    path.unlink(missing_ok=True)
+    return not path.exists()
+
+
+def _comment_on_pull(env: Environment, db: Database, task: Task) -> int | None:
+    with db.read() as session:
+        pulls = [p.pr_number for p in publications_of(session, task.id) if p.pr_number]
+    if not pulls:
+        return None
+    from aiworker.core.forge_access import ForgeAccess
+    from aiworker.store.models import Repository
+
+    with db.read() as session:
+        repo = session.get(Repository, task.repository_id)
+    assert repo is not None
+    try:
+        worker = ForgeAccess(env.loaded).required("worker")
+        posted = worker.create_comment(
+            repo.owner,
+            repo.name,
+            pulls[-1],
+            "An operator cancelled this task in aiworker: it will not update, review or "
+            "merge this pull request. It is left open for a person to decide.",
+        )
+    except AiworkerError as exc:
+        with db.write() as session:
+            append_event(
+                session, "pr.comment_failed", task_id=task.id, data={"reason": exc.message}
+            )
+        return None
+    return posted.id

@@ -1,0 +1,236 @@
+"""Recovery without blind reruns: what a dead job left is closed, explained and counted.
+
+A slot job holds slot-N.lock and a delivery step holds task-N.lock for as long
+as it runs, and each attempt records its process id; when the lock is free and
+the process is gone, the job is dead. Its open attempts are closed as
+`abandoned` with a diagnostic (the last recorded event and the tail of the
+task's log), their private homes and workspaces are removed with the reason
+recorded, a CI run's `pending` status gets its terminal `error`, and the task
+returns to the state it was in before the phase. The abandoned attempt counts
+against the budget, so a job that dies every time ends the task as failed.
+
+A fresh claim (not yet started) is never recovered within its grace period,
+whoever holds the slot lock: the hand-over from a tick, or from an operator's
+`aiworker claim`, to the slot's process must not be mistaken for a death.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.core.tasks.budgets import RELEASE, land_after_failure
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
+from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.processes import process_alive
+from aiworker.secrets import redact
+from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
+from aiworker.store.cleanup import record_cleanup
+from aiworker.store.engine import Database
+from aiworker.store.task_records import last_task_event, task_row
+from aiworker.store.tasks import active_claims, append_event
+
+log = logging.getLogger(__name__)
+HANDOVER_GRACE = timedelta(seconds=60)
+LOG_TAIL_BYTES = 2000
+# The state a task returns to when the phase that moved it out of it died.
+BEFORE_PHASE = {
+    TaskState.CLAIMED: TaskState.READY,
+    TaskState.RUNNING: TaskState.READY,
+    TaskState.PLANNING: TaskState.READY,
+    TaskState.REPAIRING: TaskState.REPAIRING,
+}
+# Steps that run without a slot, under the task's own lock.
+STEP_PHASES = ("publish", "ci", "review", "merge")
+
+
+@dataclass(frozen=True)
+class Recovered:
+    task: int
+    state: str | None  # where it landed; None when it had moved on meanwhile
+    reason: str
+
+
+def task_log(env: Environment, task_id: int) -> Path:
+    return env.state_dir / "logs" / f"task-{task_id}.log"
+
+
+def diagnostic(env: Environment, db: Database, task_id: int) -> str:
+    """What was last recorded for the task, and the tail of its log (secrets masked)."""
+    with db.read() as session:
+        event = last_task_event(session, task_id)
+    last = "nothing" if event is None else f"{event.kind} at {event.created_at.isoformat()}"
+    path = task_log(env, task_id)
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+            tail = handle.read().decode(errors="replace").strip()
+    except OSError:
+        tail = ""
+    text = f"last recorded: {last}" + (f"; log tail: {tail[-LOG_TAIL_BYTES:]}" if tail else "")
+    return redact(text)
+
+
+def _alive(pids: list[int | None]) -> bool:
+    return any(pid is not None and process_alive(pid) for pid in pids)
+
+
+def _abandon(
+    env: Environment, db: Database, task_id: int, phases: tuple[str, ...] | None, phase: str
+) -> str:
+    """Close the task's open attempts (of PHASES) as abandoned and remove what they left.
+    A job that died before it recorded an attempt gets one recorded for it (as PHASE),
+    so that its death counts against the budget like any other."""
+    reason = "the job's process died: " + diagnostic(env, db, task_id)
+    with db.write() as session:
+        attempts = [
+            (a.id, a.phase, a.workspace_path, dict(a.settings))
+            for a in open_attempts(session, task_id)
+            if phases is None or a.phase in phases
+        ]
+        if not attempts:
+            attempts = [
+                (start_attempt(session, task_id, phase, None, None, None, {}), phase, None, {})
+            ]
+    for attempt_id, closed_phase, workspace, settings in attempts:
+        with db.write() as session:
+            if finish_attempt(session, attempt_id, "abandoned", reason=reason):
+                append_event(
+                    session,
+                    "attempt.abandoned",
+                    task_id=task_id,
+                    data={"attempt": attempt_id, "phase": closed_phase, "reason": reason},
+                )
+        if workspace:
+            _remove_workspace(db, task_id, Path(workspace))
+        if closed_phase == "ci":
+            _terminal_ci_status(env, db, task_id, str(settings.get("head") or ""), reason)
+    return reason
+
+
+def _remove_workspace(db: Database, task_id: int, root: Path) -> None:
+    if not root.exists():
+        return
+    removed = remove_attempt(root).removed
+    with db.write() as session:
+        record_cleanup(
+            session,
+            task_id,
+            str(root),
+            "removed" if removed else "kept",
+            "an abandoned attempt's workspace and private home"
+            if removed
+            else "could not be removed",
+            None,
+        )
+
+
+def _terminal_ci_status(
+    env: Environment, db: Database, task_id: int, head: str, reason: str
+) -> None:
+    from aiworker.core.delivery.ci import post_ci_error
+    from aiworker.core.delivery.pull import load_delivery
+    from aiworker.errors import AiworkerError
+
+    try:
+        post_ci_error(env, load_delivery(db, task_id, TaskState.AWAITING_CI), head, reason)
+    except AiworkerError as exc:
+        with db.write() as session:
+            append_event(session, "ci.status_failed", task_id=task_id, data={"reason": exc.message})
+
+
+def recover_slots(
+    env: Environment, db: Database, own_slots: list[int], now: datetime | None = None
+) -> list[Recovered]:
+    """Recover claims on slots whose job is dead. OWN_SLOTS are locked by the caller and
+    not yet used; a claim on them is still given its grace period."""
+    now = now or datetime.now(UTC)
+    recovered = []
+    with db.read_connection() as connection:
+        claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
+    for row in claims:
+        if row.slot not in own_slots and env.locks.slot(row.slot).is_locked():
+            continue
+        launched = _launched_pid(row.token)
+        if launched is None and row.claimed_at and now - row.claimed_at < HANDOVER_GRACE:
+            continue
+        with db.read() as session:
+            pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
+        if _alive(pids):
+            continue
+        if row.state == TaskState.CLAIMED:
+            recovered.append(_release(db, row.id, row.version, row.slot, row.token))
+            continue
+        phase = _phase_of(row.state)
+        reason = _abandon(env, db, row.id, None, phase)
+        state = land_after_failure(
+            env,
+            db,
+            row.id,
+            row.state,
+            row.version,
+            phase,
+            reason,
+            retry_state=BEFORE_PHASE[TaskState(row.state)],
+        )
+        recovered.append(Recovered(int(row.id), state, reason))
+        log.warning("recovered task %d from slot %d: %s", row.id, row.slot, reason)
+    return recovered
+
+
+def _launched_pid(token: str | None) -> int | None:
+    """The pid a tick recorded in the claim when it started the job (launcher.py)."""
+    _, sep, pid = (token or "").rpartition("-pid")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _phase_of(state: str) -> str:
+    return {"planning": "planning", "repairing": "repair"}.get(state, "implementation")
+
+
+def _release(db: Database, task_id: int, version: int, slot: int, holder: str) -> Recovered:
+    reason = f"slot {slot} lock free: holder {holder} is gone"
+    try:
+        with db.write() as session:
+            advance(
+                session,
+                task_id,
+                TaskState.CLAIMED,
+                version,
+                TaskState.READY,
+                reason,
+                kind="task.claim_recovered",
+                **RELEASE,
+            )
+    except TransitionRefused:
+        return Recovered(task_id, None, reason)
+    return Recovered(task_id, TaskState.READY, reason)
+
+
+def recover_steps(env: Environment, db: Database) -> list[Recovered]:
+    """Close the open attempts of delivery steps and reviews whose process died."""
+    recovered = []
+    with db.read() as session:
+        dead = {
+            a.task_id: a.phase
+            for a in open_attempts(session)
+            if a.phase in STEP_PHASES and not _alive([a.pid])
+        }
+    for task_id, phase in sorted(dead.items()):
+        if env.locks.lock(f"task-{task_id}").is_locked():
+            continue
+        reason = _abandon(env, db, task_id, (phase,), phase)
+        with db.read() as session:
+            task = task_row(session, task_id)
+        state = None
+        if task is not None:
+            state = land_after_failure(
+                env, db, task_id, task.state, task.version, phase, reason, retry_state=task.state
+            )
+        recovered.append(Recovered(task_id, state, reason))
+        log.warning("recovered the %s step of task %d: %s", phase, task_id, reason)
+    return recovered
