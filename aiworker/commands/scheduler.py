@@ -26,7 +26,6 @@ def tick(ctx: typer.Context) -> None:
     def human(console: Any) -> None:
         if report["status"] == "paused":
             console.print("scheduler is paused; nothing started", markup=False)
-            return
         for item in report["started"]:
             console.print(f"slot {item['slot']}: started task {item['task']}", markup=False)
         for item in report["delivering"]:

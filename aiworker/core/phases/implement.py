@@ -13,6 +13,7 @@ meanwhile, that decision stands and the result is retained with the reason.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ class Running:
     repo: Repository
     slot: int
     version: int
+    token: str  # the claim token this job set: SLOT-pidPID
 
 
 def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
@@ -90,6 +92,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
     try:
         task, repo = _load(db, task_id, slot)
         hold_job_lock(env, f"slot-{slot}")
+        token = f"{slot}-pid{os.getpid()}"
         with db.write() as session:
             version = advance(
                 session,
@@ -99,8 +102,10 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                 S.RUNNING,
                 f"implementing on slot {slot}",
                 actor="implement",
+                # Recovery reads the job's pid from its claim (tasks/recovery.py).
+                claim_token=token,
             )
-        running = Running(task, repo, slot, version)
+        running = Running(task, repo, slot, version, token)
 
         def recover(reason: str) -> None:
             land_after_failure(
@@ -302,7 +307,7 @@ def _retained(
     state = now.state if now else "gone"
     reason = f"the task became {state} while the phase ran; its result is retained"
     guard.keep(reason)
-    if now is not None and now.state == S.RUNNING and now.claim_token == running.task.claim_token:
+    if now is not None and now.state == S.RUNNING and now.claim_token == running.token:
         # Still ours, but poll recorded a new scope meanwhile: the result answers the old one.
         reason = "the issue changed while the phase ran; its result is retained"
         running.version = now.version

@@ -51,23 +51,25 @@ class TickReport(Report):
 
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     report = TickReport()
-    state = SchedulerState.load(env.state_dir)
-    if state.paused:
-        report.status = "paused"
-        return report
+    # Paused: nothing new starts, but what dead jobs left is still recovered and
+    # finished tasks are still cleaned up.
+    paused = SchedulerState.load(env.state_dir).paused
     maintenance = env.locks.lock("maintenance")
-    if maintenance.is_locked():
+    if maintenance.is_locked() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
     config = env.loaded.config
-    if poll_forge and config.forge is not None and config.repositories:
+    if paused:
+        report.status = "paused"
+    elif poll_forge and config.forge is not None and config.repositories:
         _poll(env, report)
+    starting = not paused and report.poll_error is None
     db = env.open_database()
     try:
         own = _free_slots(env, report)
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
             kinds, report.skipped = runnable_kinds(env)
-            if report.poll_error is None:
+            if starting:
                 for slot, lock in own:
                     with db.read_connection() as connection:
                         if claimed_on(connection, slot) is not None:
@@ -78,7 +80,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         finally:
             for _, lock in own:
                 lock.release()
-        if report.poll_error is None:
+        if starting:
             report.delivering = start_delivery_steps(env, db)
         report.cleaned = _keep_house(env, db)
         now = datetime.now(UTC)

@@ -17,6 +17,7 @@ whoever holds the slot lock: the hand-over from a tick, or from an operator's
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,7 @@ from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.processes import process_alive
+from aiworker.runtime.reaper import signal_all, tagged_processes
 from aiworker.secrets import redact
 from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
 from aiworker.store.cleanup import record_cleanup
@@ -105,6 +107,11 @@ def _abandon(
                     task_id=task_id,
                     data={"attempt": attempt_id, "phase": closed_phase, "reason": reason},
                 )
+        # The provider's processes outlive a killed phase; they carry the attempt's tag.
+        signal_all(
+            tagged_processes(f"AIWORKER_ATTEMPT_ID={closed_phase}-{attempt_id}".encode()),
+            signal.SIGKILL,
+        )
         if workspace:
             _remove_workspace(db, task_id, Path(workspace))
         if closed_phase == "ci":
@@ -156,7 +163,8 @@ def recover_slots(
         if row.slot not in own_slots and env.locks.slot(row.slot).is_locked():
             continue
         launched = _launched_pid(row.token)
-        if launched is None and row.claimed_at and now - row.claimed_at < HANDOVER_GRACE:
+        fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
+        if row.state == TaskState.CLAIMED and launched is None and fresh:
             continue
         with db.read() as session:
             pids = [launched, *(a.pid for a in open_attempts(session, row.id))]

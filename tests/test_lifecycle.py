@@ -1,0 +1,232 @@
+"""The lifecycle against the sandbox forge: inputs checked before inference, pauses that
+hold, budgets, recovery of dead jobs, and the operator's retry and cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from tests.helpers import run_process
+from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+
+
+def edit_issue(forge, number: int, **fields) -> None:
+    response = requests.patch(
+        f"{forge.url}/api/v1/repos/team/app/issues/{number}",
+        json=fields,
+        headers={"Authorization": f"token {forge.tokens['alice']}"},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+
+
+def comments_by_worker(forge, number: int = 1) -> list[str]:
+    return [
+        c.body
+        for c in forge.client("alice").comments("team", "app", number)
+        if c.user.login == "worker-bot"
+    ]
+
+
+def start_implement(task: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "--json", "implement", "--task", str(task), "--slot", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(db: Path, sql: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = query(db, sql)
+        if rows and rows[0][0]:
+            return rows[0]
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {sql}")
+
+
+def tagged_alive(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            if tag.encode() in environ and stat[stat.rfind(b")") + 2 :][:1] != b"Z":
+                found.append(int(entry))
+    return found
+
+
+def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, claimed, upgraded):
+    edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nunit ./ci/run\n```\n")
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    report = result.json()
+    assert (report["outcome"], report["attempt"], report["provider"]) == ("needs_input", None, None)
+    assert "aiworker-checks line 1" in report["reason"]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("needs_input", None)]
+    assert query(upgraded, "select count(*) from attempts") == [(0,)]
+    assert query(upgraded, "select count(*) from provider_observations where window = 'run'") == [
+        (0,)
+    ]
+    [comment] = comments_by_worker(forge)
+    assert "nothing was run" in comment
+    assert "aiworker-checks line 1: expected 'check_id: ./ci/run ARGS'" in comment
+    # Nothing is claimed for it again until the issue changes.
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"] is False
+    edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nunit: ./ci/run\n```\n")
+    assert run_process("--json", "poll").json()["tasks"] == {"updated": 1}
+    assert query(upgraded, "select state from tasks") == [("ready",)]
+
+
+def test_a_base_without_ci_run_waits_for_input(forge, claimed, upgraded, tmp_path):
+    from tests.forge_fixtures import git
+
+    work = tmp_path / "clone"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    git("rm", "-q", "ci/run.sh", cwd=work)
+    git("commit", "-qm", "Drop CI", cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    report = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert report["outcome"] == "needs_input"
+    assert "has no executable `ci/run`" in report["reason"]
+    assert query(upgraded, "select count(*) from attempts") == [(0,)]
+
+
+def test_a_task_paused_during_its_run_stays_paused_with_its_result_kept(
+    forge, claimed, upgraded, state_dir
+):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=3)
+    phase = start_implement(task)
+    wait_for(upgraded, "select workspace_path from attempts")
+    edit_issue(forge, 1, assignees=[])  # the writer withdraws the assignment
+    assert run_process("--json", "poll").json()["paused"][0]["task"] == task
+    out, err = phase.communicate(timeout=60)
+    assert phase.returncode == 1, err
+    report = json.loads(out)
+    assert (report["outcome"], report["state"]) == ("retained", "paused")
+    assert query(upgraded, "select state, claim_slot from tasks") == [("paused", None)]
+    assert query(upgraded, "select outcome, finished_at is not null from attempts") == [
+        ("succeeded", 1)
+    ]
+    [kept] = query(upgraded, "select data from events where kind = 'workspace.kept'")
+    workspace = Path(json.loads(kept[0])["path"])
+    assert "paused while the phase ran" in json.loads(kept[0])["reason"]
+    assert (workspace / "repo" / "calc.py").read_text() == FIX
+    assert not (workspace / "home").exists()
+
+
+# Two providers that both fail: the first backs off after its failure, the second takes
+# the next attempt, and the budget of two is then spent.
+TWO_FAILING = (
+    '\nproviders = ["script", "codex"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+    '[provider_options.codex]\nscenario = "scenario.json"\n[budgets]\nimplementation = 2\n'
+)
+
+
+def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
+    forge, claimed, upgraded
+):
+    task = claimed(TWO_FAILING, edits={"calc.py": FIX}, failure="transient")
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (first["provider"], first["outcome"], first["state"]) == ("script", "transient", "ready")
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (second["provider"], second["outcome"], second["state"]) == (
+        "codex",
+        "transient",
+        "failed",
+    )
+    assert query(upgraded, "select state from tasks") == [("failed",)]
+    assert query(upgraded, "select phase, used from budgets") == [("implementation", 2)]
+    [comment] = comments_by_worker(forge)
+    assert "the implementation budget of 2 attempts is spent" in comment
+    assert "(implementation, script): transient" in comment
+    assert "(implementation, codex): transient" in comment
+    shown = run_process("--json", "task", "show", str(task)).json()
+    assert [a["outcome"] for a in shown["attempts"]] == ["transient", "transient"]
+    assert shown["budgets"] == {"implementation": {"used": 2, "resets": 0, "limit": 2}}
+    retried = run_process("--json", "task", "retry", str(task))
+    assert retried.exit_code == 0, retried
+    assert retried.json()["budget_reset"] == {"implementation": 2}
+    assert query(upgraded, "select state from tasks") == [("ready",)]
+    assert query(upgraded, "select used, resets from budgets") == [(0, 1)]
+    again = run_process("--json", "task", "retry", str(task))
+    assert again.exit_code == 1
+    assert "only failed or needs_input tasks" in again.json()["error"]["message"]
+
+
+def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, state_dir):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=30)
+    phase = start_implement(task)
+    workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
+    tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
+    wait_for_tag = time.monotonic() + 10
+    while not tagged_alive(tag) and time.monotonic() < wait_for_tag:
+        time.sleep(0.05)
+    assert tagged_alive(tag), "the provider should be running"
+    phase.send_signal(signal.SIGKILL)
+    phase.communicate()
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(1,)]
+    # The next claim on the slot recovers it first (a tick does the same).
+    claim = run_process("--json", "claim", "--slot", "1").json()
+    assert claim["recovered"] == [task]
+    outcome, reason = query(upgraded, "select outcome, reason from attempts")[0]
+    assert outcome == "abandoned"
+    assert reason.startswith("the job's process died: last recorded: attempt.started")
+    assert tagged_alive(tag) == [], "the provider's processes die with the attempt"
+    assert not Path(workspace).exists()
+    assert query(upgraded, "select path, action from cleanup_inventory") == [
+        (workspace, "removed")
+    ]
+    assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
+    assert query(upgraded, "select state from tasks") == [("claimed",)]
+
+
+def test_a_claim_made_by_hand_keeps_its_slot_through_the_grace_period(claimed, upgraded):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    tick = run_process("--json", "scheduler", "tick")
+    assert tick.exit_code == 0, tick
+    report = tick.json()
+    assert (report["recovered"], report["started"]) == ([], [])
+    assert query(upgraded, "select id, state, claim_slot from tasks") == [(task, "claimed", 1)]
+
+
+def test_cancel_stops_the_running_job_and_leaves_nothing_alive(claimed, upgraded, state_dir):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=60)
+    phase = start_implement(task)
+    workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
+    tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
+    deadline = time.monotonic() + 10
+    while not tagged_alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    agents = tagged_alive(tag)
+    assert agents
+    cancelled = run_process("--json", "task", "cancel", str(task))
+    assert cancelled.exit_code == 0, cancelled
+    report = cancelled.json()
+    assert report["was"] == "running"
+    assert phase.pid in report["stopped"]
+    assert set(agents) <= set(report["stopped"])
+    phase.communicate(timeout=30)
+    assert tagged_alive(tag) == []
+    assert not Path(f"/proc/{phase.pid}").exists()
+    assert query(upgraded, "select state, claim_slot from tasks") == [("cancelled", None)]
+    [(outcome, finished)] = query(upgraded, "select outcome, finished_at is not null from attempts")
+    assert finished == 1
+    assert outcome in ("interrupted", "cancelled")
+    assert not Path(workspace).exists()
+    assert run_process("--json", "task", "cancel", str(task)).exit_code == 1
