@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 bytecode:
 	$(BIN)/python -m compileall -q aiworker > /dev/null
 
+# Four workers on two cores: most tests wait on subprocesses, git and the sandbox forge.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 4
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(BIN)/python -m pytest -q -n 4 -m 'not slow'
 
 lint: install
 	$(BIN)/ruff check aiworker tests benchmarks migrations

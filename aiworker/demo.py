@@ -75,14 +75,24 @@ DELIVERY = ("implemented", "awaiting_ci", "awaiting_review", "approved", "done")
 def wait_for_state(state: str, timeout: float = 120) -> None:
     """Wait until the demo's task reaches STATE or a later one (each phase runs as its own
     process, and a job that made progress asks for the next check itself)."""
+    from aiworker.store.engine import Database, default_url
+    from aiworker.store.tasks import task_state
+
+    # Read the store directly: a CLI process per look would cost more than the jobs.
+    db = Database(default_url(DEMO / "state"))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        current = json.loads(aiworker("--json", "task", "show", "1"))["state"]
-        if current in DELIVERY and DELIVERY.index(current) >= DELIVERY.index(state):
-            return
-        if current in ("failed", "needs_input", "cancelled"):
-            raise SystemExit(f"the task is {current}; see `aiworker task show 1`")
-        time.sleep(0.2)
+    try:
+        while time.monotonic() < deadline:
+            with db.read_connection() as connection:
+                found = task_state(connection, 1)
+            current = found[0] if found else "none"
+            if current in DELIVERY and DELIVERY.index(current) >= DELIVERY.index(state):
+                return
+            if current in ("failed", "needs_input", "cancelled"):
+                raise SystemExit(f"the task is {current}; see `aiworker task show 1`")
+            time.sleep(0.1)
+    finally:
+        db.dispose()
     raise SystemExit(f"the task did not reach {state}; see .demo/state/logs/")
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import configure, run_process
+from tests.helpers import configure
 
 
 def write_scenario(path, **scenario):
@@ -15,14 +15,14 @@ def write_scenario(path, **scenario):
 
 
 @pytest.fixture
-def claimed(forge, upgraded, tmp_path, monkeypatch):
+def claimed(forge, upgraded, tmp_path, monkeypatch, cli):
     config = configure(tmp_path, forge, monkeypatch)
 
     def setup(extra_config: str, **scenario):
         write_scenario(tmp_path / "scenario.json", **scenario)
         config.write_text(extra_config + "\n" + config.read_text())
-        assert run_process("poll").exit_code == 0
-        claim = run_process("--json", "claim", "--slot", "1").json()
+        assert cli("poll").exit_code == 0
+        claim = cli("--json", "claim", "--slot", "1").json()
         assert claim["claimed"], claim
         return claim["task"]
 

@@ -30,10 +30,12 @@ REVIEW_BLOCKING = {
 }
 
 
-def deliver_until(task, *steps):
+def deliver_until(task, *steps, cli=None):
+    """Run delivery steps in order (in this process when CLI is given), up to a failure."""
+    run = cli or run_process
     reports = {}
     for step in steps:
-        result = run_process("--json", step, "--task", str(task))
+        result = run("--json", step, "--task", str(task))
         reports[step] = result
         if result.exit_code != 0:
             break
@@ -53,9 +55,9 @@ def delivered(claimed):
     return run
 
 
-def test_issue_to_merged_pr(forge, delivered, upgraded):
+def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
     task, head = delivered()
-    reports = deliver_until(task, "publish", "ci", "review", "merge")
+    reports = deliver_until(task, "publish", "ci", "review", "merge", cli=cli)
     for step, result in reports.items():
         assert result.exit_code == 0, (step, result)
     pr = reports["publish"].json()["pr"]
@@ -82,6 +84,25 @@ def test_issue_to_merged_pr(forge, delivered, upgraded):
         ("ci", "pass"),
         ("merge", "merged"),
     ]
+    shown = cli("--json", "task", "show", str(task)).json()
+    kinds = [e["kind"] for e in shown["history"]]
+    assert kinds[:3] == ["task.created", "task.scope_recorded", "task.claimed"]
+    for kind in ("attempt.started", "task.published", "ci.finished", "review.posted"):
+        assert kind in kinds
+    assert kinds[-2:] == ["merge.done", "attempt.finished"]
+    assert [(a["phase"], a["outcome"]) for a in shown["attempts"]] == [
+        ("implementation", "succeeded"),
+        ("publish", "succeeded"),
+        ("ci", "succeeded"),
+        ("review", "succeeded"),
+        ("merge", "succeeded"),
+    ]
+    assert shown["publications"] == [
+        {"state": "opened", "branch": f"aiworker/task-{task}", "pr": pr, "head": head}
+    ]
+    human = cli("task", "show", str(task)).stdout
+    assert "merge.done approved -> done" in human
+    assert f"publication: opened aiworker/task-{task} PR #{pr}" in human
 
 
 def test_blocking_review_requests_changes_and_merge_refuses(forge, delivered, upgraded):
@@ -112,3 +133,41 @@ def test_merge_refuses_when_the_head_moved(forge, delivered, tmp_path, upgraded)
     assert "head moved" in refused.json()["error"]["message"]
     pr = reports["publish"].json()["pr"]
     assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+
+
+def test_every_pending_ci_status_gets_a_terminal_one(forge, delivered, upgraded):
+    task, head = delivered()
+    assert run_process("publish", "--task", str(task)).exit_code == 0
+    worker = forge.client("worker-bot")
+    failed = run_process(
+        "--json", "ci", "--task", str(task), env={"AIWORKER_FAILPOINT": "ci.after_pending:raise"}
+    )
+    assert failed.exit_code == 1, failed
+    assert "failpoint ci.after_pending" in failed.json()["error"]["message"]
+    combined = worker.combined_status("team", "app", head)
+    assert combined.state == "error"
+    assert combined.statuses[0].description.startswith(
+        "aiworker could not finish ./ci/run: unexpected FailpointError"
+    )
+    assert query(upgraded, "select outcome from attempts where phase = 'ci'") == [("error",)]
+    assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
+    # A run whose process dies after `pending` gets its terminal status from recovery.
+    killed = run_process(
+        "--json", "ci", "--task", str(task), env={"AIWORKER_FAILPOINT": "ci.after_pending"}
+    )
+    assert killed.exit_code == -9
+    assert worker.combined_status("team", "app", head).state == "pending"
+    assert run_process("scheduler", "pause").exit_code == 0
+    recovered = run_process("--json", "scheduler", "tick").json()["recovered"]
+    assert [(r["task"], r["state"]) for r in recovered] == [(task, "awaiting_ci")]
+    combined = worker.combined_status("team", "app", head)
+    assert combined.state == "error"
+    assert "the job's process died" in combined.statuses[0].description
+    assert query(upgraded, "select outcome from attempts where phase = 'ci' order by id") == [
+        ("error",),
+        ("abandoned",),
+    ]
+    assert run_process("scheduler", "resume").exit_code == 0
+    passed = run_process("--json", "ci", "--task", str(task))
+    assert passed.exit_code == 0, passed
+    assert worker.combined_status("team", "app", head).state == "success"

@@ -37,7 +37,17 @@ def comments_by_worker(forge, number: int = 1) -> list[str]:
 
 def start_implement(task: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "aiworker", "--json", "implement", "--task", str(task), "--slot", "1"],
+        [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "--json",
+            "implement",
+            "--task",
+            str(task),
+            "--slot",
+            "1",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,7 +78,16 @@ def tagged_alive(tag: str) -> list[int]:
     return found
 
 
-def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, claimed, upgraded):
+def wait_for_provider(tag: str) -> list[int]:
+    deadline = time.monotonic() + 20
+    while not tagged_alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found = tagged_alive(tag)
+    assert found, "the provider should be running"
+    return found
+
+
+def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, claimed, upgraded, cli):
     edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nunit ./ci/run\n```\n")
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
     result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
@@ -85,9 +104,9 @@ def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, clai
     assert "nothing was run" in comment
     assert "aiworker-checks line 1: expected 'check_id: ./ci/run ARGS'" in comment
     # Nothing is claimed for it again until the issue changes.
-    assert run_process("--json", "claim", "--slot", "1").json()["claimed"] is False
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
     edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nunit: ./ci/run\n```\n")
-    assert run_process("--json", "poll").json()["tasks"] == {"updated": 1}
+    assert cli("--json", "poll").json()["tasks"] == {"updated": 1}
     assert query(upgraded, "select state from tasks") == [("ready",)]
 
 
@@ -107,13 +126,14 @@ def test_a_base_without_ci_run_waits_for_input(forge, claimed, upgraded, tmp_pat
 
 
 def test_a_task_paused_during_its_run_stays_paused_with_its_result_kept(
-    forge, claimed, upgraded, state_dir
+    forge, claimed, upgraded, state_dir, cli
 ):
-    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=3)
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=6)
     phase = start_implement(task)
-    wait_for(upgraded, "select workspace_path from attempts")
+    _, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
+    wait_for_provider(f"AIWORKER_ATTEMPT_ID=implementation-{attempt}")
     edit_issue(forge, 1, assignees=[])  # the writer withdraws the assignment
-    assert run_process("--json", "poll").json()["paused"][0]["task"] == task
+    assert cli("--json", "poll").json()["paused"][0]["task"] == task
     out, err = phase.communicate(timeout=60)
     assert phase.returncode == 1, err
     report = json.loads(out)
@@ -138,12 +158,12 @@ TWO_FAILING = (
 
 
 def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
-    forge, claimed, upgraded
+    forge, claimed, upgraded, cli
 ):
     task = claimed(TWO_FAILING, edits={"calc.py": FIX}, failure="transient")
     first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
     assert (first["provider"], first["outcome"], first["state"]) == ("script", "transient", "ready")
-    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"]
     second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
     assert (second["provider"], second["outcome"], second["state"]) == (
         "codex",
@@ -156,49 +176,44 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert "the implementation budget of 2 attempts is spent" in comment
     assert "(implementation, script): transient" in comment
     assert "(implementation, codex): transient" in comment
-    shown = run_process("--json", "task", "show", str(task)).json()
+    shown = cli("--json", "task", "show", str(task)).json()
     assert [a["outcome"] for a in shown["attempts"]] == ["transient", "transient"]
     assert shown["budgets"] == {"implementation": {"used": 2, "resets": 0, "limit": 2}}
-    retried = run_process("--json", "task", "retry", str(task))
+    retried = cli("--json", "task", "retry", str(task))
     assert retried.exit_code == 0, retried
     assert retried.json()["budget_reset"] == {"implementation": 2}
     assert query(upgraded, "select state from tasks") == [("ready",)]
     assert query(upgraded, "select used, resets from budgets") == [(0, 1)]
-    again = run_process("--json", "task", "retry", str(task))
+    again = cli("--json", "task", "retry", str(task))
     assert again.exit_code == 1
     assert "only failed or needs_input tasks" in again.json()["error"]["message"]
 
 
-def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, state_dir):
+def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, state_dir, cli):
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=30)
     phase = start_implement(task)
     workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
     tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
-    wait_for_tag = time.monotonic() + 10
-    while not tagged_alive(tag) and time.monotonic() < wait_for_tag:
-        time.sleep(0.05)
-    assert tagged_alive(tag), "the provider should be running"
+    wait_for_provider(tag)
     phase.send_signal(signal.SIGKILL)
     phase.communicate()
     assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(1,)]
     # The next claim on the slot recovers it first (a tick does the same).
-    claim = run_process("--json", "claim", "--slot", "1").json()
+    claim = cli("--json", "claim", "--slot", "1").json()
     assert claim["recovered"] == [task]
     outcome, reason = query(upgraded, "select outcome, reason from attempts")[0]
     assert outcome == "abandoned"
     assert reason.startswith("the job's process died: last recorded: attempt.started")
     assert tagged_alive(tag) == [], "the provider's processes die with the attempt"
     assert not Path(workspace).exists()
-    assert query(upgraded, "select path, action from cleanup_inventory") == [
-        (workspace, "removed")
-    ]
+    assert query(upgraded, "select path, action from cleanup_inventory") == [(workspace, "removed")]
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
     assert query(upgraded, "select state from tasks") == [("claimed",)]
 
 
-def test_a_claim_made_by_hand_keeps_its_slot_through_the_grace_period(claimed, upgraded):
+def test_a_claim_made_by_hand_keeps_its_slot_through_the_grace_period(claimed, upgraded, cli):
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
-    tick = run_process("--json", "scheduler", "tick")
+    tick = cli("--json", "scheduler", "tick")
     assert tick.exit_code == 0, tick
     report = tick.json()
     assert (report["recovered"], report["started"]) == ([], [])
@@ -210,11 +225,7 @@ def test_cancel_stops_the_running_job_and_leaves_nothing_alive(claimed, upgraded
     phase = start_implement(task)
     workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
     tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
-    deadline = time.monotonic() + 10
-    while not tagged_alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    agents = tagged_alive(tag)
-    assert agents
+    agents = wait_for_provider(tag)
     cancelled = run_process("--json", "task", "cancel", str(task))
     assert cancelled.exit_code == 0, cancelled
     report = cancelled.json()

@@ -17,18 +17,17 @@ def doctor(ctx: typer.Context) -> int:
     from aiworker.core.maintenance.doctor import run_doctor
 
     inv: Invocation = ctx.obj
-    checks = run_doctor(inv.state_dir.absolute(), inv.config_path, inv.config_required)
-    failed = any(c.status == "fail" for c in checks)
-    report = {"ok": not failed, "checks": [vars(c) for c in checks]}
+    result = run_doctor(inv.state_dir.absolute(), inv.config_path, inv.config_required)
 
     def human(console: Any) -> None:
         from rich.markup import escape
 
-        for check in checks:
-            style = _STYLE[check.status]
+        for check in result.checks:
+            style = _STYLE[check["status"]]
             console.print(
-                f"[{style}]{check.status:>4}[/{style}]  {check.name:<14} {escape(check.detail)}"
+                f"[{style}]{check['status']:>4}[/{style}]  {check['name']:<14} "
+                f"{escape(check['detail'])}"
             )
 
-    emit(inv.json, report, human)
-    return 1 if failed else 0
+    emit(inv.json, result.to_json(), human)
+    return result.exit_code

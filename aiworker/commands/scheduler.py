@@ -82,7 +82,7 @@ def status(ctx: typer.Context) -> None:
     from aiworker.core.scheduling.status import scheduler_status
 
     inv: Invocation = ctx.obj
-    report = scheduler_status(inv.environment())
+    report = scheduler_status(inv.environment()).to_json()
 
     def human(console: Any) -> None:
         paused = f"paused ({report['paused_reason']})" if report["paused"] else "running"

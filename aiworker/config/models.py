@@ -144,6 +144,9 @@ class Scheduler(Strict):
     # direct: the tick starts slot jobs itself (cron, shells); systemd: it starts
     # aiworker-slot@N.service, so jobs live in their own units.
     launcher: Literal["direct", "systemd"] = "direct"
+    # A job the scheduler started that made progress asks for the next check at once;
+    # false leaves every check to the timer.
+    follow_up: bool = True
     # Replaces `aiworker <phase>` for a phase (a wrapper script, a dry run);
     # `--task ID --slot N` are appended.
     phase_commands: dict[str, Annotated[list[str], Field(min_length=1)]] = {}

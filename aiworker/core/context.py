@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiworker.config.loader import LoadedConfig
 from aiworker.errors import LockHeld
-from aiworker.runtime.locks import LockDir
+from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.store.engine import Database, default_url
 from aiworker.store.schema import ensure_current
 
@@ -44,13 +44,18 @@ class Environment:
         return db
 
 
-def hold_job_lock(env: Environment, name: str) -> None:
-    """Hold lock NAME for this job (inherited from the scheduler, or taken when an operator
-    runs the step by hand): recovery reads a free lock as a dead job."""
+def hold_job_lock(env: Environment, name: str) -> FileLock | None:
+    """Hold lock NAME for this job: recovery reads a free lock as a dead job. Returns the
+    lock when it was taken now (an operator ran the step by hand; release it at the end),
+    None when it was inherited from the scheduler (it goes with this process)."""
     lock = env.locks.lock(name)
-    if not lock.hold_for_job():
+    inherited = lock.is_locked() and lock.holder_pid() == os.getpid()
+    if inherited:
+        return None
+    if not lock.try_acquire():
         holder = lock.holder_pid()
         raise LockHeld(f"lock {name!r} is held by pid {holder}; that job is still running")
+    return lock
 
 
 def state_dir_mode(path: Path) -> int | None:

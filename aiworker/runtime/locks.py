@@ -91,13 +91,6 @@ class FileLock:
         os.pwrite(fd, f"{pid}\n".encode(), 0)
         os.close(fd)
 
-    def hold_for_job(self) -> bool:
-        """Hold this lock for the job this process runs: inherited from whoever started us
-        (its record names our pid) or taken now. False when another process holds it."""
-        if self.is_locked():
-            return self.holder_pid() == os.getpid()
-        return self.try_acquire()
-
     def is_locked(self) -> bool:
         """True when some process (possibly this one) holds the lock now."""
         if self._fd is not None:

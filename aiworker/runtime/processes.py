@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -149,7 +150,16 @@ def spawn_detached(
         )
     finally:
         os.close(fd)
+    # Kept, not dropped: a dropped Popen whose child still runs warns in its __del__. The
+    # child outlives us by design; finished ones are reaped here as new ones start.
+    _DETACHED[:] = [c for c in _DETACHED if c.poll() is None]
+    _DETACHED.append(child)
     return child.pid
+
+
+_DETACHED: list[subprocess.Popen[bytes]] = []
+# Collect the exit status of those that finished, so a long-lived caller leaves no zombie.
+atexit.register(lambda: [child.poll() for child in _DETACHED])
 
 
 def exec_keeping(argv: Sequence[str], keep_fd: int) -> None:

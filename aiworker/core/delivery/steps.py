@@ -33,7 +33,7 @@ def step_guard(
 ) -> PhaseGuard:
     """A started guard for STEP of TASK (which stays in its current state on a failure
     while the budget lasts). ON_FAILURE runs first (CI posts its terminal status)."""
-    hold_job_lock(env, f"task-{task.id}")
+    lock = hold_job_lock(env, f"task-{task.id}")
     state, version = task.state, task.version
 
     def recover(reason: str) -> None:
@@ -41,10 +41,12 @@ def step_guard(
             on_failure(reason)
         land_after_failure(env, db, task.id, state, version, step, reason, retry_state=state)
 
-    guard = PhaseGuard(db, task.id, step, recover)
+    guard = PhaseGuard(db, task.id, step, recover, lock=lock)
     used, allowed = spent(env, db, task.id, step)
     if used >= allowed:
         recover(f"no {step} attempts left ({used} of {allowed} used)")
+        if lock is not None:
+            lock.release()
         raise StepBudgetSpent(f"task {task.id}: the {step} budget is spent")
     guard.start(None, settings)
     return guard

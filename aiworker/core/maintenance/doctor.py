@@ -8,7 +8,8 @@ from pathlib import Path
 
 from aiworker.config.loader import LoadedConfig, identities_of, load_config, read_token
 from aiworker.core.context import Environment, state_dir_mode
-from aiworker.errors import AiworkerError
+from aiworker.core.report import Report
+from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
 from aiworker.runtime.accel import kvm_static_verdict
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
@@ -22,7 +23,22 @@ class Check:
     detail: str
 
 
-def run_doctor(state_dir: Path, config_path: Path, config_required: bool) -> list[Check]:
+@dataclass
+class DoctorReport(Report):
+    ok: bool
+    checks: list[dict[str, str]]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_FAILED
+
+
+def run_doctor(state_dir: Path, config_path: Path, config_required: bool) -> DoctorReport:
+    checks = _checks(state_dir, config_path, config_required)
+    return DoctorReport(not any(c.status == "fail" for c in checks), [vars(c) for c in checks])
+
+
+def _checks(state_dir: Path, config_path: Path, config_required: bool) -> list[Check]:
     checks: list[Check] = []
     try:
         loaded = load_config(config_path, required=config_required)

@@ -18,6 +18,7 @@ from types import FrameType, TracebackType
 
 from aiworker.errors import EXIT_UNAVAILABLE, AiworkerError
 from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
 from aiworker.store.engine import Database
@@ -70,12 +71,14 @@ class PhaseGuard:
         phase: str,
         recover: Recover,
         backend: ExecutionBackend | None = None,
+        lock: FileLock | None = None,
     ) -> None:
         self.db = db
         self.task_id = task_id
         self.phase = phase
         self.recover = recover
         self.backend = backend
+        self.lock = lock  # the job's lock, when this process took it (released at the end)
         self.attempt: int | None = None
         self.workspace: Workspace | None = None
         self.keep_reason: str | None = None
@@ -168,6 +171,8 @@ class PhaseGuard:
                 self._teardown()
         finally:
             self._signals.__exit__(None, None, None)
+            if self.lock is not None:
+                self.lock.release()
 
     def _settle(self, step: Callable[[], None]) -> None:
         """Run one clean-up step; a failure of one must not skip the others."""

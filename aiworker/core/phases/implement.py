@@ -91,20 +91,25 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
     db = env.open_database()
     try:
         task, repo = _load(db, task_id, slot)
-        hold_job_lock(env, f"slot-{slot}")
+        lock = hold_job_lock(env, f"slot-{slot}")
         token = f"{slot}-pid{os.getpid()}"
-        with db.write() as session:
-            version = advance(
-                session,
-                task.id,
-                S.CLAIMED,
-                task.version,
-                S.RUNNING,
-                f"implementing on slot {slot}",
-                actor="implement",
-                # Recovery reads the job's pid from its claim (tasks/recovery.py).
-                claim_token=token,
-            )
+        try:
+            with db.write() as session:
+                version = advance(
+                    session,
+                    task.id,
+                    S.CLAIMED,
+                    task.version,
+                    S.RUNNING,
+                    f"implementing on slot {slot}",
+                    actor="implement",
+                    # Recovery reads the job's pid from its claim (tasks/recovery.py).
+                    claim_token=token,
+                )
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
         running = Running(task, repo, slot, version, token)
 
         def recover(reason: str) -> None:
@@ -112,7 +117,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                 env, db, task.id, S.RUNNING, running.version, PHASE, reason, retry_state=S.READY
             )
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
             report = _implement(env, db, guard, running)
         if report.outcome != "unavailable":
             follow_up_if_asked(env)

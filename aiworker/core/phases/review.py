@@ -66,7 +66,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
     db = env.open_database()
     try:
         delivery = load_delivery(db, task_id, S.AWAITING_REVIEW)
-        hold_job_lock(env, f"task-{task_id}")
+        lock = hold_job_lock(env, f"task-{task_id}")
         task, repo = delivery.task, delivery.repo
         head = task.head_commit
         assert head is not None
@@ -85,7 +85,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
             )
             report.state = landed or "unchanged"
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
             reviewer = ForgeAccess(env.loaded).required("reviewer")
             pull = pull_at_head(reviewer, delivery)
             used, allowed = spent(env, db, task.id, PHASE)

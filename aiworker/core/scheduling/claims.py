@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
-from aiworker.core.tasks.recovery import recover_slots
 from aiworker.errors import EXIT_OK, EXIT_UNAVAILABLE, InvalidInput
 from aiworker.store.engine import Database
 from aiworker.store.tasks import claim_next
@@ -56,6 +55,7 @@ def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[st
 def claim_once(env: Environment, slot: int | None) -> ClaimReport:
     """`aiworker claim`: claim the next eligible task for SLOT (or the first free slot)."""
     from aiworker.core.scheduling.phase_commands import NEXT_PHASE
+    from aiworker.core.tasks.recovery import recover_slots
 
     shares = env.loaded.config.shares
     if slot is not None and not 1 <= slot <= shares:

@@ -55,7 +55,7 @@ def request_follow_up(env: Environment) -> dict[str, Any]:
 
 def follow_up_if_asked(env: Environment) -> None:
     """A job the scheduler started made progress: check again now (best effort)."""
-    if os.environ.get(FOLLOW_UP) == "1":
+    if os.environ.get(FOLLOW_UP) == "1" and env.loaded.config.scheduler.follow_up:
         try:
             request_follow_up(env)
         except Unavailable as exc:

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.report import Report
 from aiworker.core.scheduling.overview import collect_status
 from aiworker.core.scheduling.state import SchedulerState
 
 
-def scheduler_status(env: Environment) -> dict[str, Any]:
+@dataclass
+class SchedulerStatus(Report):
+    paused: bool
+    paused_reason: str
+    last_check: str | None
+    next_deadline: str | None
+    check_requested: bool
+    slots: list[dict[str, Any]]
+
+
+def scheduler_status(env: Environment) -> SchedulerStatus:
     state = SchedulerState.load(env.state_dir)
     overview = collect_status(env).as_dict()
-    return {
-        "paused": state.paused,
-        "paused_reason": state.paused_reason,
-        "last_check": state.last_check,
-        "next_deadline": state.next_deadline,
-        "check_requested": state.check_requested,
-        "slots": overview["slots"],
-    }
+    return SchedulerStatus(
+        state.paused,
+        state.paused_reason,
+        state.last_check,
+        state.next_deadline,
+        state.check_requested,
+        overview["slots"],
+    )

@@ -11,6 +11,7 @@ used by the tick that holds its lock.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -109,10 +110,12 @@ def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[
 
 
 def _keep_house(env: Environment, db: Database) -> list[dict[str, Any]]:
-    from aiworker.core.maintenance.cleanup import cleanup, tasks_with_artifacts
-
-    if not tasks_with_artifacts(env.state_dir):
+    """Cleanup is imported only when some task has files on disk (an idle tick has none)."""
+    folders = (env.state_dir / "workspaces", env.state_dir / "logs")
+    if not any(n.startswith("task-") for f in folders if f.is_dir() for n in os.listdir(f)):
         return []
+    from aiworker.core.maintenance.cleanup import cleanup
+
     return cleanup(env, db).removed
 
 

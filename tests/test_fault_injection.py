@@ -1,0 +1,130 @@
+"""SIGKILL every model phase and every delivery step at several points, through real ticks:
+after each tick the task is in a defined state, no attempt stays open once recovery ran,
+nothing is left on disk without a recorded reason, and the budget shows every attempt."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from aiworker.runtime.processes import process_alive
+from tests.delivery_fixtures import write_scenario
+from tests.helpers import configure, run_process
+from tests.test_delivery import REVIEW_OK
+from tests.test_implement import FIX, query, result_doc
+
+CONFIG = (
+    '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+    "[scheduler]\nfollow_up = false\n"
+)
+# In delivery order; each point kills the job there once, then a clean tick recovers it.
+FAULTS = {
+    "implementation": ["implementation.attempt_started", "implementation.after_run"],
+    "publish": ["publish.before_request", "publish.after_request"],
+    "ci": ["ci.after_pending"],
+    "review": ["review.attempt_started", "review.after_run"],
+    "merge": ["merge.after_request"],
+}
+DEFINED = {
+    "ready",
+    "claimed",
+    "implemented",
+    "awaiting_ci",
+    "awaiting_review",
+    "approved",
+    "done",
+}
+
+
+def tick(cli, monkeypatch, failpoint: str | None = None) -> dict:
+    """One real tick (in this process; its jobs are processes of their own, which inherit
+    the failpoint); wait for the jobs it started to end, killed or finished."""
+    with monkeypatch.context() as scoped:
+        if failpoint:
+            scoped.setenv("AIWORKER_FAILPOINT", failpoint)
+        result = cli("--json", "scheduler", "tick")
+    assert result.exit_code == 0, result
+    report = result.json()
+    pids = [j["pid"] for j in report["started"] + report["delivering"]]
+    deadline = time.monotonic() + 60
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return report
+
+
+def state_of(db) -> str:
+    return query(db, "select state from tasks")[0][0]
+
+
+def assert_nothing_unexplained(db, state_dir: Path) -> None:
+    """Every workspace on disk belongs to an open attempt (which recovery will close), or
+    was kept with a recorded reason and without its private home."""
+    workspaces = state_dir / "workspaces"
+    open_paths = {
+        p for (p,) in query(db, "select workspace_path from attempts where finished_at is null")
+    }
+    kept = [row[0] for row in query(db, "select data from events where kind = 'workspace.kept'")]
+    for path in workspaces.iterdir() if workspaces.exists() else []:
+        if str(path) in open_paths or not path.is_dir():
+            continue
+        assert any(str(path) in k for k in kept), f"{path} is there without a reason"
+        assert not (path / "home").exists(), f"{path} still has a private home"
+
+
+@pytest.mark.slow
+def test_killed_jobs_are_recovered_at_every_point(
+    cli, forge, upgraded, state_dir, tmp_path, monkeypatch
+):
+    config = configure(tmp_path, forge, monkeypatch)
+    config.write_text(CONFIG + config.read_text())
+    write_scenario(
+        tmp_path / "scenario.json",
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"review": REVIEW_OK},
+    )
+    assert run_process("poll").exit_code == 0
+    [(task,)] = query(upgraded, "select id from tasks")
+    killed = 0
+    for phase, points in FAULTS.items():
+        # Each tick first recovers what the previous one's job left, then starts the
+        # step again, this time to be killed at the next point.
+        for number, point in enumerate(points):
+            report = tick(cli, monkeypatch, point)
+            assert [r["task"] for r in report["recovered"]] == ([task] if number else [])
+            killed += 1
+            assert query(upgraded, "select phase from attempts where finished_at is null") == [
+                (phase,)
+            ], point
+            assert_nothing_unexplained(upgraded, state_dir)
+        report = tick(cli, monkeypatch)  # recovered, and this time the step runs to its end
+        assert [r["task"] for r in report["recovered"]] == [task]
+        assert state_of(upgraded) in DEFINED
+        assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+        assert_nothing_unexplained(upgraded, state_dir)
+    for _ in range(10):
+        if state_of(upgraded) == "done":
+            break
+        tick(cli, monkeypatch)
+    assert state_of(upgraded) == "done"
+    tick(cli, monkeypatch)  # cleanup after delivery
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    assert query(upgraded, "select count(*) from attempts where outcome = 'abandoned'") == [
+        (killed,)
+    ]
+    for phase, used in query(upgraded, "select phase, used from budgets"):
+        counted = query(
+            upgraded,
+            f"select count(*) from attempts where phase = '{phase}' and refunded = 0",
+        )[0][0]
+        assert used == counted, phase
+    for (reason,) in query(upgraded, "select reason from attempts where outcome = 'abandoned'"):
+        assert reason.startswith("the job's process died: last recorded:"), reason
+    assert not any((state_dir / "workspaces").iterdir())
+    head = query(upgraded, "select head_commit from tasks")[0][0]
+    statuses = forge.client("worker-bot").combined_status("team", "app", head)
+    assert statuses.state == "success"
+    assert os.listdir(state_dir / "logs") == []
