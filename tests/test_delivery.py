@@ -8,6 +8,7 @@ import pytest
 
 from tests.forge_fixtures import git
 from tests.helpers import run_process
+from tests.json_keys import assert_keys
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
 
 REVIEW_OK = {
@@ -50,6 +51,7 @@ def delivered(claimed):
         )
         implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
         assert implemented.exit_code == 0, implemented
+        assert_keys("implement", implemented.json())
         return task, implemented.json()["head"]
 
     return run
@@ -60,6 +62,7 @@ def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
     reports = deliver_until(task, "publish", "ci", "review", "merge", cli=cli)
     for step, result in reports.items():
         assert result.exit_code == 0, (step, result)
+        assert_keys(step, result.json())
     pr = reports["publish"].json()["pr"]
     worker = forge.client("worker-bot")
     combined = worker.combined_status("team", "app", head)
@@ -85,6 +88,7 @@ def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
         ("merge", "merged"),
     ]
     shown = cli("--json", "task", "show", str(task)).json()
+    assert_keys("task show", shown)
     kinds = [e["kind"] for e in shown["history"]]
     assert kinds[:3] == ["task.created", "task.scope_recorded", "task.claimed"]
     for kind in ("attempt.started", "task.published", "ci.finished", "review.posted"):

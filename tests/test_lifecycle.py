@@ -14,6 +14,7 @@ from pathlib import Path
 import requests
 
 from tests.helpers import run_process
+from tests.json_keys import assert_keys
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
 
 
@@ -78,6 +79,15 @@ def tagged_alive(tag: str) -> list[int]:
     return found
 
 
+def attempt_tag(state_dir: Path, attempt: int) -> str:
+    """The tag the implementation attempt's processes carry (unique to this state dir)."""
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+
+    env = Environment(state_dir, load_config(state_dir / "absent.toml", required=False))
+    return f"AIWORKER_ATTEMPT_ID={env.attempt_tag('implementation', attempt)}"
+
+
 def wait_for_provider(tag: str) -> list[int]:
     deadline = time.monotonic() + 20
     while not tagged_alive(tag) and time.monotonic() < deadline:
@@ -106,7 +116,9 @@ def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, clai
     # Nothing is claimed for it again until the issue changes.
     assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
     edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nunit: ./ci/run\n```\n")
-    assert cli("--json", "poll").json()["tasks"] == {"updated": 1}
+    polled = cli("--json", "poll").json()
+    assert_keys("poll", polled)
+    assert polled["tasks"] == {"updated": 1}
     assert query(upgraded, "select state from tasks") == [("ready",)]
 
 
@@ -131,7 +143,7 @@ def test_a_task_paused_during_its_run_stays_paused_with_its_result_kept(
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=6)
     phase = start_implement(task)
     _, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
-    wait_for_provider(f"AIWORKER_ATTEMPT_ID=implementation-{attempt}")
+    wait_for_provider(attempt_tag(state_dir, attempt))
     edit_issue(forge, 1, assignees=[])  # the writer withdraws the assignment
     assert cli("--json", "poll").json()["paused"][0]["task"] == task
     out, err = phase.communicate(timeout=60)
@@ -181,6 +193,7 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert shown["budgets"] == {"implementation": {"used": 2, "resets": 0, "limit": 2}}
     retried = cli("--json", "task", "retry", str(task))
     assert retried.exit_code == 0, retried
+    assert_keys("task retry", retried.json())
     assert retried.json()["budget_reset"] == {"implementation": 2}
     assert query(upgraded, "select state from tasks") == [("ready",)]
     assert query(upgraded, "select used, resets from budgets") == [(0, 1)]
@@ -193,13 +206,14 @@ def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, st
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=30)
     phase = start_implement(task)
     workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
-    tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
+    tag = attempt_tag(state_dir, attempt)
     wait_for_provider(tag)
     phase.send_signal(signal.SIGKILL)
     phase.communicate()
     assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(1,)]
     # The next claim on the slot recovers it first (a tick does the same).
     claim = cli("--json", "claim", "--slot", "1").json()
+    assert_keys("claim", claim)
     assert claim["recovered"] == [task]
     outcome, reason = query(upgraded, "select outcome, reason from attempts")[0]
     assert outcome == "abandoned"
@@ -224,11 +238,12 @@ def test_cancel_stops_the_running_job_and_leaves_nothing_alive(claimed, upgraded
     task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=60)
     phase = start_implement(task)
     workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
-    tag = f"AIWORKER_ATTEMPT_ID=implementation-{attempt}"
+    tag = attempt_tag(state_dir, attempt)
     agents = wait_for_provider(tag)
     cancelled = run_process("--json", "task", "cancel", str(task))
     assert cancelled.exit_code == 0, cancelled
     report = cancelled.json()
+    assert_keys("task cancel", report)
     assert report["was"] == "running"
     assert phase.pid in report["stopped"]
     assert set(agents) <= set(report["stopped"])

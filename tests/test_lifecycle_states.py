@@ -53,8 +53,8 @@ def _state_literal(node: ast.expr) -> str | None:
 
 
 # How each moving helper names its edge: (from, to) as argument positions, or a fixed
-# source state (implement's _land always moves its task out of running).
-MOVERS = {"advance": (2, 4), "move": (2, 3), "_land": ("running", 2)}
+# source state (implement_outcomes.land always moves its task out of running).
+MOVERS = {"advance": (2, 4), "move": (2, 3), "land": ("running", 2)}
 
 
 def moves():

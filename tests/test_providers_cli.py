@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 from tests.helpers import run_process
+from tests.json_keys import assert_keys
 
 
 def scenario(path, used, weekly=None, **extra):
@@ -86,6 +87,7 @@ def test_check_reads_one_provider(upgraded, tmp_path, monkeypatch):
     scenario(tmp_path / "s.json", used=42, admission_error=None)
     configure(tmp_path, monkeypatch, '[provider_options.script]\nscenario = "s.json"\n')
     report = run_process("--json", "providers", "check", "script").json()
+    assert_keys("providers check", report)
     reading = report["providers"]["script"]["reading"]
     assert reading["valid"] is True
     assert reading["windows"][0]["used_percent"] == 42

@@ -20,6 +20,7 @@ from aiworker.store.engine import Database
 from aiworker.store.models import Event, Task
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
+from tests.json_keys import assert_keys
 
 RECORDER = Path(__file__).parent / "workers" / "phase_recorder.py"
 
@@ -227,6 +228,7 @@ def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):
     monkeypatch.setenv("PHASE_SECONDS", "0.2")
     result = run_process("--json", "scheduler", "start-now")
     assert result.exit_code == 0, result
+    assert_keys("scheduler start-now", result.json())
     assert result.json()["via"] == "tick"
     runs = wait_for_ends(log, 3)
     assert len(runs) == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,12 @@ class Environment:
     @property
     def locks(self) -> LockDir:
         return LockDir(self.state_dir)
+
+    def attempt_tag(self, phase: str, attempt_id: int) -> str:
+        """AIWORKER_ATTEMPT_ID of a phase attempt's processes: unique to this state directory,
+        so recovery and cancel never touch another installation's processes on the host."""
+        digest = hashlib.sha256(str(self.state_dir.absolute()).encode()).hexdigest()[:12]
+        return f"{phase}-{attempt_id}-{digest}"
 
     def ensure_state_dir(self) -> Path:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -132,7 +132,7 @@ def run_model_phase(
         workspace,
         admission.model,
         admission.effort,
-        attempt,
+        env.attempt_tag(guard.phase, attempt),
         guard.phase,
         backend=BACKEND,
     )

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.evidence.gate import run_gate
@@ -23,14 +21,21 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
 from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.implement_outcomes import (
+    ImplementReport,
+    Running,
+    ended,
+    failed,
+    land,
+    needs_input,
+    retained,
+)
 from aiworker.core.phases.prompts import implementation_prompt
-from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.budgets import RELEASE, land_after_failure, spent
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
-from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Conflict, InvalidInput
+from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from aiworker.store.attempts import providers_tried_at
 from aiworker.store.engine import Database
@@ -40,37 +45,6 @@ log = logging.getLogger(__name__)
 PHASE = "implementation"
 # Failures after which another try (maybe another provider) may succeed.
 RETRYABLE = ("quota_exhausted", "transient", "auth", "over_budget")
-
-
-@dataclass
-class ImplementReport(Report):
-    task: int
-    outcome: str  # implemented | ready | failed | needs_input | unavailable | retained
-    provider: str | None = None
-    attempt: int | None = None
-    base: str | None = None
-    head: str | None = None
-    gate: dict[str, Any] | None = None
-    reason: str = ""
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    state: str = ""
-
-    @property
-    def exit_code(self) -> int:
-        if self.outcome == "implemented":
-            return EXIT_OK
-        return EXIT_UNAVAILABLE if self.outcome == "unavailable" else EXIT_FAILED
-
-
-@dataclass
-class Running:
-    """The task as this phase left it: every later move compares against this version."""
-
-    task: Task
-    repo: Repository
-    slot: int
-    version: int
-    token: str  # the claim token this job set: SLOT-pidPID
 
 
 def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
@@ -126,25 +100,6 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
         db.dispose()
 
 
-def _land(db: Database, running: Running, to_state: str, reason: str, **changes: Any) -> bool:
-    """The phase's last move; False when the task moved on meanwhile (its decision stands)."""
-    try:
-        with db.write() as session:
-            running.version = advance(
-                session,
-                running.task.id,
-                S.RUNNING,
-                running.version,
-                to_state,
-                reason,
-                actor="implement",
-                **{**RELEASE, **changes},
-            )
-    except TransitionRefused:
-        return False
-    return True
-
-
 def _implement(
     env: Environment, db: Database, guard: PhaseGuard, running: Running
 ) -> ImplementReport:
@@ -159,10 +114,10 @@ def _implement(
     report = ImplementReport(task.id, "running", base=base)
     problems = check_inputs(issue, cache, repo.index, base)
     if problems:
-        return _needs_input(env, db, running, report, problems)
+        return needs_input(env, db, running, report, problems)
     if fingerprint(issue) != task.scope_fingerprint:
         reason = "the issue changed since it was scoped; the next poll records the new scope"
-        return _ended(db, running, report, S.READY, "ready", reason)
+        return ended(db, running, report, S.READY, "ready", reason)
     used, allowed = spent(env, db, task.id, PHASE)
     if used >= allowed:
         guard.recover(f"no {PHASE} attempts left ({used} of {allowed} used)")
@@ -177,7 +132,7 @@ def _implement(
         reason = "no provider is eligible for implementation now" + (
             "; inference is suspended" if admission.suspended else ""
         )
-        return _ended(db, running, report, S.READY, "unavailable", reason)
+        return ended(db, running, report, S.READY, "unavailable", reason)
     bundle = cache.bundle_out(
         repo.index, slot, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
     )
@@ -202,32 +157,6 @@ def _context(repo: Repository, issue: int, base: str) -> str:
     import json
 
     return json.dumps({"repository": f"{repo.owner}/{repo.name}", "issue": issue, "base": base})
-
-
-def _ended(
-    db: Database, running: Running, report: ImplementReport, state: str, outcome: str, reason: str
-) -> ImplementReport:
-    """End before any attempt started: nothing was spent."""
-    _land(db, running, state, reason)
-    report.outcome, report.reason, report.state = outcome, reason, state
-    return report
-
-
-def _needs_input(
-    env: Environment, db: Database, running: Running, report: ImplementReport, problems: list[str]
-) -> ImplementReport:
-    reason = "; ".join(problems)
-    if _land(db, running, S.NEEDS_INPUT, reason):
-        comment_on_issue(
-            env,
-            db,
-            running.task.id,
-            "aiworker cannot start on this issue yet; nothing was run. Please fix:\n"
-            + "\n".join(f"- {p}" for p in problems)
-            + "\n\nEditing the issue makes it eligible again.",
-        )
-    report.outcome, report.reason, report.state = "needs_input", reason, S.NEEDS_INPUT
-    return report
 
 
 def _conclude(
@@ -263,11 +192,11 @@ def _conclude(
         report.state = landed or "unchanged"
         return report
     if outcome_bundle is None:
-        return _failed(db, guard, running, report, "the agent made no commits")
+        return failed(db, guard, running, report, "the agent made no commits")
     try:
         report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
     except AncestryRejected as exc:
-        return _failed(db, guard, running, report, exc.message)
+        return failed(db, guard, running, report, exc.message)
     assert run.result is not None
     gate = run_gate(
         db,
@@ -286,37 +215,7 @@ def _conclude(
     reason = (
         "quality gate passed" if complete else "quality gate failed or the agent did not complete"
     )
-    if not _land(db, running, state, reason, base_commit=report.base, head_commit=report.head):
-        return _retained(db, guard, running, report)
+    if not land(db, running, state, reason, base_commit=report.base, head_commit=report.head):
+        return retained(db, guard, running, report)
     report.outcome, report.reason, report.state = str(state), reason, state
-    return report
-
-
-def _failed(
-    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport, reason: str
-) -> ImplementReport:
-    guard.finish("failed", reason)
-    if not _land(db, running, S.FAILED, reason):
-        return _retained(db, guard, running, report)
-    report.outcome, report.reason, report.state = "failed", reason, S.FAILED
-    log.warning("task %d: %s", running.task.id, reason)
-    return report
-
-
-def _retained(
-    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport
-) -> ImplementReport:
-    """The task moved on while the phase ran (paused, cancelled): keep the result."""
-    with db.read() as session:
-        now = session.get(Task, running.task.id)
-    state = now.state if now else "gone"
-    reason = f"the task became {state} while the phase ran; its result is retained"
-    guard.keep(reason)
-    if now is not None and now.state == S.RUNNING and now.claim_token == running.token:
-        # Still ours, but poll recorded a new scope meanwhile: the result answers the old one.
-        reason = "the issue changed while the phase ran; its result is retained"
-        running.version = now.version
-        if _land(db, running, S.READY, reason):
-            state = S.READY
-    report.outcome, report.reason, report.state = "retained", reason, state
     return report

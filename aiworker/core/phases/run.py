@@ -26,7 +26,7 @@ def run_provider(
     workspace: Workspace,
     model: str | None,
     effort: str | None,
-    attempt_id: int,
+    attempt_tag: str,
     phase: str = "implementation",
     backend: ExecutionBackend | None = None,
 ) -> RunReport:
@@ -41,8 +41,8 @@ def run_provider(
         workspace.inputs / "result-schema.json",
         prompt,
     )
-    tag = f"AIWORKER_ATTEMPT_ID={phase}-{attempt_id}"
-    env = {**spec.env, "AIWORKER_ATTEMPT_ID": f"{phase}-{attempt_id}"}
+    tag = f"AIWORKER_ATTEMPT_ID={attempt_tag}"
+    env = {**spec.env, "AIWORKER_ATTEMPT_ID": attempt_tag}
     stdin_path = None
     if spec.stdin is not None:
         stdin_path = workspace.inputs / "stdin"

@@ -27,6 +27,7 @@ from aiworker.core.providers.admission import (
     select_provider,
 )
 from aiworker.errors import InvalidInput
+from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
 REPORTED_PHASES = ("planning", "implementation", "review")
@@ -71,7 +72,7 @@ def read_provider(env: Environment, name: str, now: datetime) -> tuple[Reading, 
     return provider.admission(now), provider.measured_windows
 
 
-def backoffs(session: Any, names: Iterable[str]) -> dict[str, datetime]:
+def backoffs(session: Session, names: Iterable[str]) -> dict[str, datetime]:
     """Providers still backing off after consecutive failures, and until when."""
     found: dict[str, datetime] = {}
     for name in names:
@@ -97,7 +98,7 @@ def capability_check(
     return check
 
 
-def observe(db: Any, decisions: list[Decision]) -> None:
+def observe(db: Database, decisions: list[Decision]) -> None:
     """Record every admission decision as a provider observation with its reason."""
     with db.write() as session:
         for decision in decisions:

@@ -143,7 +143,9 @@ def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
     with db.read() as session:
         attempts = [(a.id, a.phase, a.pid) for a in open_attempts(session, task.id)]
     holders.update(pid for _, _, pid in attempts)
-    tags = [f"AIWORKER_ATTEMPT_ID={phase}-{aid}".encode() for aid, phase, _ in attempts]
+    tags = [
+        f"AIWORKER_ATTEMPT_ID={env.attempt_tag(phase, aid)}".encode() for aid, phase, _ in attempts
+    ]
     tree: set[int] = set()
     for pid in holders:
         # A recorded pid may have been reused since: only an aiworker process is ours.

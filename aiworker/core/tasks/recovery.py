@@ -109,7 +109,9 @@ def _abandon(
                 )
         # The provider's processes outlive a killed phase; they carry the attempt's tag.
         signal_all(
-            tagged_processes(f"AIWORKER_ATTEMPT_ID={closed_phase}-{attempt_id}".encode()),
+            tagged_processes(
+                f"AIWORKER_ATTEMPT_ID={env.attempt_tag(closed_phase, attempt_id)}".encode()
+            ),
             signal.SIGKILL,
         )
         if workspace:

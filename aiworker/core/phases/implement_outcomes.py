@@ -1,0 +1,132 @@
+"""How an implementation attempt ends for its task: the report, and the task's last move.
+
+Every move compares against the version the phase itself set when it started
+(Running.version); when poll paused the task or an operator cancelled it
+meanwhile, the move is refused and that decision stands: the result is
+retained, with the reason, instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.report import Report
+from aiworker.core.tasks.budgets import RELEASE
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImplementReport(Report):
+    task: int
+    outcome: str  # implemented | ready | failed | needs_input | unavailable | retained
+    provider: str | None = None
+    attempt: int | None = None
+    base: str | None = None
+    head: str | None = None
+    gate: dict[str, Any] | None = None
+    reason: str = ""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    state: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome == "implemented":
+            return EXIT_OK
+        return EXIT_UNAVAILABLE if self.outcome == "unavailable" else EXIT_FAILED
+
+
+@dataclass
+class Running:
+    """The task as this phase left it: every later move compares against this version."""
+
+    task: Task
+    repo: Repository
+    slot: int
+    version: int
+    token: str  # the claim token this job set: SLOT-pidPID
+
+
+def land(db: Database, running: Running, to_state: str, reason: str, **changes: Any) -> bool:
+    """The phase's last move; False when the task moved on meanwhile (its decision stands)."""
+    try:
+        with db.write() as session:
+            running.version = advance(
+                session,
+                running.task.id,
+                S.RUNNING,
+                running.version,
+                to_state,
+                reason,
+                actor="implement",
+                **{**RELEASE, **changes},
+            )
+    except TransitionRefused:
+        return False
+    return True
+
+
+def ended(
+    db: Database, running: Running, report: ImplementReport, state: str, outcome: str, reason: str
+) -> ImplementReport:
+    """End before any attempt started: nothing was spent."""
+    land(db, running, state, reason)
+    report.outcome, report.reason, report.state = outcome, reason, state
+    return report
+
+
+def needs_input(
+    env: Environment, db: Database, running: Running, report: ImplementReport, problems: list[str]
+) -> ImplementReport:
+    reason = "; ".join(problems)
+    if land(db, running, S.NEEDS_INPUT, reason):
+        comment_on_issue(
+            env,
+            db,
+            running.task.id,
+            "aiworker cannot start on this issue yet; nothing was run. Please fix:\n"
+            + "\n".join(f"- {p}" for p in problems)
+            + "\n\nEditing the issue makes it eligible again.",
+        )
+    report.outcome, report.reason, report.state = "needs_input", reason, S.NEEDS_INPUT
+    return report
+
+
+def failed(
+    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport, reason: str
+) -> ImplementReport:
+    guard.finish("failed", reason)
+    if not land(db, running, S.FAILED, reason):
+        return retained(db, guard, running, report)
+    report.outcome, report.reason, report.state = "failed", reason, S.FAILED
+    log.warning("task %d: %s", running.task.id, reason)
+    return report
+
+
+def retained(
+    db: Database, guard: PhaseGuard, running: Running, report: ImplementReport
+) -> ImplementReport:
+    """The task moved on while the phase ran (paused, cancelled): keep the result."""
+    with db.read() as session:
+        now = session.get(Task, running.task.id)
+    state = now.state if now else "gone"
+    reason = f"the task became {state} while the phase ran; its result is retained"
+    guard.keep(reason)
+    if now is not None and now.state == S.RUNNING and now.claim_token == running.token:
+        # Still ours, but poll recorded a new scope meanwhile: the result answers the old one.
+        reason = "the issue changed while the phase ran; its result is retained"
+        running.version = now.version
+        if land(db, running, S.READY, reason):
+            state = S.READY
+    report.outcome, report.reason, report.state = "retained", reason, state
+    return report

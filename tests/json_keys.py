@@ -1,0 +1,67 @@
+"""The success keys of every command's `--json` document, pinned: a renamed or dropped key
+breaks the scripts that read it, so changing one is a deliberate edit here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEYS: dict[str, frozenset[str] | str] = {
+    "status": frozenset({"tasks", "total_tasks", "slots", "last_check"}),
+    "doctor": frozenset({"ok", "checks"}),
+    "poll": frozenset({"repositories", "tasks", "unauthorized", "paused"}),
+    "claim": frozenset({"claimed", "slot", "task", "holder", "reason", "recovered"}),
+    "implement": frozenset(
+        {"task", "outcome", "provider", "attempt", "base", "head", "gate", "reason"}
+        | {"decisions", "state"}
+    ),
+    "publish": frozenset({"task", "pr", "branch", "head", "created"}),
+    "ci": frozenset({"task", "pr", "head", "state", "check", "evidence"}),
+    "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})
+    | {"state"},
+    "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at"}),
+    "cleanup": frozenset({"removed", "skipped", "changed", "kept"}),
+    "config show": frozenset({"path", "exists", "revision", "config", "tokens"}),
+    "config validate": frozenset({"path", "exists", "valid"}),
+    "config set": frozenset({"path", "key", "revision", "previous"}),
+    "db upgrade": frozenset({"database", "before", "current", "head", "up_to_date"}),
+    "db current": frozenset({"database", "before", "current", "head", "up_to_date"}),
+    "db backup": frozenset({"source", "target", "bytes", "revision"}),
+    "scheduler tick": frozenset(
+        {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
+        | {"skipped", "cleaned", "next_deadline"}
+    ),
+    "scheduler pause": frozenset({"paused", "reason"}),
+    "scheduler resume": frozenset({"paused"}),
+    "scheduler start-now": frozenset({"requested", "via", "pid"}),
+    "scheduler status": frozenset(
+        {"paused", "paused_reason", "last_check", "next_deadline", "check_requested", "slots"}
+    ),
+    "scheduler run-slot": "becomes the slot's phase command (exec): that command's document",
+    "scheduler install": frozenset({"written", "next_steps"}),
+    "runner schema": "a JSON Schema document (the contract itself)",
+    "runner execute": "an ait.runner.native-result.v1 document (tests/test_runner_execute.py)",
+    "sandbox serve": "serves until interrupted; prints its address, no document",
+    "sandbox seed": frozenset({"users", "repositories"}),
+    "providers status": frozenset({"suspended", "phases", "providers"}),
+    "providers check": frozenset({"suspended", "phases", "providers"}),
+    "task list": frozenset({"tasks", "next_after"}),
+    "task show": frozenset(
+        {"id", "kind", "repository", "issue", "title", "state", "version", "parent"}
+        | {"scope_fingerprint", "base", "head", "claim", "budgets", "history", "attempts"}
+        | {"receipts", "publications", "files"}
+    ),
+    "task retry": frozenset({"task", "state", "budget_reset"}),
+    "task cancel": frozenset(
+        {"task", "state", "was", "stopped", "attempts_closed", "removed", "pr_comment"}
+    ),
+}
+
+
+def assert_keys(command: str, document: Any) -> None:
+    expected = KEYS[command]
+    assert isinstance(expected, frozenset), f"{command} has no pinned keys"
+    assert isinstance(document, dict), f"{command}: {document!r}"
+    assert set(document) == expected, (
+        f"{command}: extra {sorted(set(document) - expected)}, "
+        f"missing {sorted(expected - set(document))}"
+    )
