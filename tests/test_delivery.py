@@ -175,3 +175,25 @@ def test_every_pending_ci_status_gets_a_terminal_one(forge, delivered, upgraded)
     passed = run_process("--json", "ci", "--task", str(task))
     assert passed.exit_code == 0, passed
     assert worker.combined_status("team", "app", head).state == "success"
+
+
+def test_cancelling_a_published_task_leaves_its_pr_open_with_a_comment(
+    forge, delivered, upgraded, cli
+):
+    task, _head = delivered()
+    reports = deliver_until(task, "publish", "ci", cli=cli)
+    assert all(r.exit_code == 0 for r in reports.values())
+    pr = reports["publish"].json()["pr"]
+    cancelled = cli("--json", "task", "cancel", str(task))
+    assert cancelled.exit_code == 0, cancelled
+    assert_keys("task cancel", cancelled.json())
+    assert cancelled.json()["was"] == "awaiting_review"
+    worker = forge.client("worker-bot")
+    assert worker.pull("team", "app", pr).state == "open"
+    [comment] = [c for c in worker.comments("team", "app", pr) if c.user.login == "worker-bot"]
+    assert comment.id == cancelled.json()["pr_comment"]
+    assert "left open for a person to decide" in comment.body
+    assert query(upgraded, "select state from tasks") == [("cancelled",)]
+    refused = cli("--json", "review", "--task", str(task))
+    assert refused.exit_code == 1
+    assert "cancelled, not awaiting_review" in refused.json()["error"]["message"]

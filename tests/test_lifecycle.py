@@ -202,8 +202,11 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert "only failed or needs_input tasks" in again.json()["error"]["message"]
 
 
-def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, state_dir, cli):
-    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=30)
+def test_a_killed_job_is_recovered_as_an_abandoned_attempt_and_counted(
+    forge, claimed, upgraded, state_dir, cli
+):
+    budget = "\n[budgets]\nimplementation = 2\n"
+    task = claimed(SCRIPT_ONLY + budget, edits={"calc.py": FIX}, result=result_doc(), sleep_s=30)
     phase = start_implement(task)
     workspace, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
     tag = attempt_tag(state_dir, attempt)
@@ -223,6 +226,16 @@ def test_a_killed_job_is_recovered_as_an_abandoned_attempt(claimed, upgraded, st
     assert query(upgraded, "select path, action from cleanup_inventory") == [(workspace, "removed")]
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
     assert query(upgraded, "select state from tasks") == [("claimed",)]
+    # Relaunched, it dies again: the budget is spent and the task fails, explained.
+    again = start_implement(task)
+    wait_for(upgraded, "select count(*) >= 2 from attempts where workspace_path is not null")
+    again.send_signal(signal.SIGKILL)
+    again.communicate()
+    assert cli("--json", "claim", "--slot", "1").json()["recovered"] == [task]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("failed", None)]
+    assert query(upgraded, "select outcome from attempts") == [("abandoned",), ("abandoned",)]
+    [comment] = comments_by_worker(forge)
+    assert "the implementation budget of 2 attempts is spent" in comment
 
 
 def test_a_claim_made_by_hand_keeps_its_slot_through_the_grace_period(claimed, upgraded, cli):

@@ -20,7 +20,7 @@ def show(ctx: typer.Context) -> None:
     from aiworker.core.maintenance.configuration import describe_config
 
     inv: Invocation = ctx.obj
-    description = describe_config(inv.config())
+    description = describe_config(inv.config()).to_json()
 
     def human(console: Any) -> None:
         import tomli_w

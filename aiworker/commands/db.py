@@ -23,7 +23,7 @@ def upgrade(ctx: typer.Context) -> None:
     from aiworker.core.maintenance.database import upgrade_database
 
     inv: Invocation = ctx.obj
-    report = upgrade_database(inv.environment()).as_dict()
+    report = upgrade_database(inv.environment()).to_json()
 
     def human(console: Any) -> None:
         if report["before"] == report["current"]:
@@ -41,7 +41,7 @@ def current(ctx: typer.Context) -> None:
     from aiworker.core.maintenance.database import database_revision
 
     inv: Invocation = ctx.obj
-    report = database_revision(inv.environment()).as_dict()
+    report = database_revision(inv.environment()).to_json()
     line = f"{report['database']}: {report['current'] or 'not initialised'} (head {report['head']})"
     emit(inv.json, report, lambda c: c.print(line, markup=False))
 
@@ -55,6 +55,6 @@ def backup(
     from aiworker.core.maintenance.database import backup_database
 
     inv: Invocation = ctx.obj
-    report = backup_database(inv.environment(), to).as_dict()
+    report = backup_database(inv.environment(), to).to_json()
     line = f"backed up {report['source']} to {report['target']} ({report['bytes']} bytes)"
     emit(inv.json, report, lambda c: c.print(line, markup=False))

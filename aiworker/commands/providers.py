@@ -64,7 +64,7 @@ def status(ctx: typer.Context) -> None:
     from aiworker.core.providers.registry import providers_status
 
     inv: Invocation = ctx.obj
-    report = providers_status(inv.environment())
+    report = providers_status(inv.environment()).to_json()
     emit(inv.json, report, _render(report))
 
 
@@ -77,5 +77,5 @@ def check(
     from aiworker.core.providers.registry import providers_status
 
     inv: Invocation = ctx.obj
-    report = providers_status(inv.environment(), only=name)
+    report = providers_status(inv.environment(), only=name).to_json()
     emit(inv.json, report, _render(report))

@@ -45,7 +45,7 @@ def seed(
     from aiworker.core.maintenance.sandbox import seed_forge
 
     inv: Invocation = ctx.obj
-    result = seed_forge(data)
+    result = seed_forge(data).to_json()
 
     def human(console: Any) -> None:
         for user in result["users"]:

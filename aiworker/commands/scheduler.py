@@ -72,7 +72,7 @@ def start_now(ctx: typer.Context) -> None:
     from aiworker.core.scheduling.launcher import request_follow_up
 
     inv: Invocation = ctx.obj
-    result = request_follow_up(inv.environment())
+    result = request_follow_up(inv.environment()).to_json()
     emit(inv.json, result, lambda c: c.print(f"check requested via {result['via']}", markup=False))
 
 

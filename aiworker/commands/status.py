@@ -15,7 +15,7 @@ def status(ctx: typer.Context) -> None:
     from aiworker.core.scheduling.overview import collect_status
 
     inv: Invocation = ctx.obj
-    report = collect_status(inv.environment()).as_dict()
+    report = collect_status(inv.environment()).to_json()
 
     def human(console: Any) -> None:
         from rich.table import Table

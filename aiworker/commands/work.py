@@ -17,7 +17,7 @@ def poll(ctx: typer.Context) -> None:
 
     inv: Invocation = ctx.obj
     env = inv.environment()
-    report = poll_forge(env, ForgeAccess(env.loaded)).as_dict()
+    report = poll_forge(env, ForgeAccess(env.loaded)).to_json()
 
     def human(console: Any) -> None:
         tasks = ", ".join(f"{k} {v}" for k, v in sorted(report["tasks"].items())) or "none"

@@ -25,6 +25,7 @@ from aiworker.core.intake.authorization import (
 )
 from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.report import Report
 from aiworker.store.discovery import tasks_of
 from aiworker.store.task_records import ensure_repository
 
@@ -39,7 +40,7 @@ class Candidate:
 
 
 @dataclass
-class PollReport:
+class PollReport(Report):
     repositories: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     unauthorized: list[dict[str, Any]] = field(default_factory=list)
@@ -48,7 +49,7 @@ class PollReport:
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "repositories": self.repositories,
             "tasks": self.outcomes,

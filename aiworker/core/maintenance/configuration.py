@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiworker.config.loader import LoadedConfig, identities_of, read_token
+from aiworker.core.report import Report
 from aiworker.secrets import redact_url_password
 
 
-def describe_config(loaded: LoadedConfig) -> dict[str, Any]:
+@dataclass
+class ConfigReport(Report):
+    path: str
+    exists: bool
+    revision: str
+    config: dict[str, Any]
+    tokens: dict[str, dict[str, Any]]
+
+
+def describe_config(loaded: LoadedConfig) -> ConfigReport:
     """The effective configuration; token sources are named, token values never appear."""
     document = loaded.config.model_dump(mode="json")
     tokens = {}
@@ -20,10 +31,4 @@ def describe_config(loaded: LoadedConfig) -> dict[str, Any]:
         tokens[name] = {"source": source, "present": present}
     if document["database"]["url"]:
         document["database"]["url"] = redact_url_password(document["database"]["url"])
-    return {
-        "path": str(loaded.path),
-        "exists": loaded.exists,
-        "revision": loaded.revision,
-        "config": document,
-        "tokens": tokens,
-    }
+    return ConfigReport(str(loaded.path), loaded.exists, loaded.revision, document, tokens)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite
@@ -17,14 +18,14 @@ from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_ne
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RevisionReport:
+@dataclass
+class RevisionReport(Report):
     url: str
     before: str | None
     current: str | None
     head: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "database": redact_url_password(self.url),
             "before": self.before,
@@ -54,14 +55,14 @@ def database_revision(env: Environment) -> RevisionReport:
     return RevisionReport(env.database_url, revision, revision, HEAD_REVISION)
 
 
-@dataclass(frozen=True)
-class BackupReport:
+@dataclass
+class BackupReport(Report):
     source: Path
     target: Path
     bytes: int
     revision: str | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "source": str(self.source),
             "target": str(self.target),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 
 
@@ -27,7 +29,14 @@ def serve_forge(data: Path, host: str, port: int, announce: Callable[[str], None
         server.server_close()
 
 
-def seed_forge(data: Path) -> dict[str, Any]:
+@dataclass
+class SeedReport(Report):
+    users: list[dict[str, Any]]
+    repositories: list[dict[str, Any]]
+
+
+def seed_forge(data: Path) -> SeedReport:
     from aiworker.sandbox.seed import seed
 
-    return seed(data.absolute())
+    seeded = seed(data.absolute())
+    return SeedReport(seeded["users"], seeded["repositories"])

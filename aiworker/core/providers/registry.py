@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from aiworker.core.providers.admission import (
     provider_settings,
     select_provider,
 )
+from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
@@ -129,7 +131,14 @@ def observe(db: Database, decisions: list[Decision]) -> None:
                 )
 
 
-def providers_status(env: Environment, only: str | None = None) -> dict[str, Any]:
+@dataclass
+class ProvidersReport(Report):
+    suspended: bool
+    phases: dict[str, str | None]
+    providers: dict[str, dict[str, Any]]
+
+
+def providers_status(env: Environment, only: str | None = None) -> ProvidersReport:
     config = env.loaded.config
     if only is not None and only not in PROVIDER_NAMES:
         raise InvalidInput(f"unknown provider {only!r}; known: {', '.join(PROVIDER_NAMES)}")
@@ -196,6 +205,6 @@ def providers_status(env: Environment, only: str | None = None) -> dict[str, Any
             }
         if only:
             report["providers"] = {only: report["providers"][only]}
-        return report
+        return ProvidersReport(report["suspended"], report["phases"], report["providers"])
     finally:
         db.dispose()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.report import Report
 from aiworker.core.scheduling.phase_commands import (
     DELIVERY_PHASE,
     aiworker_argv,
@@ -41,16 +43,23 @@ def _systemctl_start(unit: str) -> None:
         raise Unavailable(f"systemctl could not start {unit}: {result.stderr.strip()}")
 
 
-def request_follow_up(env: Environment) -> dict[str, Any]:
+@dataclass
+class FollowUpReport(Report):
+    requested: bool
+    via: str  # tick | aiworker-scheduler.service
+    pid: int | None  # the tick's process, when it was started directly
+
+
+def request_follow_up(env: Environment) -> FollowUpReport:
     """Ask for a check now instead of at the next interval: the same mechanism the timer
     uses starts the tick."""
     update_state(env, check_requested=True)
     if env.loaded.config.scheduler.launcher == "systemd":
         _systemctl_start("aiworker-scheduler.service")
-        return {"requested": True, "via": "aiworker-scheduler.service"}
+        return FollowUpReport(True, "aiworker-scheduler.service", None)
     argv = [*aiworker_argv(env), "scheduler", "tick"]
     pid = spawn_detached(argv, log_path=env.state_dir / "logs" / "scheduler.log")
-    return {"requested": True, "via": "tick", "pid": pid}
+    return FollowUpReport(True, "tick", pid)
 
 
 def follow_up_if_asked(env: Environment) -> None:

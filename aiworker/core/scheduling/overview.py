@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.report import Report
 from aiworker.store.task_records import claims_by_slot, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
 
@@ -22,13 +23,13 @@ class SlotStatus:
     task_state: str | None
 
 
-@dataclass(frozen=True)
-class StatusReport:
+@dataclass
+class StatusReport(Report):
     tasks: dict[str, int]
     slots: list[SlotStatus] = field(default_factory=list)
     last_check: datetime | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "tasks": self.tasks,
             "total_tasks": sum(self.tasks.values()),

@@ -23,7 +23,7 @@ class SchedulerStatus(Report):
 
 def scheduler_status(env: Environment) -> SchedulerStatus:
     state = SchedulerState.load(env.state_dir)
-    overview = collect_status(env).as_dict()
+    overview = collect_status(env).to_json()
     return SchedulerStatus(
         state.paused,
         state.paused_reason,

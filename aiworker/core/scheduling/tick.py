@@ -124,7 +124,7 @@ def _poll(env: Environment, report: TickReport) -> None:
     from aiworker.core.intake.discovery import poll
 
     try:
-        report.poll = poll(env, ForgeAccess(env.loaded)).as_dict()
+        report.poll = poll(env, ForgeAccess(env.loaded)).to_json()
     except AiworkerError as exc:
         # Authorisation could not be verified: start nothing this time.
         report.poll_error = exc.message
