@@ -206,8 +206,8 @@ def main() -> None:
         os.kill(pid, signal.SIGINT)
     say(
         f"\nDone. State is in {DEMO / 'state'}, the forge in {DEMO / 'forge'}; rerun "
-        "`make demo` to start afresh. Implementation, review and merge join this demo as "
-        "those phases land."
+        "`make demo` to start afresh; `aiworker task show 1` (with the demo's --config and "
+        "--state-dir) tells the task's story."
     )
 
 

@@ -128,3 +128,41 @@ def test_editing_the_body_changes_the_fingerprint(forge, polled):
     [(_task_id, data)] = events(polled, "task.scope_changed")
     assert before in data
     assert after in data
+
+
+def _set_state(db_path, number: int, state: str) -> None:
+    """Put issue NUMBER's task in STATE, as the delivery steps would have."""
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute(
+            "update tasks set state = ?, version = version + 1 where issue_number = ?",
+            (state, number),
+        )
+    conn.close()
+
+
+def test_a_paused_task_resumes_where_it_was_paused(forge, polled):
+    poll()
+    _set_state(polled, 1, "awaiting_review")
+    import requests
+
+    def assign(logins):
+        response = requests.patch(
+            f"{forge.url}/api/v1/repos/team/app/issues/1",
+            json={"assignees": logins},
+            headers={"Authorization": f"token {forge.tokens['alice']}"},
+            timeout=10,
+        )
+        assert response.status_code == 201, response.text
+
+    assign([])
+    assert [p["issue"] for p in poll()["paused"]] == [1]
+    assert tasks(polled)[1][1] == "paused"
+    assign(["worker-bot"])
+    assert poll()["tasks"] == {"resumed": 1}
+    assert tasks(polled)[1][1] == "awaiting_review"
+    # An approved task is left to merge (its issue closes when the PR merges).
+    _set_state(polled, 1, "approved")
+    assign([])
+    assert poll()["paused"] == []
+    assert tasks(polled)[1][1] == "approved"

@@ -130,11 +130,13 @@ def test_killed_phase_leaves_a_stale_claim_the_next_tick_recovers(scheduled, mon
         assert [s["slot"] for s in report["started"]] == [victim["slot"]]
         db = Database(f"sqlite:///{db_path}")
         with db.read() as session:
-            recovered = session.scalars(
-                select(Event).where(Event.kind == "task.claim_recovered")
+            # The job the tick started died: its death is an abandoned attempt, counted.
+            retried = session.scalars(
+                select(Event).where(Event.kind == "task.retry_scheduled")
             ).one()
-            assert recovered.task_id == victim["task"]
-            assert f"slot {victim['slot']}" in recovered.data["reason"]
+            assert retried.task_id == victim["task"]
+            assert retried.data["reason"].startswith("the job's process died")
+            assert (retried.data["used"], retried.data["limit"]) == (1, 3)
         db.dispose()
     finally:
         for run in phase_runs(log):

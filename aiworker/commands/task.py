@@ -53,12 +53,7 @@ def show(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Ta
             f"state {report['state']} (version {report['version']}); base {report['base']}; "
             f"head {report['head']}",
             "history:",
-            *(
-                f"  {e['at']} {e['kind']}"
-                + (f" {e['from']} -> {e['to']}" if e["to"] else "")
-                + (f": {e['data']['reason']}" if e["data"].get("reason") else "")
-                for e in report["history"]
-            ),
+            *(_event_line(e) for e in report["history"]),
             "attempts:",
             *(
                 f"  {a['id']} {a['phase']} {a['provider'] or 'host'}: {a['outcome']}"
@@ -83,6 +78,16 @@ def show(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Ta
         console.print("\n".join(lines), markup=False)
 
     emit(inv.json, report, human)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    line = f"  {event['at']} {event['kind']}"
+    if event["to"]:
+        line += f" {event['from'] or ''} -> {event['to']}".replace("  ", " ")
+    data = event["data"]
+    if data.get("phase"):
+        line += f" [{data['phase']}" + (f" #{data['attempt']}]" if data.get("attempt") else "]")
+    return line + (f": {data['reason']}" if data.get("reason") else "")
 
 
 @app.command("retry")

@@ -85,7 +85,16 @@ def run_job(
     loop = _Loop(proc.pid, limits, tag.encode(), on_event)
     assert proc.stdout is not None
     assert proc.stderr is not None
-    loop.pump({proc.stdout.fileno(): out, proc.stderr.fileno(): err}, proc.poll, started)
+    try:
+        loop.pump({proc.stdout.fileno(): out, proc.stderr.fileno(): err}, proc.poll, started)
+    except BaseException:
+        # Interrupted (a signal turned into an exception, an error in a callback): the
+        # attempt must not outlive the runner that owns it.
+        kill_attempt(proc.pid, proc.pid, loop.tag)
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        raise
     returncode = proc.wait()
     # Whatever is left now escaped the job; nothing of the attempt may outlive us.
     loop.leftovers += kill_attempt(proc.pid, proc.pid, loop.tag)

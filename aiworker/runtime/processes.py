@@ -64,6 +64,19 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
+def runs_with_arguments(pid: int, *arguments: str) -> bool:
+    """True while PID is alive and its command line holds ARGUMENTS in a row: a recorded
+    pid is only trusted while it still runs the job it was recorded for (pids are reused)."""
+    if not process_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    wanted = [a.encode() for a in arguments]
+    return any(argv[i : i + len(wanted)] == wanted for i in range(len(argv)))
+
+
 def which(program: str) -> str | None:
     return shutil.which(program)
 

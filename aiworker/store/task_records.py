@@ -102,3 +102,14 @@ def list_tasks(
 
 def events_of(session: Session, task_id: int) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()
+
+
+def paused_from(session: Session, task_id: int) -> str | None:
+    """The state the task was in when it was last paused."""
+    value = session.scalar(
+        select(Event.from_state)
+        .where(Event.task_id == task_id, Event.kind == "task.paused")
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    return None if value is None else str(value)

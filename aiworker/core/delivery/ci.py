@@ -132,6 +132,7 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
                 S.AWAITING_REVIEW if report.passed else S.FAILED,
                 "ci.finished",
                 {"state": state, "head": head, "pr": delivery.pr},
+                f"./ci/run {check['status']} at {head[:12]}",
             )
         follow_up_if_asked(env)
         return CiReport(task.id, delivery.pr, head, state, check, str(evidence))

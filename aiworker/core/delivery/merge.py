@@ -125,5 +125,5 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
             outcome="merged",
             body=evidence,
         )
-    move(db, task, S.APPROVED, S.DONE, "merge.done", evidence)
+    move(db, task, S.APPROVED, S.DONE, "merge.done", evidence, f"merged as {pull.merge_commit_sha}")
     return MergeReport(task.id, delivery.pr, head, pull.merge_commit_sha, merged_at)

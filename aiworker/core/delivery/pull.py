@@ -50,7 +50,13 @@ def pull_at_head(client: ForgejoClient, delivery: Delivery) -> PullRequest:
 
 
 def move(
-    db: Database, task: Task, from_state: str, to_state: str, kind: str, data: dict[str, Any]
+    db: Database,
+    task: Task,
+    from_state: str,
+    to_state: str,
+    kind: str,
+    data: dict[str, Any],
+    reason: str,
 ) -> None:
     """Advance TASK as this step loaded it; a task that moved meanwhile refuses the move."""
     with db.write() as session:
@@ -60,10 +66,11 @@ def move(
             from_state,
             task.version,
             to_state,
-            kind,
+            reason,
             actor=kind.split(".", maxsplit=1)[0],
             kind=kind,
             data=data,
+            follow_data_changes=True,
         )
 
 

@@ -15,6 +15,7 @@ from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.tasks.budgets import land_after_failure, spent
 from aiworker.errors import Conflict
+from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 
@@ -49,4 +50,5 @@ def step_guard(
             lock.release()
         raise StepBudgetSpent(f"task {task.id}: the {step} budget is spent")
     guard.start(None, settings)
+    failpoint(f"{step}.attempt_started")
     return guard

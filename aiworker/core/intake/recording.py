@@ -7,11 +7,12 @@ a conflict for it and decides again next time.
 
 from __future__ import annotations
 
+from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.states import ACTIVE, TaskState
 from aiworker.store.engine import Session
 from aiworker.store.models import Task
-from aiworker.store.task_records import create_task
+from aiworker.store.task_records import create_task, paused_from
 
 
 def record_discovered(
@@ -53,21 +54,35 @@ def record_discovered(
         return "conflict"
 
 
+# Work past implementation resumes where it was paused: every step re-verifies what it
+# relies on (authorisation, scope, base, receipts, the PR head) before it acts.
+RESUMABLE = frozenset(
+    {
+        TaskState.IMPLEMENTED,
+        TaskState.AWAITING_CI,
+        TaskState.AWAITING_REVIEW,
+        TaskState.APPROVED,
+    }
+)
+
+
 def _update(session: Session, known: Task, title: str, fingerprint: str, actor: str | None) -> str:
     outcome = "unchanged"
     state, version = known.state, known.version
     if state == TaskState.PAUSED:
+        before = paused_from(session, known.id)
+        resume = TaskState(before) if before in RESUMABLE else TaskState.READY
         version = advance(
             session,
             known.id,
             state,
             version,
-            TaskState.READY,
+            resume,
             "authorised again",
             actor=actor,
             kind="task.resumed",
         )
-        state, outcome = TaskState.READY, "resumed"
+        state, outcome = resume, "resumed"
     changed = known.scope_fingerprint != fingerprint or known.title != title
     if changed and state in ACTIVE | {TaskState.PAUSED}:
         # An issue edited while it waited for input is eligible again.
@@ -90,8 +105,12 @@ def _update(session: Session, known: Task, title: str, fingerprint: str, actor: 
 
 
 def pause_task(session: Session, task: Task, reason: str) -> bool:
-    """Pause an active task whose authorisation was withdrawn (or whose issue closed)."""
-    if task.state not in ACTIVE:
+    """Pause an active task whose authorisation was withdrawn (or whose issue closed).
+
+    An approved task is left to merge, which re-verifies authorisation itself: its issue
+    closes when its PR merges, and a merge that died after the request must still be
+    recorded as done."""
+    if task.state not in ACTIVE or task.state == TaskState.APPROVED:
         return False
     try:
         advance(
@@ -102,8 +121,7 @@ def pause_task(session: Session, task: Task, reason: str) -> bool:
             TaskState.PAUSED,
             reason,
             kind="task.paused",
-            claim_slot=None,
-            claim_token=None,
+            **RELEASE,
         )
     except TransitionRefused:
         return False

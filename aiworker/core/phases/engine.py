@@ -115,6 +115,7 @@ def run_model_phase(
     attempt = guard.start(
         name, {**admission.settings, **recorded}, admission.model, admission.effort
     )
+    failpoint(f"{guard.phase}.attempt_started")
     inputs = {
         **inputs,
         "result-schema.json": json.dumps(AgentResult.model_json_schema()),
@@ -127,6 +128,7 @@ def run_model_phase(
         workspace = guard.track(BACKEND.prepare(root, bundle, ref, inputs))
     finally:
         bundle.unlink(missing_ok=True)
+    guard.spent = True
     run = run_provider(
         provider_for(env, name),
         workspace,

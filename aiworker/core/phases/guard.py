@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
 from aiworker.errors import EXIT_UNAVAILABLE, AiworkerError
-from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
@@ -83,6 +82,7 @@ class PhaseGuard:
         self.workspace: Workspace | None = None
         self.keep_reason: str | None = None
         self.finished = False
+        self.spent = False  # a provider ran: inference was spent, so nothing is refunded
         self._signals = signals_raise()
 
     def start(
@@ -111,7 +111,6 @@ class PhaseGuard:
                 actor=provider or self.phase,
                 data={"attempt": self.attempt, "phase": self.phase, **settings},
             )
-        failpoint(f"{self.phase}.attempt_started")
         return self.attempt
 
     def track(self, workspace: Workspace) -> Workspace:
@@ -154,27 +153,40 @@ class PhaseGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # A second signal must not cut the clean-up short: it is ignored until the end.
+        ignored = {
+            sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGHUP)
+        }
         try:
             if exc is not None:
-                reason = failure_reason(exc)
-                log.warning("task %d: %s failed: %s", self.task_id, self.phase, reason)
-                outcome = "interrupted" if isinstance(exc, PhaseInterrupted) else "error"
-                # Something outside was unavailable (the forge, a lock): not this attempt's
-                # fault, so it is refunded; the task is retried within its budget.
-                transient = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE
-                outcome = "unavailable" if transient else outcome
-                self._settle(lambda: self.finish(outcome, reason, refunded=transient))
-                self._settle(self._teardown)
-                self._settle(lambda: self.recover(reason))
+                self._failed(exc)
             else:
                 self.finish("error", "the phase ended without recording an outcome")
                 self._teardown()
         finally:
+            for sig in ignored:
+                signal.signal(sig, signal.SIG_DFL)
             self._signals.__exit__(None, None, None)
             if self.lock is not None:
                 self.lock.release()
 
-    def _settle(self, step: Callable[[], None]) -> None:
+    def _failed(self, exc: BaseException) -> None:
+        reason = failure_reason(exc)
+        log.warning("task %d: %s failed: %s", self.task_id, self.phase, reason)
+        outcome = "interrupted" if isinstance(exc, PhaseInterrupted) else "error"
+        # Something outside was unavailable (the forge, a lock) before any inference: not
+        # this attempt's fault, so it is refunded and retried within the budget.
+        transient = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE and not self.spent
+        outcome = "unavailable" if transient else outcome
+        if self.attempt is None:
+            # Failed before its attempt was recorded (reading the issue, fetching): it is
+            # recorded now, so that a failure that repeats spends the budget and ends.
+            self._settle(lambda: self.start(None, {"failed_before_start": True}))
+        self._settle(lambda: self.finish(outcome, reason, refunded=transient))
+        self._settle(self._teardown)
+        self._settle(lambda: self.recover(reason))
+
+    def _settle(self, step: Callable[[], object]) -> None:
         """Run one clean-up step; a failure of one must not skip the others."""
         try:
             step()

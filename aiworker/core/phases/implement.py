@@ -29,6 +29,8 @@ from aiworker.core.phases.implement_outcomes import (
     land,
     needs_input,
     retained,
+    still_ours,
+    stopped,
 )
 from aiworker.core.phases.prompts import implementation_prompt
 from aiworker.core.scheduling.launcher import follow_up_if_asked
@@ -77,6 +79,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                     S.RUNNING,
                     f"implementing on slot {slot}",
                     actor="implement",
+                    follow_data_changes=True,  # the tick named this job's pid meanwhile
                     # Recovery reads the job's pid from its claim (tasks/recovery.py).
                     claim_token=token,
                 )
@@ -133,6 +136,8 @@ def _implement(
             "; inference is suspended" if admission.suspended else ""
         )
         return ended(db, running, report, S.READY, "unavailable", reason)
+    if not still_ours(db, running):
+        return stopped(db, running, report)
     bundle = cache.bundle_out(
         repo.index, slot, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
     )
@@ -215,7 +220,16 @@ def _conclude(
     reason = (
         "quality gate passed" if complete else "quality gate failed or the agent did not complete"
     )
-    if not land(db, running, state, reason, base_commit=report.base, head_commit=report.head):
+    accepted = land(
+        db,
+        running,
+        state,
+        reason,
+        whatever_the_scope=state != S.IMPLEMENTED,
+        base_commit=report.base,
+        head_commit=report.head,
+    )
+    if not accepted:
         return retained(db, guard, running, report)
     report.outcome, report.reason, report.state = str(state), reason, state
     return report

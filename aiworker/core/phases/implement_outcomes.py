@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class ImplementReport(Report):
     task: int
-    outcome: str  # implemented | ready | failed | needs_input | unavailable | retained
+    # implemented | ready | failed | needs_input | unavailable | retained | stopped
+    outcome: str
     provider: str | None = None
     attempt: int | None = None
     base: str | None = None
@@ -57,8 +58,18 @@ class Running:
     token: str  # the claim token this job set: SLOT-pidPID
 
 
-def land(db: Database, running: Running, to_state: str, reason: str, **changes: Any) -> bool:
-    """The phase's last move; False when the task moved on meanwhile (its decision stands)."""
+def land(
+    db: Database,
+    running: Running,
+    to_state: str,
+    reason: str,
+    *,
+    whatever_the_scope: bool = True,
+    **changes: Any,
+) -> bool:
+    """The phase's last move; False when the task moved on meanwhile (its decision stands).
+    Only a success depends on the scope it answered (WHATEVER_THE_SCOPE=False): a result
+    for a scope poll replaced meanwhile is retained, not accepted."""
     try:
         with db.write() as session:
             running.version = advance(
@@ -69,6 +80,7 @@ def land(db: Database, running: Running, to_state: str, reason: str, **changes: 
                 to_state,
                 reason,
                 actor="implement",
+                follow_data_changes=whatever_the_scope,
                 **{**RELEASE, **changes},
             )
     except TransitionRefused:
@@ -129,4 +141,21 @@ def retained(
         if land(db, running, S.READY, reason):
             state = S.READY
     report.outcome, report.reason, report.state = "retained", reason, state
+    return report
+
+
+def still_ours(db: Database, running: Running) -> bool:
+    """Whether the task is still running as this job left it (not paused, not cancelled)."""
+    with db.read() as session:
+        now = session.get(Task, running.task.id)
+    return now is not None and now.state == S.RUNNING and now.claim_token == running.token
+
+
+def stopped(db: Database, running: Running, report: ImplementReport) -> ImplementReport:
+    """The task was paused or cancelled before the provider ran: stop, spending nothing."""
+    with db.read() as session:
+        now = session.get(Task, running.task.id)
+    state = now.state if now else "gone"
+    report.outcome, report.state = "stopped", state
+    report.reason = f"the task became {state} before the provider ran; nothing was spent"
     return report

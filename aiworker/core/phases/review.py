@@ -141,6 +141,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                 to_state,
                 "review.posted",
                 {"event": event, "review": posted.id, "head": head},
+                f"{run.provider} reviewed {head[:12]}: {event}",
             )
             report.event, report.review, report.state = event, posted.id, to_state
             report.findings = [f.model_dump() for f in result.findings]

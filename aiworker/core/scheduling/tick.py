@@ -103,9 +103,9 @@ def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[
     with db.read_connection() as connection:
         if not active_claims(connection) and not has_open_attempts(connection):
             return []
-    from aiworker.core.tasks.recovery import recover_slots, recover_steps
+    from aiworker.core.tasks.recovery import recover_attempts, recover_slots
 
-    found = [*recover_slots(env, db, own_slots), *recover_steps(env, db)]
+    found = [*recover_slots(env, db, own_slots), *recover_attempts(env, db)]
     return [{"task": r.task, "state": r.state, "reason": r.reason} for r in found]
 
 

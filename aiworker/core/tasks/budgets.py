@@ -8,6 +8,8 @@ every attempt and why it ended.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiworker.core.context import Environment
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
@@ -16,7 +18,7 @@ from aiworker.store.attempts import attempts_of
 from aiworker.store.budgets import used
 from aiworker.store.engine import Database
 
-RELEASE = {"claim_slot": None, "claim_token": None, "claimed_at": None}
+RELEASE: dict[str, Any] = {"claim_slot": None, "claim_token": None, "claimed_at": None}
 
 
 def limit(env: Environment, phase: str) -> int:
@@ -73,6 +75,7 @@ def land_after_failure(
                 actor=phase,
                 kind="task.failed" if final else "task.retry_scheduled",
                 data={"phase": phase, "used": count, "limit": allowed},
+                follow_data_changes=True,
                 **changes,
             )
     except TransitionRefused:

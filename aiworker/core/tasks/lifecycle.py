@@ -62,12 +62,17 @@ def advance(
     actor: str | None = None,
     kind: str = "task.transition",
     data: Mapping[str, Any] | None = None,
+    follow_data_changes: bool = False,
     **changes: Any,
 ) -> int:
     """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON.
 
     Returns the task's new version; raises TransitionRefused, changing nothing, when
-    the edge is not allowed or the task moved on meanwhile.
+    the edge is not allowed or the task moved on meanwhile. FOLLOW_DATA_CHANGES: when
+    only the version moved (poll recorded a new scope; the state is still the expected
+    one), the move is made against the current version. A caller uses it where its
+    decision does not depend on the scope (a failure, a step's recorded outcome); a
+    changed state (paused, cancelled) is refused all the same.
     """
     if not allowed(expected_state, to_state):
         refusal = Refusal(task_id, expected_state, expected_version, to_state, "disallowed")
@@ -84,8 +89,21 @@ def advance(
         data={"reason": reason, **(data or {})},
         **changes,
     )
+    actual = None if applied else task_state(writer, task_id)
+    if not applied and follow_data_changes and actual and actual[0] == expected_state:
+        return advance(
+            writer,
+            task_id,
+            expected_state,
+            actual[1],
+            to_state,
+            reason,
+            actor=actor,
+            kind=kind,
+            data=data,
+            **changes,
+        )
     if not applied:
-        actual = task_state(writer, task_id)
         refusal = Refusal(
             task_id,
             expected_state,

@@ -22,6 +22,7 @@ from aiworker.core.maintenance.cleanup import task_artifacts
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.core.tasks.states import TERMINAL, TaskState
 from aiworker.errors import AiworkerError, Conflict, InvalidInput
 from aiworker.runtime.attempts import remove_attempt
@@ -137,9 +138,9 @@ def _cancel_record(db: Database, task_id: int) -> Task:
 
 def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
     """Stop every process working on TASK; return the pids that were running."""
-    holders = {env.locks.lock(f"task-{task.id}").holder_pid()}
-    if task.claim_slot is not None:
-        holders.add(env.locks.slot(task.claim_slot).holder_pid())
+    # The job's own records name it: the pid in its claim and in its open attempts (never a
+    # lock's holder, which may be a tick that holds every free slot for a moment).
+    holders = {launched_pid(task.claim_token)}
     with db.read() as session:
         attempts = [(a.id, a.phase, a.pid) for a in open_attempts(session, task.id)]
     holders.update(pid for _, _, pid in attempts)
@@ -148,8 +149,8 @@ def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
     ]
     tree: set[int] = set()
     for pid in holders:
-        # A recorded pid may have been reused since: only an aiworker process is ours.
-        if pid is not None and pid != os.getpid() and _runs_aiworker(pid):
+        if pid != os.getpid() and job_alive(pid, task.id):
+            assert pid is not None
             tree |= process_tree(pid)
     for tag in tags:
         tree.update(tagged_processes(tag))
@@ -169,13 +170,6 @@ def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
     with db.write() as session:
         append_event(session, "task.jobs_stopped", task_id=task.id, data={"pids": sorted(tree)})
     return sorted(tree)
-
-
-def _runs_aiworker(pid: int) -> bool:
-    try:
-        return b"aiworker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def _remove_workspaces(env: Environment, db: Database, task_id: int) -> list[str]:

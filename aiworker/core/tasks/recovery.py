@@ -23,11 +23,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from aiworker.core.context import Environment
+from aiworker.core.scheduling.launcher import task_log
 from aiworker.core.tasks.budgets import RELEASE, land_after_failure
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.runtime.attempts import remove_attempt
-from aiworker.runtime.processes import process_alive
+from aiworker.runtime.processes import runs_with_arguments
 from aiworker.runtime.reaper import signal_all, tagged_processes
 from aiworker.secrets import redact
 from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
@@ -46,8 +47,13 @@ BEFORE_PHASE = {
     TaskState.PLANNING: TaskState.READY,
     TaskState.REPAIRING: TaskState.REPAIRING,
 }
-# Steps that run without a slot, under the task's own lock.
-STEP_PHASES = ("publish", "ci", "review", "merge")
+# Steps that run without a slot, under the task's own lock, and the state each starts in.
+STEP_STARTS = {
+    "publish": TaskState.IMPLEMENTED,
+    "ci": TaskState.AWAITING_CI,
+    "review": TaskState.AWAITING_REVIEW,
+    "merge": TaskState.APPROVED,
+}
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,6 @@ class Recovered:
     task: int
     state: str | None  # where it landed; None when it had moved on meanwhile
     reason: str
-
-
-def task_log(env: Environment, task_id: int) -> Path:
-    return env.state_dir / "logs" / f"task-{task_id}.log"
 
 
 def diagnostic(env: Environment, db: Database, task_id: int) -> str:
@@ -77,8 +79,9 @@ def diagnostic(env: Environment, db: Database, task_id: int) -> str:
     return redact(text)
 
 
-def _alive(pids: list[int | None]) -> bool:
-    return any(pid is not None and process_alive(pid) for pid in pids)
+def job_alive(pid: int | None, task_id: int) -> bool:
+    """PID still runs a job of TASK_ID (phase commands all take --task ID)."""
+    return pid is not None and runs_with_arguments(pid, "--task", str(task_id))
 
 
 def _abandon(
@@ -164,15 +167,17 @@ def recover_slots(
     for row in claims:
         if row.slot not in own_slots and env.locks.slot(row.slot).is_locked():
             continue
-        launched = _launched_pid(row.token)
+        launched = launched_pid(row.token)
         fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
         if row.state == TaskState.CLAIMED and launched is None and fresh:
             continue
         with db.read() as session:
             pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
-        if _alive(pids):
+        if any(job_alive(pid, row.id) for pid in pids):
             continue
-        if row.state == TaskState.CLAIMED:
+        if row.state == TaskState.CLAIMED and launched is None:
+            # A hand claim nobody took up: given back, nothing was spent. (A job the tick
+            # started that died before it began counts below, like any other death.)
             recovered.append(_release(db, row.id, row.version, row.slot, row.token))
             continue
         phase = _phase_of(row.state)
@@ -192,7 +197,7 @@ def recover_slots(
     return recovered
 
 
-def _launched_pid(token: str | None) -> int | None:
+def launched_pid(token: str | None) -> int | None:
     """The pid a tick recorded in the claim when it started the job (launcher.py)."""
     _, sep, pid = (token or "").rpartition("-pid")
     return int(pid) if sep and pid.isdigit() else None
@@ -214,6 +219,7 @@ def _release(db: Database, task_id: int, version: int, slot: int, holder: str) -
                 TaskState.READY,
                 reason,
                 kind="task.claim_recovered",
+                follow_data_changes=True,
                 **RELEASE,
             )
     except TransitionRefused:
@@ -221,26 +227,31 @@ def _release(db: Database, task_id: int, version: int, slot: int, holder: str) -
     return Recovered(task_id, TaskState.READY, reason)
 
 
-def recover_steps(env: Environment, db: Database) -> list[Recovered]:
-    """Close the open attempts of delivery steps and reviews whose process died."""
+def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
+    """Close every other open attempt whose process died: a delivery step's or a review's,
+    or a phase's whose task was paused or cancelled meanwhile (its claim is gone, so slot
+    recovery does not see it). A step whose task is still where the step started is
+    retried within its budget; one that had already moved its task is only closed."""
     recovered = []
     with db.read() as session:
-        dead = {
-            a.task_id: a.phase
-            for a in open_attempts(session)
-            if a.phase in STEP_PHASES and not _alive([a.pid])
-        }
-    for task_id, phase in sorted(dead.items()):
-        if env.locks.lock(f"task-{task_id}").is_locked():
+        dead: dict[int, list[str]] = {}
+        for attempt in open_attempts(session):
+            if not job_alive(attempt.pid, attempt.task_id):
+                dead.setdefault(attempt.task_id, []).append(attempt.phase)
+        tasks = {task_id: task_row(session, task_id) for task_id in dead}
+    for task_id, phases in sorted(dead.items()):
+        task = tasks[task_id]
+        if task is None or env.locks.lock(f"task-{task_id}").is_locked():
             continue
-        reason = _abandon(env, db, task_id, (phase,), phase)
-        with db.read() as session:
-            task = task_row(session, task_id)
+        if task.state in HOLDS_SLOT and task.claim_slot is not None:
+            continue  # its slot's recovery handles it
+        reason = _abandon(env, db, task_id, tuple(phases), phases[0])
         state = None
-        if task is not None:
+        step = phases[0]
+        if STEP_STARTS.get(step) == task.state:
             state = land_after_failure(
-                env, db, task_id, task.state, task.version, phase, reason, retry_state=task.state
+                env, db, task_id, task.state, task.version, step, reason, retry_state=task.state
             )
         recovered.append(Recovered(task_id, state, reason))
-        log.warning("recovered the %s step of task %d: %s", phase, task_id, reason)
+        log.warning("closed the %s attempt of task %d: %s", step, task_id, reason)
     return recovered

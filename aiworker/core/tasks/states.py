@@ -87,8 +87,19 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     S.APPROVED: frozenset({S.APPROVED, S.DONE, S.REPAIRING, S.FAILED, *_LEAVE}),
     # needs_input -> ready: the issue was fixed (a new scope) or an operator retried it.
     S.NEEDS_INPUT: frozenset({S.NEEDS_INPUT, S.READY, *_LEAVE}),
-    # paused -> ready: authorised again (work restarts from the pinned evidence).
-    S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}),
+    # paused -> the state it was paused in, once authorised again, for work past
+    # implementation (each step re-verifies its evidence); -> ready for anything earlier.
+    S.PAUSED: frozenset(
+        {
+            S.PAUSED,
+            S.READY,
+            S.IMPLEMENTED,
+            S.AWAITING_CI,
+            S.AWAITING_REVIEW,
+            S.APPROVED,
+            S.CANCELLED,
+        }
+    ),
     # failed -> ready: an operator's retry, with the budget reset recorded.
     S.FAILED: frozenset({S.READY, S.CANCELLED}),
     S.DONE: frozenset(),

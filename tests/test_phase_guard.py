@@ -1,0 +1,130 @@
+"""The guard and the lifecycle's small promises, each on a real store and real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from aiworker.adapters.forgejo.errors import ForgeUnavailable
+from aiworker.core.phases.guard import PhaseGuard, PhaseInterrupted, signals_raise
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.recovery import job_alive
+from aiworker.runtime.execution import Limits, run_job
+from aiworker.store.engine import Database
+from aiworker.store.task_records import create_task, ensure_repository
+from tests.test_implement import query
+
+
+@pytest.fixture
+def task(upgraded):
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task_id = create_task(session, repo.id, "issue", issue_number=1).id
+    yield db, task_id
+    db.dispose()
+
+
+def tagged(tag: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and tag in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_sigterm_during_a_run_kills_the_job_before_the_phase_unwinds(tmp_path):
+    tag = f"AIWORKER_ATTEMPT_ID=guard-test-{os.getpid()}"
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(PhaseInterrupted), signals_raise():
+        run_job(
+            [sys.executable, "-c", "import time; time.sleep(30)"],
+            cwd=tmp_path,
+            env={"PATH": os.environ["PATH"], tag.split("=", 1)[0]: tag.split("=", 1)[1]},
+            tag=tag,
+            limits=Limits(timeout_s=60),
+        )
+    timer.join()
+    assert tagged(tag.encode()) == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def guarded(db, task_id, phase, body, recover=lambda reason: None):
+    """Run BODY(guard) inside a PhaseGuard, as a phase does."""
+    with PhaseGuard(db, task_id, phase, recover) as guard:
+        body(guard)
+
+
+def _recorded(upgraded):
+    return query(upgraded, "select outcome, refunded from attempts"), query(
+        upgraded, "select phase, used from budgets"
+    )
+
+
+def test_an_unavailable_forge_refunds_only_what_spent_no_inference(upgraded, task):
+    db, task_id = task
+    landed = []
+
+    def review(spent):
+        def body(guard):
+            guard.start("script", {})
+            guard.spent = spent
+            raise ForgeUnavailable("POST", "/reviews", 503, "overloaded")
+
+        return body
+
+    for spent in (False, True):
+        with pytest.raises(ForgeUnavailable):
+            guarded(db, task_id, "review", review(spent), landed.append)
+    attempts, budgets = _recorded(upgraded)
+    assert attempts == [("unavailable", 1), ("error", 0)]
+    assert budgets == [("review", 1)]
+    assert len(landed) == 2
+
+
+def test_a_failure_before_the_attempt_started_is_recorded_and_counted(upgraded, task):
+    db, task_id = task
+
+    def clone(_guard):
+        raise RuntimeError("the clone URL moved")
+
+    with pytest.raises(RuntimeError):
+        guarded(db, task_id, "implementation", clone)
+    attempts, budgets = _recorded(upgraded)
+    assert attempts == [("error", 0)]
+    assert budgets == [("implementation", 1)]
+    reason = query(upgraded, "select reason from attempts")[0][0]
+    assert reason == "unexpected RuntimeError: the clone URL moved"
+
+
+def test_a_scope_change_does_not_block_a_failure_but_a_pause_does(task):
+    db, task_id = task
+    with db.write() as session:
+        version = advance(session, task_id, "ready", 1, "claimed", "claim")
+        # poll records a new scope: the version moves, the state stays
+        advance(session, task_id, "claimed", version, "claimed", "scope", scope_fingerprint="b")
+        with pytest.raises(TransitionRefused):
+            advance(session, task_id, "claimed", version, "running", "stale")
+        moved = advance(
+            session, task_id, "claimed", version, "ready", "fail", follow_data_changes=True
+        )
+        assert moved == version + 2
+        advance(session, task_id, "ready", moved, "paused", "withdrawn")
+        with pytest.raises(TransitionRefused):
+            advance(session, task_id, "ready", moved, "claimed", "late", follow_data_changes=True)
+
+
+def test_a_recorded_pid_counts_only_while_it_runs_that_tasks_job():
+    # This very process is alive but is not `aiworker ... --task 7`: a reused pid.
+    assert job_alive(os.getpid(), 7) is False
+    assert job_alive(None, 7) is False
+    assert job_alive(2**22 + 12345, 7) is False
