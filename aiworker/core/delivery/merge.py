@@ -21,8 +21,7 @@ from aiworker.core.delivery.pull import (
 )
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.authorization import PermissionReader
-from aiworker.core.intake.discovery import authorize
+from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.report import Report
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
@@ -73,18 +72,8 @@ def _refusals(env: Environment, access: ForgeAccess, delivery: Delivery) -> list
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
     if not any(s.context == CI_CONTEXT and s.status == "success" for s in statuses):
         reasons.append(f"no successful '{CI_CONTEXT}' status on {head}")
-    worker = access.required("worker")
-    issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-    decision = authorize(
-        worker,
-        PermissionReader(access.optional("operator"), access.bots()),
-        env.loaded.config,
-        repo.owner,
-        repo.name,
-        task.kind,
-        issue,
-        access.logins["worker"],
-    )
+    issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
+    decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         reasons.append(f"authorisation no longer holds: {decision.reason}")
     return reasons

@@ -18,8 +18,7 @@ from aiworker.core.context import Environment
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.authorization import PermissionReader
-from aiworker.core.intake.discovery import authorize
+from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.intake.scope import fingerprint, requirements_from_issue
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
@@ -64,17 +63,7 @@ def _preconditions(
     worker: ForgejoClient,
 ) -> tuple[Issue, str]:
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-    reader = PermissionReader(access.optional("operator"), access.bots())
-    decision = authorize(
-        worker,
-        reader,
-        env.loaded.config,
-        repo.owner,
-        repo.name,
-        task.kind,
-        issue,
-        access.logins["worker"],
-    )
+    decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         _refuse(db, task, f"authorisation no longer holds: {decision.reason}")
     if fingerprint(issue) != task.scope_fingerprint:

@@ -101,6 +101,22 @@ def authorize(
     return decide(reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}")
 
 
+def still_authorized(
+    env: Environment, access: ForgeAccess, owner: str, name: str, kind: str, issue: Issue
+) -> Decision:
+    """Re-verify, from the issue's timeline now, that a task's work is still authorised."""
+    return authorize(
+        access.required("worker"),
+        PermissionReader(access.optional("operator"), access.bots()),
+        env.loaded.config,
+        owner,
+        name,
+        kind,
+        issue,
+        access.logins["worker"],
+    )
+
+
 def poll(env: Environment, access: ForgeAccess) -> PollReport:
     config = env.loaded.config
     report = PollReport()
