@@ -57,6 +57,12 @@ class SchemaMismatch(InvalidInput):
     code = "schema_mismatch"
 
 
+class StateUnusable(InvalidInput):
+    """The state directory or the database file cannot be used as it is; nothing changed."""
+
+    code = "state_unusable"
+
+
 class Unavailable(AiworkerError):
     """Try again later: a lock is held or nothing is eligible now."""
 

@@ -13,9 +13,15 @@ MIN_SECRET_LENGTH = 6
 
 
 def register_secret(value: str) -> None:
+    """Mask VALUE, and the forms it takes when it is escaped into JSON, a Python repr or
+    a URL, wherever text leaves the process."""
     if len(value) >= MIN_SECRET_LENGTH:
+        import json
+        from urllib.parse import quote
+
+        forms = {value, json.dumps(value)[1:-1], repr(value)[1:-1], quote(value, safe="")}
         with _lock:
-            _secrets.add(value)
+            _secrets.update(form for form in forms if len(form) >= MIN_SECRET_LENGTH)
 
 
 def redact(text: str) -> str:

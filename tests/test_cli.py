@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -52,9 +53,21 @@ def test_usage_error_in_json_mode_is_one_json_document(cli):
     assert "--to" in document["error"]["message"]
 
 
-def test_unexpected_error_is_one_line_with_hint(state_dir):
+def headless_database(state_dir):
+    """A SQLite file at this version's revision whose tables are gone: no check foresees
+    that, so reading it is an unexpected error."""
+    from aiworker.store.schema import HEAD_REVISION
+
     state_dir.mkdir(parents=True)
-    (state_dir / "aiworker.db").write_bytes(b"this is not a database" * 100)
+    conn = sqlite3.connect(state_dir / "aiworker.db")
+    with conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        conn.execute("INSERT INTO alembic_version VALUES (?)", (HEAD_REVISION,))
+    conn.close()
+
+
+def test_unexpected_error_is_one_line_with_hint(state_dir):
+    headless_database(state_dir)
     result = run_process("status")
     assert result.exit_code == 1, result
     assert "Traceback" not in result.stderr
@@ -67,8 +80,7 @@ def test_unexpected_error_is_one_line_with_hint(state_dir):
 
 
 def test_unexpected_error_with_json_is_json(state_dir):
-    state_dir.mkdir(parents=True)
-    (state_dir / "aiworker.db").write_bytes(b"garbage" * 1000)
+    headless_database(state_dir)
     result = run_process("--json", "status")
     assert result.exit_code == 1, result
     assert json.loads(result.stdout)["error"]["code"] == "internal"

@@ -65,7 +65,11 @@ def test_valid_config_is_shown_with_defaults(cli, config_file):
     assert shown["config"]["shares"] == 2
     assert shown["config"]["weekly_reserve_percent"] is None
     assert shown["config"]["phases"]["implementation"]["providers"]["codex"]["effort"] == "high"
-    assert shown["tokens"]["worker"] == {"source": "file:worker.token", "present": True}
+    assert shown["tokens"]["worker"] == {
+        "source": "file:worker.token",
+        "present": True,
+        "state": "present",
+    }
     assert shown["tokens"]["reviewer"]["present"] is False
     assert len(shown["revision"]) == 64
 

@@ -31,10 +31,18 @@ def show(ctx: typer.Context) -> None:
         for name, token in description["tokens"].items():
             present = "present" if token["present"] else "MISSING"
             console.print(f"# token {name}: {token['source']} ({present})")
-        document = {k: v for k, v in description["config"].items() if v is not None}
-        console.print(tomli_w.dumps(document), markup=False)
+        console.print(tomli_w.dumps(_without_none(description["config"])), markup=False)
 
     emit(inv.json, description, human)
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: unset keys are left out of the rendering."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value if v is not None]
+    return value
 
 
 @app.command("validate")

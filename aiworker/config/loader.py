@@ -40,14 +40,18 @@ def problems_of(error: ValidationError) -> list[str]:
     return lines
 
 
-def parse_config(data: bytes, origin: str) -> Config:
+def parse_toml(data: bytes, origin: str) -> dict[str, Any]:
+    """The TOML document in DATA; a clear error naming ORIGIN and the line otherwise."""
     try:
-        document = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigInvalid(f"{origin}: not UTF-8 text") from exc
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigInvalid(f"{origin}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigInvalid(f"{origin}: not valid TOML: {exc}") from exc
-    return validate_document(document, origin)
+        raise ConfigInvalid(f"{origin}: not valid TOML: {exc}") from None
+
+
+def parse_config(data: bytes, origin: str) -> Config:
+    return validate_document(parse_toml(data, origin), origin)
 
 
 def validate_document(document: dict[str, Any], origin: str) -> Config:
@@ -75,19 +79,52 @@ def load_config(path: Path, *, required: bool) -> LoadedConfig:
     return loaded
 
 
-def read_token(identity: Identity, base: Path) -> str | None:
-    """The token an identity names, or None when its source is empty or missing."""
+# A token is one printable word: anything else (two lines, spaces, control characters)
+# is refused before it can reach a header, an error message or a log.
+_TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")
+
+
+def token_source(identity: Identity, base: Path) -> str:
+    """Where an identity's token comes from, as an operator writes it (never the value)."""
     if identity.token_env is not None:
-        value = os.environ.get(identity.token_env, "").strip()
-    else:
-        assert identity.token_file is not None
-        token_path = Path(identity.token_file).expanduser()
-        if not token_path.is_absolute():
-            token_path = base / token_path
-        try:
-            value = token_path.read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
+        return f"env:{identity.token_env}"
+    return f"file:{token_path(identity, base)}"
+
+
+def token_path(identity: Identity, base: Path) -> Path:
+    assert identity.token_file is not None
+    path = Path(identity.token_file).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _raw_token(identity: Identity, base: Path) -> str:
+    if identity.token_env is not None:
+        return os.environ.get(identity.token_env, "").strip()
+    try:
+        return token_path(identity, base).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def token_state(identity: Identity, base: Path) -> str:
+    """present | missing | malformed: what `config show` and `doctor` report."""
+    value = _raw_token(identity, base)
+    if not value:
+        return "missing"
+    return "present" if _TOKEN.match(value) else "malformed"
+
+
+def read_token(identity: Identity, base: Path) -> str | None:
+    """The token an identity names, or None when its source is empty or missing.
+
+    A source that holds anything but exactly one token raises ConfigInvalid naming the
+    source, never its content."""
+    value = _raw_token(identity, base)
+    if value and not _TOKEN.match(value):
+        raise ConfigInvalid(
+            f"{token_source(identity, base)}: must hold exactly one token on one line "
+            "(printable characters, no spaces)"
+        )
     return value or None
 
 
@@ -96,9 +133,11 @@ def register_config_secrets(loaded: LoadedConfig) -> None:
     forge = loaded.config.forge
     if forge is not None:
         for _name, identity in identities_of(loaded.config):
-            token = read_token(identity, loaded.path.parent)
-            if token:
-                register_secret(token)
+            # Raw, so that even a malformed source (refused where it is used) is masked
+            # whole and line by line.
+            token = _raw_token(identity, loaded.path.parent)
+            for part in {token, *token.split()}:
+                register_secret(part)
     url = loaded.config.database.url
     if url:
         match = re.match(r"^[^:]+://[^:/@]*:([^@]+)@", url)

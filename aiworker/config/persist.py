@@ -8,7 +8,7 @@ from typing import Any
 
 import tomli_w
 
-from aiworker.config.loader import parse_config, revision_of
+from aiworker.config.loader import parse_config, parse_toml, revision_of
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock
@@ -62,7 +62,7 @@ def set_config_value(
     """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
     data = _current_bytes(path)
     revision = revision_of(data)
-    document: dict[str, Any] = tomllib.loads(data.decode("utf-8")) if data else {}
+    document: dict[str, Any] = parse_toml(data, str(path)) if data else {}
     parts = key.split(".")
     if not all(parts):
         raise InvalidInput(f"invalid key {key!r}: use dotted names such as forge.url")

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworker.config.loader import LoadedConfig
-from aiworker.errors import LockHeld
+from aiworker.errors import LockHeld, StateUnusable
 from aiworker.runtime.locks import FileLock, LockDir
-from aiworker.store.engine import Database, default_url
-from aiworker.store.schema import ensure_current
+from aiworker.store.engine import Database, default_url, sqlite_path
+from aiworker.store.schema import ensure_current, probe_file
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,28 @@ class Environment:
         return f"{phase}-{attempt_id}-{digest}"
 
     def ensure_state_dir(self) -> Path:
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return self.state_dir
+        path = self.state_dir
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except FileExistsError:
+            raise StateUnusable(f"state directory {path} exists and is not a directory") from None
+        except OSError as exc:
+            raise StateUnusable(
+                f"state directory {path} cannot be created: {exc.strerror}"
+            ) from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise StateUnusable(f"state directory {path} is not writable by this user")
+        return path
 
     def open_database(self, *, require_current: bool = True) -> Database:
-        """Open the store; by default refuse a schema that is missing, older or newer."""
+        """Open the store; by default refuse a schema that is missing, older or newer. A
+        file that is not a database, or is newer than this code, is refused before
+        anything is written to it."""
+        path = sqlite_path(self.database_url)
         if self.database_url == default_url(self.state_dir):
             self.ensure_state_dir()
+        if path is not None and path.exists():
+            probe_file(path)
         db = Database(self.database_url)
         if require_current:
             try:

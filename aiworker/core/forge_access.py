@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.config.loader import LoadedConfig, read_token
+from aiworker.adapters.forgejo.errors import ForgeError
+from aiworker.config.loader import LoadedConfig, read_token, token_source
 from aiworker.config.models import Identity
 from aiworker.errors import ConfigInvalid
 
@@ -70,5 +71,19 @@ class ForgeAccess:
 
     @cached_property
     def logins(self) -> dict[str, str]:
-        """Each configured identity's login, read once from the forge."""
-        return {role: client.current_user().login for role, client in self._clients.items()}
+        """Each configured identity's login, read once from the forge; a rejected token is
+        named by its identity and source (never its value)."""
+        logins = {}
+        for role, client in self._clients.items():
+            try:
+                logins[role] = client.current_user().login
+            except ForgeError as exc:
+                if exc.status not in (401, 403):
+                    raise
+                identity = getattr(self.loaded.config.forge.identities, role)  # type: ignore[union-attr]
+                source = token_source(identity, self.loaded.path.parent)
+                raise ConfigInvalid(
+                    f"forge.identities.{role}: the forge rejected the token from {source} "
+                    f"({exc.message})"
+                ) from None
+        return logins

@@ -7,12 +7,15 @@ knows; a test pins KNOWN_REVISIONS to the migration scripts.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import inspect, text
+from sqlalchemy.exc import DBAPIError
 
-from aiworker.errors import SchemaMismatch
-from aiworker.store.engine import Database
+from aiworker.errors import SchemaMismatch, StateUnusable
+from aiworker.store.engine import Database, sqlite_path
 
 # Oldest first; the last one is the head this code runs against.
 KNOWN_REVISIONS = ("0001_initial", "0002_lifecycle")
@@ -36,7 +39,11 @@ def ensure_not_newer(revision: str | None) -> None:
 
 
 def ensure_current(db: Database) -> None:
-    revision = current_revision(db)
+    try:
+        revision = current_revision(db)
+    except DBAPIError as exc:
+        where = sqlite_path(db.url) or "the database"
+        raise StateUnusable(f"{where}: cannot be used: {exc.orig}") from None
     ensure_not_newer(revision)
     if revision is None:
         raise SchemaMismatch(
@@ -47,6 +54,27 @@ def ensure_current(db: Database) -> None:
             f"database schema revision {revision} is older than this aiworker "
             f"({HEAD_REVISION}); run `aiworker db upgrade`"
         )
+
+
+def probe_file(path: Path) -> None:
+    """Refuse a file that is not an aiworker database, or one newer than this code, before
+    anything touches it: read-only and immutable, so no journal switch, no -wal or -shm
+    file and no lock happen first (the engine's connect hook would write)."""
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    try:
+        connection = sqlite3.connect(uri, uri=True)
+        try:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+            row = (
+                connection.execute("SELECT version_num FROM alembic_version").fetchone()
+                if "alembic_version" in tables
+                else None
+            )
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as exc:
+        raise StateUnusable(f"{path}: not a usable aiworker database ({exc})") from None
+    ensure_not_newer(None if row is None else str(row[0]))
 
 
 def migrations_dir() -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aiworker.config.loader import LoadedConfig, identities_of, read_token
+from aiworker.config.loader import LoadedConfig, identities_of, token_state
 from aiworker.core.report import Report
 from aiworker.secrets import redact_url_password
 
@@ -24,11 +24,11 @@ def describe_config(loaded: LoadedConfig) -> ConfigReport:
     document = loaded.config.model_dump(mode="json")
     tokens = {}
     for name, identity in identities_of(loaded.config):
-        present = read_token(identity, loaded.path.parent) is not None
+        state = token_state(identity, loaded.path.parent)
         source = (
             f"env:{identity.token_env}" if identity.token_env else f"file:{identity.token_file}"
         )
-        tokens[name] = {"source": source, "present": present}
+        tokens[name] = {"source": source, "present": state == "present", "state": state}
     if document["database"]["url"]:
         document["database"]["url"] = redact_url_password(document["database"]["url"])
     return ConfigReport(str(loaded.path), loaded.exists, loaded.revision, document, tokens)

@@ -6,7 +6,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiworker.config.loader import LoadedConfig, identities_of, load_config, read_token
+from aiworker.config.loader import (
+    LoadedConfig,
+    identities_of,
+    load_config,
+    token_path,
+    token_state,
+)
 from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.report import Report
 from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
@@ -68,12 +74,30 @@ def _check_config(loaded: LoadedConfig) -> Check:
 def _check_tokens(loaded: LoadedConfig) -> list[Check]:
     checks = []
     for name, identity in identities_of(loaded.config):
+        base = loaded.path.parent
         source = f"${identity.token_env}" if identity.token_env else str(identity.token_file)
-        if read_token(identity, loaded.path.parent) is None:
+        state = token_state(identity, base)
+        if state == "missing":
             checks.append(Check(f"token:{name}", "fail", f"no token readable from {source}"))
+        elif state == "malformed":
+            checks.append(
+                Check(f"token:{name}", "fail", f"{source} must hold exactly one token on one line")
+            )
+        elif identity.token_file and (mode := _mode(token_path(identity, base))) & 0o077:
+            checks.append(
+                Check(
+                    f"token:{name}",
+                    "fail",
+                    f"{source} is readable by others (mode {mode:04o}); chmod 600 it",
+                )
+            )
         else:
             checks.append(Check(f"token:{name}", "ok", f"token present in {source}"))
     return checks
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
 
 
 def _check_operator(loaded: LoadedConfig) -> Check:
