@@ -29,8 +29,10 @@ def test_secret_is_masked_whole_and_when_cut_by_the_tail():
     # The tail starts inside the secret: its visible end is masked too.
     assert mask_secrets(b"123456 y", [secret]) == b"*** y"
     assert mask_secrets(b"56 y", [secret]) == b"56 y"  # too little of it to tell
-    # Short values would mask ordinary text, so they are not treated as secrets.
-    assert mask_secrets(b"a 1 b", [b"1"]) == b"a 1 b"
+    # A declared secret is masked whatever its length (the request said it is one).
+    assert mask_secrets(b"pin=hk4#q done", [b"hk4#q"]) == b"pin=*** done"
+    assert mask_secrets(b"a 1 b", [b"1"]) == b"a *** b"
+    assert mask_secrets(b"nothing", [b""]) == b"nothing"  # the floor: one byte
 
 
 def test_masking_is_flagged_only_when_it_changed_the_tail():

@@ -62,11 +62,11 @@ def execute(
     ] = 64 * 1024,
 ) -> int:
     """Run one job request; print one result JSON (exit 0 only when it succeeded)."""
-    from aiworker.core.runner.operation import read_request_bytes, run_execute
+    from aiworker.core.runner.operation import run_execute
 
-    raw = read_request_bytes(request, sys.stdin.buffer)
     document, code = run_execute(
-        raw,
+        request,
+        sys.stdin.buffer,
         source_root=source_root,
         attempt_root=attempt_root,
         kill_grace_ms=kill_grace_ms,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import AfterValidator, Field, StrictInt, StringConstraints, field_validator
 
 from aiworker.contracts.base import Contract
 
@@ -14,18 +14,28 @@ ERROR_CONTRACT: Final = "ait.runner.error.v1"
 ENTRYPOINT_SELECTOR = "./ci/run"
 MAX_REQUEST_BYTES = 1024 * 1024
 
-Label = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-ShortText = Annotated[str, StringConstraints(max_length=4096)]
+
+def _no_nul(value: str) -> str:
+    # A NUL byte cannot reach an argv, a path or an environment; refuse it here, by name.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL byte")
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
+Label = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
+ShortText = Annotated[str, StringConstraints(max_length=4096), NoNul]
+PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096), NoNul]
 
 
 class LocalDirectorySource(Contract):
     kind: Literal["local_directory"]
-    path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    path: PathText
 
 
 class RemoteSnapshotSource(Contract):
     kind: Literal["remote_snapshot"]
-    repository_index: Annotated[int, Field(ge=1)]
+    repository_index: Annotated[StrictInt, Field(ge=1)]
     repository_name: Label
     snapshot_id: Label
     external: dict[str, ShortText] = {}
@@ -36,8 +46,11 @@ Source = Annotated[LocalDirectorySource | RemoteSnapshotSource, Field(discrimina
 
 class Command(Contract):
     argv: Annotated[list[ShortText], Field(min_length=1, max_length=256)]
-    working_directory: Annotated[str, StringConstraints(min_length=1, max_length=4096)] = "."
-    environment: Annotated[dict[str, ShortText], Field(max_length=256)] = {}
+    working_directory: PathText = "."
+    # Names and values are checked by the runner itself (runner/requests.py), with codes.
+    environment: Annotated[
+        dict[str, Annotated[str, StringConstraints(max_length=4096)]], Field(max_length=256)
+    ] = {}
     # Names of environment variables whose values are masked in the kept tails.
     secret_environment: Annotated[list[str], Field(max_length=256)] = []
 
@@ -54,7 +67,8 @@ class JobRequest(Contract):
     label: Label
     source: Source
     command: Command
-    timeout_ms: Annotated[int, Field(ge=1, le=7 * 24 * 3600 * 1000)]
+    # Integers, strictly, as the published schema says: no "5000", no true.
+    timeout_ms: Annotated[StrictInt, Field(ge=1, le=7 * 24 * 3600 * 1000)]
     suite_id: Label
 
 

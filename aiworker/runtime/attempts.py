@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
-import shutil
 import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 MARKER = ".aiworker-attempt.json"
 DEFAULT_MAX_FILES = 100_000
 DEFAULT_MAX_BYTES = 4 * 1024**3
@@ -136,8 +137,11 @@ def remove_attempt(path: Path) -> Removal:
     entries = 0
     error = None
     try:
-        entries = _make_removable(path)
-        shutil.rmtree(path)
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+            entries = 1
+        else:
+            entries = remove_tree(path)
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -146,41 +150,87 @@ def remove_attempt(path: Path) -> Removal:
     return Removal(not os.path.lexists(path), entries, duration, error)
 
 
-def _make_removable(root: Path) -> int:
-    """Give every directory owner rwx (top down, never through a link); count entries."""
-    count = 0
-    pending = [root]
-    while pending:
-        directory = pending.pop()
-        with contextlib.suppress(OSError):
-            os.chmod(directory, 0o700, follow_symlinks=False)
-        try:
-            with os.scandir(directory) as entries:
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(root: Path) -> int:
+    """Remove ROOT and everything under it, however deep, with no recursion and no link
+    followed; return how many entries went.
+
+    It walks down by directory descriptors (openat with O_NOFOLLOW) and back up through
+    "..", so it holds two descriptors whatever the depth and never builds a path longer
+    than one name: a tree 100,000 levels deep goes like a flat one."""
+    removed = 0
+    names: list[str] = []  # the way down from ROOT, one name per level
+    fd = os.open(root, _DIRECTORY)
+    try:
+        while True:
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o700)
+            child = None
+            with os.scandir(fd) as entries:
                 for entry in entries:
-                    count += 1
                     if entry.is_dir(follow_symlinks=False):
-                        pending.append(Path(entry.path))
-        except OSError:
-            continue
-    return count
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+                    removed += 1
+            if child is not None:
+                down = os.open(child, _DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd, names = down, [*names, child]
+                continue
+            if not names:
+                break
+            up = os.open("..", _DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            os.rmdir(names.pop(), dir_fd=fd)
+            removed += 1
+    finally:
+        os.close(fd)
+    os.rmdir(root)
+    return removed + 1
 
 
 def sweep_stale_attempts(root: Path) -> int:
-    """Remove attempt directories left by runners that died; live ones are kept."""
+    """Remove attempt directories left by runners that died; live ones are kept.
+
+    Only real directories owned by this user with a readable marker are candidates: a
+    link named like an attempt, a file, or anything else is skipped (and logged), and one
+    that cannot be removed never stops the run that found it."""
     removed = 0
     if not root.is_dir():
         return 0
     for path in root.glob("attempt-*"):
         try:
-            marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                log.warning("attempt root: skipped %s (not an attempt directory of ours)", path)
+                continue
+            marker = json.loads(_read_marker(path))
             pid = int(marker["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if pid == os.getpid() or _alive(pid):
             continue
-        if remove_attempt(path).removed:
+        removal = remove_attempt(path)
+        if removal.removed:
             removed += 1
+        else:
+            log.warning("attempt root: could not remove %s: %s", path, removal.error)
     return removed
+
+
+def _read_marker(path: Path) -> str:
+    """The marker file, opened without following a link at either level."""
+    directory = os.open(path, _DIRECTORY)
+    try:
+        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    finally:
+        os.close(directory)
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return handle.read(65536)
 
 
 def _alive(pid: int) -> bool:

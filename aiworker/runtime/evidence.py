@@ -10,8 +10,6 @@ import base64
 import hashlib
 from dataclasses import dataclass
 
-from aiworker.secrets import MIN_SECRET_LENGTH
-
 DEFAULT_TAIL_BYTES = 64 * 1024
 MASK = b"***"
 # A secret cut by the start of the tail is masked when at least this much of it shows.
@@ -74,8 +72,10 @@ class StreamRecorder:
 
 
 def mask_secrets(data: bytes, secrets: list[bytes]) -> bytes:
-    """Mask each secret of at least MIN_SECRET_LENGTH bytes (shorter ones would mask noise)."""
-    usable = (s for s in secrets if len(s) >= MIN_SECRET_LENGTH)
+    """Mask every declared secret, whatever its length: the request named it a secret, so a
+    short one is masked too even where that hides ordinary text. The floor is one byte (an
+    empty value cannot be found)."""
+    usable = (s for s in secrets if s)
     for secret in sorted(usable, key=len, reverse=True):
         data = data.replace(secret, MASK)
         # The tail may begin in the middle of a secret: mask the visible end of it.

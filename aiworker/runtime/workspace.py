@@ -100,7 +100,7 @@ def result_bundle(workspace: Workspace, target: Path) -> Path | None:
 
 def teardown(workspace: Workspace, *, preserve: bool) -> bool:
     """Remove the private home always; the rest unless PRESERVE (work kept for a retry)."""
-    shutil.rmtree(workspace.home, ignore_errors=True)
+    remove_attempt(workspace.home)  # whatever a CLI left there, however deep
     if preserve:
         return False
     return remove_attempt(workspace.root).removed

@@ -11,7 +11,6 @@ a finding.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import JobRequest
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.runner.execute import RunnerSettings, execute_request
-from aiworker.runtime.attempts import default_attempt_root
+from aiworker.runtime.attempts import default_attempt_root, remove_attempt
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.runtime.processes import run_command
 from aiworker.store.engine import Database
@@ -154,7 +153,7 @@ def run_checks(
             report.checks.append({"check_id": requirement.check_id, "passed": passed, **body})
             report.passed = report.passed and passed
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_attempt(work)
     return report
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import IO, Any
 
 from aiworker.contracts.runner import MAX_REQUEST_BYTES, RunnerError
 from aiworker.core.runner.execute import RunnerSettings, execute_request
-from aiworker.core.runner.requests import RequestRejected, parse_request
+from aiworker.core.runner.requests import RequestRejected, parse_request, resolve_source
 from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
 from aiworker.runtime.attempts import default_attempt_root
 
@@ -25,8 +26,26 @@ def read_request_bytes(source: str, stdin: IO[bytes]) -> bytes:
         ) from None
 
 
+def check_attempt_root(attempt_root: Path, source: Path) -> Path:
+    """The attempt root as an absolute path: a directory (or one to create) outside the
+    source it copies (an attempt inside its own source would copy itself)."""
+    root = attempt_root.absolute()
+    if os.path.lexists(root) and not root.is_dir():
+        raise RequestRejected(
+            "attempt_root_invalid", f"attempt root {root} exists and is not a directory"
+        )
+    real = root.resolve()
+    if real == source or source in real.parents:
+        raise RequestRejected(
+            "attempt_root_inside_source",
+            f"attempt root {root} lies inside the source {source}; choose one outside it",
+        )
+    return root
+
+
 def run_execute(
-    raw: bytes,
+    request_source: str,
+    stdin: IO[bytes],
     *,
     source_root: Path,
     attempt_root: Path | None,
@@ -34,11 +53,14 @@ def run_execute(
     drain_timeout_ms: int,
     tail_bytes: int,
 ) -> tuple[dict[str, Any], int]:
+    """Every path option is taken relative to the working directory, once, here."""
     try:
-        request = parse_request(raw)
+        request = parse_request(read_request_bytes(request_source, stdin))
+        source_root = source_root.absolute()
+        source = resolve_source(request, source_root)
         settings = RunnerSettings(
             source_root=source_root,
-            attempt_root=attempt_root or default_attempt_root(),
+            attempt_root=check_attempt_root(attempt_root or default_attempt_root(), source),
             kill_grace_s=kill_grace_ms / 1000,
             drain_timeout_s=drain_timeout_ms / 1000,
             tail_bytes=tail_bytes,

@@ -1,0 +1,167 @@
+"""Hostile jobs and inputs that bypass validation: the runner answers every one with a
+document, cleans up, and the next run on the same attempt root is unharmed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import pytest
+
+from tests.runner_helpers import execute, make_source, request
+
+DEEP = 1200
+
+
+def tail(stream: dict) -> str:
+    return base64.b64decode(stream["tail_base64"]).decode()
+
+
+@pytest.fixture
+def roots(tmp_path):
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    return tmp_path, attempts
+
+
+def test_a_tree_too_deep_for_recursion_is_removed_and_the_next_run_is_fine(roots):
+    root, attempts = roots
+    # 1,200 levels deep, read-only on the way down, plus a link out of the attempt.
+    script = (
+        'python3 -c "import os\n'
+        "top = os.path.join(os.environ['AIWORKER_WORKSPACE'], 'deep')\n"
+        "os.mkdir(top)\n"
+        "os.chdir(top)\n"
+        f"for _ in range({DEEP}): os.mkdir('d'); os.chdir('d')\n"
+        'os.chmod(top, 0o500)"\n'
+        f'ln -s {root} "$AIWORKER_WORKSPACE/escape"\n'
+    )
+    source = make_source(root, script)
+    result = execute(request(source), source_root=root, attempt_root=attempts)
+    assert result.exit_code == 0, result
+    document = result.json()
+    assert document["cleanup"]["removed"] is True, document["cleanup"]
+    assert document["cleanup"]["entries_removed"] >= DEEP
+    assert list(attempts.iterdir()) == []
+    assert (root / "src" / "ci" / "run.sh").exists()  # the link was not followed
+    again = execute(request(source), source_root=root, attempt_root=attempts)
+    assert again.exit_code == 0, again
+
+
+def test_things_planted_beside_attempts_are_skipped_not_followed(roots):
+    root, attempts = roots
+    victim = root / "victim"
+    victim.mkdir()
+    (victim / ".aiworker-attempt.json").write_text(json.dumps({"pid": 2**22 + 7}))
+    (victim / "keep").write_text("keep")
+    script = (
+        f'ln -s {victim} "$AIWORKER_WORKSPACE/../../attempt-planted-link"\n'
+        'echo x > "$AIWORKER_WORKSPACE/../../attempt-planted-file"\n'
+    )
+    source = make_source(root, script)
+    assert execute(request(source), source_root=root, attempt_root=attempts).exit_code == 0
+    quiet = make_source(root, "exit 0\n", name="quiet")
+    for _ in range(2):
+        result = execute(request(quiet), source_root=root, attempt_root=attempts)
+        assert result.exit_code == 0, result
+    assert (victim / "keep").read_text() == "keep"
+    assert sorted(p.name for p in attempts.iterdir()) == [
+        "attempt-planted-file",
+        "attempt-planted-link",
+    ]
+
+
+def _cases(source, marker, root):
+    base = request(source)
+    nul_argv = request(source, command={"argv": ["./ci/run", "a\x00b"]})
+    return [
+        ("invalid_field", "command.argv[1]: must not contain a NUL byte", nul_argv),
+        ("invalid_field", "source.path: must not contain a NUL byte", request(f"{source}\x00x")),
+        (
+            "invalid_field",
+            "timeout_ms: Input should be a valid integer",
+            {**base, "timeout_ms": True},
+        ),
+        (
+            "invalid_field",
+            "timeout_ms: Input should be a valid integer",
+            {**base, "timeout_ms": "5000"},
+        ),
+        (
+            "invalid_field",
+            "timeout_ms: Input should be a valid integer",
+            {**base, "timeout_ms": 5e3},
+        ),
+    ]
+
+
+def test_inputs_that_bypassed_validation_are_refused_and_run_nothing(roots):
+    root, attempts = roots
+    marker = root / "ran.marker"
+    source = make_source(root, f"touch {marker}\n")
+    for code, message, document in _cases(source, marker, root):
+        result = execute(document, source_root=root, attempt_root=attempts)
+        assert result.exit_code == 2, (message, result)
+        assert result.stdout.count("\n") == 1
+        error = result.json()
+        assert (error["contract"], error["code"]) == ("ait.runner.error.v1", code)
+        assert error["message"] == message
+    assert not marker.exists()
+    assert list(attempts.iterdir()) == []
+
+
+def test_path_options_that_cannot_work_are_refused(roots):
+    root, attempts = roots
+    marker = root / "ran.marker"
+    source = make_source(root, f"touch {marker}\n")
+    missing = execute(
+        b"", source_root=root, attempt_root=attempts, extra=("--request", "nope.json")
+    )
+    a_file = root / "a-file"
+    a_file.write_text("x")
+    as_file = execute(request(source), source_root=root, attempt_root=a_file)
+    inside = execute(request(source), source_root=root, attempt_root=source / "attempts")
+    for result, code in (
+        (missing, "request_unreadable"),
+        (as_file, "attempt_root_invalid"),
+        (inside, "attempt_root_inside_source"),
+    ):
+        assert result.exit_code == 2, result
+        error = result.json()
+        assert (error["contract"], error["code"]) == ("ait.runner.error.v1", code)
+    assert "nope.json" in missing.json()["message"]
+    assert not marker.exists()
+    assert a_file.read_text() == "x"
+    assert not (source / "attempts").exists()
+
+
+def test_every_path_option_works_relative_to_the_working_directory(roots, monkeypatch):
+    root, _attempts = roots
+    make_source(root, "echo from-the-job\nexit 3\n")
+    (root / "req.json").write_text(json.dumps(request("src")))
+    monkeypatch.chdir(root)
+    result = execute(
+        b"",
+        source_root=os.curdir,
+        attempt_root="rel-attempts",
+        extra=("--request", "req.json"),
+    )
+    assert result.exit_code == 1, result
+    document = result.json()
+    assert (document["status"], document["exit_code"]) == ("command_failed", 3)
+    assert tail(document["evidence"]["stdout"]) == "from-the-job\n"
+    assert list((root / "rel-attempts").iterdir()) == []
+
+
+def test_a_short_secret_is_masked_too(roots):
+    root, attempts = roots
+    source = make_source(root, 'echo "pin=$PIN"\n')
+    document = request(
+        source, command={"environment": {"PIN": "hk4#q"}, "secret_environment": ["PIN"]}
+    )
+    result = execute(document, source_root=root, attempt_root=attempts)
+    assert result.exit_code == 0, result
+    stdout = result.json()["evidence"]["stdout"]
+    assert tail(stdout) == "pin=***\n"
+    assert stdout["masked"] is True
