@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,43 @@ def test_a_short_secret_is_masked_too(roots):
     stdout = result.json()["evidence"]["stdout"]
     assert tail(stdout) == "pin=***\n"
     assert stdout["masked"] is True
+
+
+def alive_with_argument(argument: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if argument.encode() in argv and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def test_descendants_that_shed_group_environment_and_parent_do_not_survive(roots):
+    root, attempts = roots
+    first, second = f"{300 + os.getpid() % 97}.25", f"{300 + os.getpid() % 89}.75"
+    escape = (
+        "import os\\n"
+        "if os.fork() == 0:\\n"
+        "    os.setsid()\\n"
+        "    if os.fork() == 0:\\n"
+        f"        os.execve('/bin/sleep', ['sleep', '{second}'], {{}})\\n"
+        "    os._exit(0)\\n"
+    )
+    script = f'setsid env -i sleep {first} &\npython3 -c "{escape}"\nsleep 0.3\n'
+    source = make_source(root, script)
+    result = execute(
+        request(source),
+        source_root=root,
+        attempt_root=attempts,
+        extra=("--drain-timeout-ms", "500"),
+    )
+    assert result.exit_code == 0, result
+    assert alive_with_argument(first) == []
+    assert alive_with_argument(second) == []
+    assert result.json()["termination"]["leftover_processes_killed"] >= 1

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import select
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,9 +22,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aiworker.runtime.cgroups import AttemptCgroup
 from aiworker.runtime.evidence import DEFAULT_TAIL_BYTES, StreamDigest, StreamRecorder
 from aiworker.runtime.processes import start_process_group
-from aiworker.runtime.reaper import attempt_processes, become_subreaper, kill_attempt, signal_all
+from aiworker.runtime.reaper import (
+    attempt_processes,
+    become_subreaper,
+    kill_attempt,
+    reap_children,
+    signal_all,
+)
 
 F_SETPIPE_SZ = 1031
 READ_SIZE = 1 << 20
@@ -74,9 +82,15 @@ def run_job(
     out, err = StreamRecorder(limits.tail_bytes), StreamRecorder(limits.tail_bytes)
     started_at = datetime.now(UTC)
     started = time.monotonic()
+    # A program that is not there starts nowhere: no cgroup, and its spawn error stays its own.
+    cgroup = AttemptCgroup.create() if shutil.which(argv[0], path=env.get("PATH")) else None
     try:
-        proc = start_process_group(argv, cwd=cwd, env=env, stdin_path=stdin_path)
+        proc = start_process_group(
+            cgroup.wrap(list(argv)) if cgroup else argv, cwd=cwd, env=env, stdin_path=stdin_path
+        )
     except OSError as exc:
+        if cgroup is not None:
+            cgroup.remove()
         on_event("spawn_failed", {"error": exc.strerror or str(exc)})
         return _outcome(
             None, None, False, exc.strerror or str(exc), out, err, secrets, started_at, started
@@ -91,6 +105,7 @@ def run_job(
         # Interrupted (a signal turned into an exception, an error in a callback): the
         # attempt must not outlive the runner that owns it.
         kill_attempt(proc.pid, proc.pid, loop.tag)
+        _end_cgroup(cgroup, proc.pid)
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
@@ -98,6 +113,7 @@ def run_job(
     returncode = proc.wait()
     # Whatever is left now escaped the job; nothing of the attempt may outlive us.
     loop.leftovers += kill_attempt(proc.pid, proc.pid, loop.tag)
+    loop.leftovers += _end_cgroup(cgroup, proc.pid)
     proc.stdout.close()
     proc.stderr.close()
     code, sig = (None, signal.Signals(-returncode).name) if returncode < 0 else (returncode, None)
@@ -107,6 +123,16 @@ def run_job(
     outcome.drain_timed_out = loop.drain_timed_out
     outcome.leftover_processes_killed = loop.leftovers
     return outcome
+
+
+def _end_cgroup(cgroup: AttemptCgroup | None, job_pid: int) -> int:
+    """Kill what is left in the attempt's cgroup (what shed its group, environment and
+    parent), reap it, and remove the cgroup; return how many were killed."""
+    if cgroup is None:
+        return 0
+    killed = cgroup.kill()
+    cgroup.remove(reap=lambda: reap_children(exclude=job_pid))
+    return killed
 
 
 def _outcome(
