@@ -117,3 +117,29 @@ def test_serve_refuses_a_non_loopback_host(tmp_path):
     )
     assert result.returncode == 2
     assert "loopback" in result.stderr
+
+
+def test_ordinary_git_with_many_refs_and_a_large_push(forge, tmp_path):
+    """git gzips its fetch negotiation once a repository has a few dozen refs, and sends
+    a push over 1 MiB chunked: both are everyday git, both must work."""
+    work = tmp_path / "work"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    blob = work / "blob.bin"
+    blob.write_bytes(os.urandom(5 * 1024 * 1024))
+    git("add", "blob.bin", cwd=work)
+    git("commit", "-qm", "five megabytes", cwd=work)
+    for number in range(50):
+        git("branch", f"topic-{number:02d}", cwd=work)
+    pushed = git("push", "-q", "origin", "--all", cwd=work, check=False)
+    assert pushed.returncode == 0, pushed.stderr
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    assert forge.client("alice").branch("team", "app", "topic-49").commit.id == head
+    # A clone negotiating against 50 refs (gzip-encoded request) and fetching 5 MB.
+    mirror = tmp_path / "mirror"
+    cloned = git("clone", "-q", forge.clone_url("alice"), str(mirror), check=False)
+    assert cloned.returncode == 0, cloned.stderr
+    assert (mirror / "blob.bin").read_bytes() == blob.read_bytes()
+    fetched = git("fetch", "-q", "origin", cwd=work, check=False)
+    assert fetched.returncode == 0, fetched.stderr
+    refs = git("ls-remote", "--heads", "origin", cwd=mirror).stdout.splitlines()
+    assert len(refs) == 51

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,41 @@ class SandboxApp:
         return Reply(status, raw=body, headers=headers)
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
+def read_body(stream: Any, headers: dict[str, str]) -> bytes:
+    """The request body as git and HTTP clients send it: with a Content-Length or chunked
+    (git pushes over 1 MiB), and gzip-encoded (git's fetch negotiation with many refs),
+    decoded here as a web server in front of Forgejo would; at most MAX_BODY bytes."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        parts, total = [], 0
+        while True:
+            size = int(stream.readline(1024).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while stream.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                break
+            total += size
+            if total > MAX_BODY:
+                raise BodyTooLarge
+            parts.append(stream.read(size))
+            stream.readline(1024)  # the CRLF after each chunk
+        body = b"".join(parts)
+    else:
+        length = int(headers.get("content-length", "0") or 0)
+        if length > MAX_BODY:
+            raise BodyTooLarge
+        body = stream.read(length) if length else b""
+    if headers.get("content-encoding", "").lower() in ("gzip", "x-gzip"):
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        body = inflate.decompress(body, MAX_BODY + 1)
+        if len(body) > MAX_BODY or inflate.unconsumed_tail:
+            raise BodyTooLarge
+    return body
+
+
 class _Handler(BaseHTTPRequestHandler):
     app: SandboxApp
     protocol_version = "HTTP/1.1"
@@ -124,11 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         path, _, raw_query = self.path.partition("?")
         headers = {k.lower(): v for k, v in self.headers.items()}
-        length = int(headers.get("content-length", "0") or 0)
-        if length > MAX_BODY:
+        try:
+            body = read_body(self.rfile, headers)
+        except BodyTooLarge:
             self._send(Reply(413, {"message": "request body too large", "url": ""}))
+            self.close_connection = True
             return
-        body = self.rfile.read(length) if length else b""
+        except (ValueError, zlib.error):
+            self._send(Reply(400, {"message": "malformed request body", "url": ""}))
+            self.close_connection = True
+            return
         req = Request(self.command, path, raw_query, headers, body, query=parse_query(raw_query))
         try:
             reply = self.app.handle(req)
