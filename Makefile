@@ -3,16 +3,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install bytecode test test-fast lint bench demo clean
+.PHONY: install bytecode test test-fast lint bench demo clean constraints
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade pip -c constraints.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c constraints.txt
 	$(MAKE) --no-print-directory bytecode
 	touch $(STAMP)
+
+# Refresh constraints.txt on purpose: the newest versions pyproject.toml's ranges admit,
+# resolved in a scratch venv, then tested like any other change.
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install --quiet --upgrade pip
+	.venv-constraints/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '1,2p' constraints.txt; .venv-constraints/bin/python -m pip freeze --all \
+	  --exclude-editable | grep -v -e '^aiworker' -e '^setuptools=='; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf .venv-constraints
 
 # An editable install writes no bytecode when PYTHONDONTWRITEBYTECODE is set (as on
 # these machines); a wheel install compiles it. Start-up benchmarks need it current.

@@ -88,3 +88,20 @@ def test_all_sql_lives_in_store():
 def test_no_module_over_400_lines():
     for path in PACKAGE.rglob("*.py"):
         assert len(path.read_text().splitlines()) <= 400, path
+
+
+def test_every_dependency_is_pinned_in_the_constraints():
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    pins = {
+        re.split(r"==", line)[0].lower().replace("_", "-")
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    for requirement in wanted:
+        name = re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        assert name in pins, f"{name} has no pin in constraints.txt"
+    assert "-e '.[dev]' -c constraints.txt" in (ROOT / "Makefile").read_text()
