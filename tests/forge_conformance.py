@@ -1,6 +1,6 @@
 """Checks every request the adapter sends and every answer it gets against Forgejo's OpenAPI.
 
-The official document lives in ../shared/reference/. Response schemas are made
+The official document is vendored in tests/fixtures/forgejo/. Response schemas are made
 strict here (no properties beyond the document's), so the sandbox cannot grow
 fields Forgejo does not have; like Go's encoder, a list or object may be null.
 """
@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 
-SWAGGER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "forgejo-swagger.v1.json"
+SWAGGER = Path(__file__).resolve().parent / "fixtures" / "forgejo" / "forgejo-swagger.v1.json"
 
 
 class Violation(AssertionError):

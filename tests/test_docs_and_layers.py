@@ -105,3 +105,17 @@ def test_every_dependency_is_pinned_in_the_constraints():
         name = re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
         assert name in pins, f"{name} has no pin in constraints.txt"
     assert "-e '.[dev]' -c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_nothing_reads_from_a_shared_folder_beside_the_clone():
+    """A user's clone has no ../shared: the code, tests and tools must not need it."""
+    offenders = []
+    for folder in ("aiworker", "tests", "benchmarks"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", "") and path.name != __file__:
+                text = path.read_text(errors="replace")
+                if '"shared"' in text or "../shared" in text:
+                    offenders.append(str(path.relative_to(ROOT)))
+    offenders = [o for o in offenders if o != "tests/test_docs_and_layers.py"]
+    assert offenders == []
+    assert "../shared" not in (ROOT / "Makefile").read_text()
