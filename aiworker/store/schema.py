@@ -58,23 +58,43 @@ def ensure_current(db: Database) -> None:
 
 def probe_file(path: Path) -> None:
     """Refuse a file that is not an aiworker database, or one newer than this code, before
-    anything touches it: read-only and immutable, so no journal switch, no -wal or -shm
-    file and no lock happen first (the engine's connect hook would write)."""
-    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    anything touches it (the engine's connect hook switches the journal to WAL).
+
+    The header is read as bytes first. The revision is then read without writing: when no
+    connection has the database open (no -shm file) as an immutable file, which takes no
+    lock and creates nothing; otherwise read-only through SQLite's locks, which is what a
+    database that another process is writing needs."""
     try:
-        connection = sqlite3.connect(uri, uri=True)
-        try:
-            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
-            row = (
-                connection.execute("SELECT version_num FROM alembic_version").fetchone()
-                if "alembic_version" in tables
-                else None
-            )
-        finally:
-            connection.close()
+        with path.open("rb") as handle:
+            header = handle.read(16)
+    except OSError as exc:
+        raise StateUnusable(f"{path}: cannot be read: {exc.strerror}") from None
+    if header and header != b"SQLite format 3\x00":
+        raise StateUnusable(f"{path}: not a usable aiworker database (file is not a database)")
+    quiet = not Path(f"{path}-shm").exists()
+    try:
+        revision = _read_revision(path, immutable=quiet)
     except sqlite3.DatabaseError as exc:
-        raise StateUnusable(f"{path}: not a usable aiworker database ({exc})") from None
-    ensure_not_newer(None if row is None else str(row[0]))
+        if not quiet:
+            raise StateUnusable(f"{path}: not a usable aiworker database ({exc})") from None
+        try:  # a writer may have opened it meanwhile: read it as a live database
+            revision = _read_revision(path, immutable=False)
+        except sqlite3.DatabaseError as again:
+            raise StateUnusable(f"{path}: not a usable aiworker database ({again})") from None
+    ensure_not_newer(revision)
+
+
+def _read_revision(path: Path, *, immutable: bool) -> str | None:
+    mode = "ro&immutable=1" if immutable else "ro"
+    connection = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode={mode}", uri=True)
+    try:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        if "alembic_version" not in tables:
+            return None
+        row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    finally:
+        connection.close()
+    return None if row is None else str(row[0])
 
 
 def migrations_dir() -> Path:
