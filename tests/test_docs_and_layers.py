@@ -107,15 +107,18 @@ def test_every_dependency_is_pinned_in_the_constraints():
     assert "-e '.[dev]' -c constraints.txt" in (ROOT / "Makefile").read_text()
 
 
+# Spelled in pieces, so that this test does not find itself.
+NEEDLES = ("../" + "sha" + "red", '"' + "sha" + "red" + '"')
+
+
 def test_nothing_reads_from_a_shared_folder_beside_the_clone():
-    """A user's clone has no ../shared: the code, tests and tools must not need it."""
+    """A user's clone has no shared folder beside it: code, tests and tools never need one."""
     offenders = []
     for folder in ("aiworker", "tests", "benchmarks"):
         for path in (ROOT / folder).rglob("*"):
             if path.is_file() and path.suffix in (".py", ""):
                 text = path.read_text(errors="replace")
-                if '"shared"' in text or "../shared" in text:
+                if any(needle in text for needle in NEEDLES):
                     offenders.append(str(path.relative_to(ROOT)))
-    offenders = [o for o in offenders if o != "tests/test_docs_and_layers.py"]
     assert offenders == []
-    assert "../shared" not in (ROOT / "Makefile").read_text()
+    assert not any(needle in (ROOT / "Makefile").read_text() for needle in NEEDLES)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
@@ -43,9 +43,9 @@ def step_guard(
         land_after_failure(env, db, task.id, state, version, step, reason, retry_state=state)
 
     guard = PhaseGuard(db, task.id, step, recover, lock=lock)
-    used, allowed = spent(env, db, task.id, step)
-    if used >= allowed:
-        recover(f"no {step} attempts left ({used} of {allowed} used)")
+    exhausted = budget_spent(env, db, task.id, step)
+    if exhausted:
+        recover(exhausted)
         if lock is not None:
             lock.release()
         raise StepBudgetSpent(f"task {task.id}: the {step} budget is spent")

@@ -34,7 +34,7 @@ from aiworker.core.phases.implement_outcomes import (
 )
 from aiworker.core.phases.prompts import implementation_prompt
 from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
@@ -121,9 +121,9 @@ def _implement(
     if fingerprint(issue) != task.scope_fingerprint:
         reason = "the issue changed since it was scoped; the next poll records the new scope"
         return ended(db, running, report, S.READY, "ready", reason)
-    used, allowed = spent(env, db, task.id, PHASE)
-    if used >= allowed:
-        guard.recover(f"no {PHASE} attempts left ({used} of {allowed} used)")
+    exhausted = budget_spent(env, db, task.id, PHASE)
+    if exhausted:
+        guard.recover(exhausted)
         report.outcome, report.reason, report.state = "failed", "budget spent", S.FAILED
         return report
     simple = env.loaded.config.labels.simple in issue.label_names

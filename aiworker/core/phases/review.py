@@ -23,7 +23,7 @@ from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.prompts import review_prompt
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.budgets import land_after_failure, spent
+from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
 from aiworker.runtime.gitcache import GitCache
@@ -88,9 +88,9 @@ def review(env: Environment, task_id: int) -> ReviewReport:
         with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
             reviewer = ForgeAccess(env.loaded).required("reviewer")
             pull = pull_at_head(reviewer, delivery)
-            used, allowed = spent(env, db, task.id, PHASE)
-            if used >= allowed:
-                guard.recover(f"no {PHASE} attempts left ({used} of {allowed} used)")
+            exhausted = budget_spent(env, db, task.id, PHASE)
+            if exhausted:
+                guard.recover(exhausted)
                 report.reason = "budget spent"
                 return report
             admission = admit(env, db, PHASE)

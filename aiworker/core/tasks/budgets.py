@@ -31,6 +31,14 @@ def spent(env: Environment, db: Database, task_id: int, phase: str) -> tuple[int
         return used(session, task_id, phase), limit(env, phase)
 
 
+def budget_spent(env: Environment, db: Database, task_id: int, phase: str) -> str | None:
+    """Why no attempt of PHASE may start (its budget is spent), or None when one may."""
+    used_now, allowed = spent(env, db, task_id, phase)
+    if used_now < allowed:
+        return None
+    return f"no {phase} attempts left ({used_now} of {allowed} used)"
+
+
 def attempts_summary(db: Database, task_id: int) -> str:
     with db.read() as session:
         rows = attempts_of(session, task_id)
