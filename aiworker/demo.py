@@ -181,7 +181,10 @@ def main() -> None:
         say(aiworker("db", "upgrade"))
         say(aiworker("db", "backup", "--to", str(DEMO / "backup.db")))
 
-        step("Poll: issue #1 is assigned to worker-bot by alice (write), so it becomes a task")
+        step(
+            "Poll: issue #1 is assigned to worker-bot by alice (write), so it becomes a task; "
+            "the next poll reads only what changed since"
+        )
         say(aiworker("poll"))
         say(aiworker("poll"))
 

@@ -8,7 +8,7 @@ from typing import Any
 KEYS: dict[str, frozenset[str] | str] = {
     "status": frozenset({"tasks", "total_tasks", "slots", "last_check"}),
     "doctor": frozenset({"ok", "checks"}),
-    "poll": frozenset({"repositories", "tasks", "unauthorized", "paused"}),
+    "poll": frozenset({"repositories", "tasks", "unauthorized", "paused", "polls"}),
     "claim": frozenset({"claimed", "slot", "task", "holder", "reason", "recovered"}),
     "implement": frozenset(
         {"task", "outcome", "provider", "attempt", "base", "head", "gate", "reason"}

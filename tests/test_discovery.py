@@ -62,8 +62,10 @@ def test_second_poll_adds_nothing_and_writes_nothing(forge, polled):
     poll()
     before = snapshot(polled)
     report = poll()
-    assert report["tasks"] == {"unchanged": 1}
+    assert (report["polls"], report["tasks"]) == ({"incremental": 1}, {})
     assert snapshot(polled) == before
+    # A forced full poll judges the issue again: unchanged.
+    assert run_process("--json", "poll", "--full").json()["tasks"] == {"unchanged": 1}
 
 
 def test_label_from_a_read_only_user_creates_no_task(forge, polled):
@@ -166,3 +168,32 @@ def test_a_paused_task_resumes_where_it_was_paused(forge, polled):
     assign([])
     assert poll()["paused"] == []
     assert tasks(polled)[1][1] == "approved"
+
+
+def test_polls_between_full_ones_list_only_what_changed(forge, polled):
+    import requests
+
+    first = poll()
+    assert first["polls"] == {"full": 1}
+    second = poll()
+    assert second["polls"] == {"incremental": 1}
+    # Listed again (since= is inclusive, in whole seconds) but judged already: skipped.
+    assert second["tasks"] == {}
+
+    def patch(number, **fields):
+        response = requests.patch(
+            f"{forge.url}/api/v1/repos/team/app/issues/{number}",
+            json=fields,
+            headers={"Authorization": f"token {forge.tokens['alice']}"},
+            timeout=10,
+        )
+        assert response.status_code == 201, response.text
+
+    patch(2, assignees=["worker-bot"])  # newly assigned: picked up incrementally
+    third = poll()
+    assert third["polls"] == {"incremental": 1}
+    assert third["tasks"].get("created") == 1
+    patch(1, state="closed")  # closed: its task is paused by an incremental poll
+    fourth = poll()
+    assert [p["issue"] for p in fourth["paused"]] == [1]
+    assert {n: t[1] for n, t in tasks(polled).items()} == {1: "paused", 2: "ready"}

@@ -10,18 +10,28 @@ from aiworker.invocation import Invocation
 from aiworker.render import emit
 
 
-def poll(ctx: typer.Context) -> None:
-    """Record labelled and assigned issues as tasks, verifying who authorised each."""
+def poll(
+    ctx: typer.Context,
+    full: Annotated[
+        bool, typer.Option("--full", help="Re-read every candidate now, not only changes.")
+    ] = False,
+) -> None:
+    """Record labelled and assigned issues as tasks, verifying who authorised each; between
+    full polls (hourly, or --full) only the issues updated since the last poll are read."""
     from aiworker.core.forge_access import ForgeAccess
     from aiworker.core.intake.discovery import poll as poll_forge
 
     inv: Invocation = ctx.obj
     env = inv.environment()
-    report = poll_forge(env, ForgeAccess(env.loaded)).to_json()
+    report = poll_forge(env, ForgeAccess(env.loaded), full=full).to_json()
 
     def human(console: Any) -> None:
         tasks = ", ".join(f"{k} {v}" for k, v in sorted(report["tasks"].items())) or "none"
-        console.print(f"polled {report['repositories']} repositories; tasks: {tasks}", markup=False)
+        polls = ", ".join(f"{v} {k}" for k, v in sorted(report["polls"].items()))
+        console.print(
+            f"polled {report['repositories']} repositories ({polls}); tasks: {tasks}",
+            markup=False,
+        )
         for item in report["unauthorized"]:
             console.print(
                 f"not authorised: {item['repository']}#{item['issue']}: {item['reason']}",

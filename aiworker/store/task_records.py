@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Event, Repository, Task
@@ -113,3 +115,53 @@ def paused_from(session: Session, task_id: int) -> str | None:
         .limit(1)
     )
     return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class PollCursor:
+    since: datetime  # the newest update a poll has judged
+    judged: frozenset[int]  # the issues judged at exactly that second
+    full_at: datetime  # when the last full poll ran
+
+
+def poll_cursor(session: Session, index: int) -> PollCursor | None:
+    """Where the last poll of the repository with this index left off."""
+    repo = session.scalar(select(Repository).where(Repository.index == index))
+    cursor = (repo.settings or {}).get("poll") if repo else None
+    if not cursor or not cursor.get("since") or not cursor.get("full_at"):
+        return None
+    return PollCursor(
+        datetime.fromisoformat(cursor["since"]),
+        frozenset(cursor.get("judged") or ()),
+        datetime.fromisoformat(cursor["full_at"]),
+    )
+
+
+def record_poll(
+    session: Session,
+    repo: Repository,
+    listed: Sequence[tuple[int, datetime]],
+    judged_now: Sequence[int],
+    full_at: datetime | None,
+) -> None:
+    """Advance the cursor past the issues LISTED (number, updated_at). Forgejo's since= is
+    inclusive and counts whole seconds, so the issues that asked for work and were judged
+    at the newest second (JUDGED_NOW) are remembered: listed again next time, they are
+    skipped. Others listed again cost nothing but the listing and change nothing."""
+    cursor = dict((repo.settings or {}).get("poll") or {})
+    newest = max((at for _, at in listed), default=None)
+    since = datetime.fromisoformat(cursor["since"]) if cursor.get("since") else None
+    if newest is not None and (since is None or newest >= since):
+        judged = set(cursor.get("judged") or ()) if newest == since else set()
+        wanted = set(judged_now)
+        judged.update(number for number, at in listed if at == newest and number in wanted)
+        cursor["since"], cursor["judged"] = newest.isoformat(), sorted(judged)
+    elif since is None and full_at is not None:
+        cursor["since"], cursor["judged"] = full_at.isoformat(), []
+    if full_at is not None:
+        cursor["full_at"] = full_at.isoformat()
+    if cursor != (repo.settings or {}).get("poll"):
+        settings = {**(repo.settings or {}), "poll": cursor}
+        session.execute(
+            update(Repository).where(Repository.id == repo.id).values(settings=settings)
+        )

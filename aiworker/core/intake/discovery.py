@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.adapters.forgejo import ForgejoClient
@@ -27,9 +28,19 @@ from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.report import Report
 from aiworker.store.discovery import tasks_of
-from aiworker.store.task_records import ensure_repository
+from aiworker.store.task_records import (
+    PollCursor,
+    ensure_repository,
+    poll_cursor,
+    record_poll,
+)
 
 log = logging.getLogger(__name__)
+# Between full polls, a poll lists only the issues updated since the last one (since=,
+# one request per repository). A full poll re-reads every candidate and its timeline
+# at least this often, so that what changes no issue (a labeller's permission revoked)
+# is still seen; publish and merge re-verify authorisation themselves in any case.
+FULL_POLL_EVERY = timedelta(hours=1)
 
 
 @dataclass
@@ -45,9 +56,11 @@ class PollReport(Report):
     outcomes: dict[str, int] = field(default_factory=dict)
     unauthorized: list[dict[str, Any]] = field(default_factory=list)
     paused: list[dict[str, Any]] = field(default_factory=list)
+    polls: dict[str, int] = field(default_factory=dict)  # full | incremental
 
-    def count(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+    def count(self, outcome: str, bucket: dict[str, int] | None = None) -> None:
+        counts = self.outcomes if bucket is None else bucket
+        counts[outcome] = counts.get(outcome, 0) + 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +68,7 @@ class PollReport(Report):
             "tasks": self.outcomes,
             "unauthorized": self.unauthorized,
             "paused": self.paused,
+            "polls": self.polls,
         }
 
 
@@ -80,6 +94,47 @@ def candidates(
         )
         for kind, issue in (found[number] for number in sorted(found))
     ]
+
+
+def changed_candidates(
+    client: ForgejoClient,
+    reader: PermissionReader,
+    config: Config,
+    owner: str,
+    name: str,
+    worker_login: str,
+    cursor: PollCursor,
+) -> tuple[list[Candidate], list[Issue]]:
+    """An incremental poll: every issue updated since the cursor, open or closed, in one
+    listing (less those judged already at its very second); those that ask for work get
+    their authorisation decided now. Returns them and all the changed issues (a changed
+    issue that no longer asks for work is withdrawn)."""
+    changed = [
+        issue
+        for issue in client.list_issues(owner, name, state="all", since=cursor.since)
+        if not (issue.updated_at == cursor.since and issue.number in cursor.judged)
+    ]
+    found = []
+    for issue in changed:
+        kind = kind_of(issue, config, worker_login)
+        if kind is not None:
+            decision = authorize(client, reader, config, owner, name, kind, issue, worker_login)
+            found.append(Candidate(kind, issue, decision))
+    return found, changed
+
+
+def kind_of(issue: Issue, config: Config, worker_login: str) -> str | None:
+    """The kind of work an open issue asks for (the plan label wins, as in a full poll)."""
+    if issue.state != "open":
+        return None
+    labels = set(issue.label_names)
+    if config.labels.plan in labels:
+        return "plan"
+    if config.labels.feature in labels:
+        return "feature"
+    if any(user.login == worker_login for user in issue.assignees):
+        return "issue"
+    return None
 
 
 def authorize(
@@ -117,7 +172,7 @@ def still_authorized(
     )
 
 
-def poll(env: Environment, access: ForgeAccess) -> PollReport:
+def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollReport:
     config = env.loaded.config
     report = PollReport()
     worker = access.required("worker")
@@ -132,8 +187,22 @@ def poll(env: Environment, access: ForgeAccess) -> PollReport:
     try:
         for repo_config in config.repositories:
             owner, name = repo_config.owner, repo_config.name
-            found = candidates(worker, reader, config, owner, name, worker_login)
+            with db.read() as session:
+                cursor = poll_cursor(session, repo_config.index)
+            started = datetime.now(UTC)
+            complete = full or cursor is None or started - cursor.full_at >= FULL_POLL_EVERY
+            if complete:
+                found = candidates(worker, reader, config, owner, name, worker_login)
+                listed = [c.issue for c in found]
+                seen: set[int] | None = None
+            else:
+                assert cursor is not None
+                found, listed = changed_candidates(
+                    worker, reader, config, owner, name, worker_login, cursor
+                )
+                seen = {issue.number for issue in listed}
             report.repositories += 1
+            report.count("full" if complete else "incremental", bucket=report.polls)
             with db.write() as session:
                 repo = ensure_repository(session, repo_config.index, owner, name)
                 known = tasks_of(session, repo.id)
@@ -164,14 +233,24 @@ def poll(env: Environment, access: ForgeAccess) -> PollReport:
                         )
                     )
                 for key, task in known.items():
+                    # An incremental poll judges only the issues that changed.
+                    looked_at = seen is None or key[1] in seen
                     if (
-                        key not in wanted
+                        looked_at
+                        and key not in wanted
                         and task.kind != "milestone"
                         and pause_task(session, task, "authorization withdrawn or issue closed")
                     ):
                         report.paused.append(
                             {"repository": f"{owner}/{name}", "issue": key[1], "task": task.id}
                         )
+                record_poll(
+                    session,
+                    repo,
+                    [(issue.number, issue.updated_at) for issue in listed],
+                    [c.issue.number for c in found],
+                    started if complete else None,
+                )
     finally:
         db.dispose()
     log.info("polled %d repositories: %s", report.repositories, report.outcomes)
