@@ -8,6 +8,7 @@ limit. Removal never follows links either and copes with read-only trees.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -153,6 +154,19 @@ def remove_attempt(path: Path) -> Removal:
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _open_directory(name: str, parent: int | None) -> int:
+    """Open a directory for listing without following a link, made owner-rwx first: an
+    O_PATH descriptor needs no read permission, and chmod through it cannot be redirected
+    to a link's target (it names this very directory)."""
+    handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        with contextlib.suppress(OSError):
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+        return os.open(".", _DIRECTORY, dir_fd=handle)
+    finally:
+        os.close(handle)
+
+
 def remove_tree(root: Path) -> int:
     """Remove ROOT and everything under it, however deep, with no recursion and no link
     followed; return how many entries went.
@@ -162,11 +176,10 @@ def remove_tree(root: Path) -> int:
     than one name: a tree 100,000 levels deep goes like a flat one."""
     removed = 0
     names: list[str] = []  # the way down from ROOT, one name per level
-    fd = os.open(root, _DIRECTORY)
+    above: list[tuple[int, int]] = []  # (device, inode) of each directory on the way down
+    fd = _open_directory(str(root), None)
     try:
         while True:
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, 0o700)
             child = None
             with os.scandir(fd) as entries:
                 for entry in entries:
@@ -176,15 +189,22 @@ def remove_tree(root: Path) -> int:
                     os.unlink(entry.name, dir_fd=fd)
                     removed += 1
             if child is not None:
-                down = os.open(child, _DIRECTORY, dir_fd=fd)
+                down = _open_directory(child, fd)
+                here = os.fstat(fd)
                 os.close(fd)
                 fd, names = down, [*names, child]
+                above.append((here.st_dev, here.st_ino))
                 continue
             if not names:
                 break
             up = os.open("..", _DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = up
+            landed = os.fstat(fd)
+            if (landed.st_dev, landed.st_ino) != above.pop():
+                # Someone moved a directory while the walk was inside it: stop here
+                # rather than remove whatever the way up now leads to.
+                raise OSError(errno.ESTALE, "the tree moved while it was being removed")
             os.rmdir(names.pop(), dir_fd=fd)
             removed += 1
     finally:

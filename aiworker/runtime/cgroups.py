@@ -3,9 +3,10 @@
 A process can leave its process group (setsid), clear its environment (env -i)
 and double-fork away from its parent, but it cannot leave its cgroup. When a
 cgroup2 hierarchy is mounted and writable (root, or a delegated subtree), each
-attempt's job is started inside a fresh child cgroup and everything in it is
-killed at the end with one write to cgroup.kill. Where no cgroup can be made,
-the runner's subreaper sweep (reaper.py) is what remains.
+attempt's job joins a fresh child cgroup between fork and exec (so it runs
+nothing outside it, and is exec'd exactly as without a cgroup), and everything in
+it is killed at the end with one write to cgroup.kill. Where no cgroup can be
+made, the runner's subreaper sweep (reaper.py) is what remains.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 _SEQUENCE = itertools.count()
-# Joins the cgroup named by $0 (writing 0 moves the writer), then becomes the job.
-_JOIN = '{ echo 0 > "$0"; } 2>/dev/null; exec "$@"'
 
 
 def cgroup2_mount() -> Path | None:
@@ -66,10 +64,12 @@ class AttemptCgroup:
             return None
         return cls(path)
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """ARGV started inside this cgroup (the job joins it before it runs anything)."""
-        sh = shutil.which("sh") or "/bin/sh"
-        return [sh, "-c", _JOIN, str(self.path / "cgroup.procs"), *argv]
+    def open_procs(self) -> int | None:
+        """cgroup.procs opened for writing, for a child to join with (see processes.py)."""
+        try:
+            return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
 
     def pids(self) -> list[int]:
         try:

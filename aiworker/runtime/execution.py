@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import os
 import select
-import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -82,12 +81,10 @@ def run_job(
     out, err = StreamRecorder(limits.tail_bytes), StreamRecorder(limits.tail_bytes)
     started_at = datetime.now(UTC)
     started = time.monotonic()
-    # A program that is not there starts nowhere: no cgroup, and its spawn error stays its own.
-    cgroup = AttemptCgroup.create() if shutil.which(argv[0], path=env.get("PATH")) else None
+    cgroup = AttemptCgroup.create()
+    join_fd = cgroup.open_procs() if cgroup is not None else None
     try:
-        proc = start_process_group(
-            cgroup.wrap(list(argv)) if cgroup else argv, cwd=cwd, env=env, stdin_path=stdin_path
-        )
+        proc = start_process_group(argv, cwd=cwd, env=env, stdin_path=stdin_path, join_fd=join_fd)
     except OSError as exc:
         if cgroup is not None:
             cgroup.remove()
@@ -95,6 +92,9 @@ def run_job(
         return _outcome(
             None, None, False, exc.strerror or str(exc), out, err, secrets, started_at, started
         )
+    finally:
+        if join_fd is not None:
+            os.close(join_fd)
     on_event("started", {"pid": proc.pid})
     loop = _Loop(proc.pid, limits, tag.encode(), on_event)
     assert proc.stdout is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -82,7 +83,12 @@ def which(program: str) -> str | None:
 
 
 def start_process_group(
-    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], stdin_path: Path | None = None
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    stdin_path: Path | None = None,
+    join_fd: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a job in a new session (its own process group) with piped stdout and stderr.
 
@@ -91,15 +97,23 @@ def start_process_group(
     """
     stdin = open(stdin_path, "rb") if stdin_path is not None else None  # noqa: SIM115
     try:
-        return _popen_group(argv, cwd, env, stdin)
+        return _popen_group(argv, cwd, env, stdin, join_fd)
     finally:
         if stdin is not None:
             stdin.close()
 
 
 def _popen_group(
-    argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: Any
+    argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdin: Any, join_fd: int | None
 ) -> subprocess.Popen[bytes]:
+    # JOIN_FD, an open cgroup.procs: the child writes "0" to it between fork and exec, so
+    # it is in its cgroup before it runs anything, and is exec'd exactly as it would be
+    # otherwise. One os.write takes no lock another thread could hold across the fork.
+    def join() -> None:
+        if join_fd is not None:
+            with contextlib.suppress(OSError):  # no cgroup then; the sweep still runs
+                os.write(join_fd, b"0")
+
     return subprocess.Popen(
         list(argv),
         cwd=cwd,
@@ -109,6 +123,7 @@ def _popen_group(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
+        preexec_fn=join if join_fd is not None else None,  # noqa: PLW1509 - one os.write
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import zlib
@@ -109,6 +110,9 @@ class SandboxApp:
         return Reply(status, raw=body, headers=headers)
 
 
+_HEX = re.compile(rb"[0-9a-fA-F]{1,16}")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -120,7 +124,10 @@ def read_body(stream: Any, headers: dict[str, str]) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         parts, total = [], 0
         while True:
-            size = int(stream.readline(1024).split(b";", 1)[0].strip() or b"0", 16)
+            line = stream.readline(1024).split(b";", 1)[0].strip()
+            if not _HEX.fullmatch(line):
+                raise ValueError("malformed chunk size")
+            size = int(line, 16)
             if size == 0:
                 while stream.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass  # trailers
@@ -128,7 +135,10 @@ def read_body(stream: Any, headers: dict[str, str]) -> bytes:
             total += size
             if total > MAX_BODY:
                 raise BodyTooLarge
-            parts.append(stream.read(size))
+            chunk = stream.read(size)
+            if len(chunk) != size:
+                raise ValueError("truncated chunk")
+            parts.append(chunk)
             stream.readline(1024)  # the CRLF after each chunk
         body = b"".join(parts)
     else:

@@ -120,7 +120,7 @@ def paused_from(session: Session, task_id: int) -> str | None:
 @dataclass(frozen=True)
 class PollCursor:
     since: datetime  # the newest update a poll has judged
-    judged: frozenset[int]  # the issues judged at exactly that second
+    judged: dict[int, str]  # issues judged at exactly that second: number -> their digest
     full_at: datetime  # when the last full poll ran
 
 
@@ -132,7 +132,7 @@ def poll_cursor(session: Session, index: int) -> PollCursor | None:
         return None
     return PollCursor(
         datetime.fromisoformat(cursor["since"]),
-        frozenset(cursor.get("judged") or ()),
+        {int(k): str(v) for k, v in (cursor.get("judged") or {}).items()},
         datetime.fromisoformat(cursor["full_at"]),
     )
 
@@ -141,8 +141,9 @@ def record_poll(
     session: Session,
     repo: Repository,
     listed: Sequence[tuple[int, datetime]],
-    judged_now: Sequence[int],
+    judged_now: dict[int, str],
     full_at: datetime | None,
+    cap: datetime | None = None,
 ) -> None:
     """Advance the cursor past the issues LISTED (number, updated_at). Forgejo's since= is
     inclusive and counts whole seconds, so the issues that asked for work and were judged
@@ -152,12 +153,15 @@ def record_poll(
     newest = max((at for _, at in listed), default=None)
     since = datetime.fromisoformat(cursor["since"]) if cursor.get("since") else None
     if newest is not None and (since is None or newest >= since):
-        judged = set(cursor.get("judged") or ()) if newest == since else set()
-        wanted = set(judged_now)
-        judged.update(number for number, at in listed if at == newest and number in wanted)
-        cursor["since"], cursor["judged"] = newest.isoformat(), sorted(judged)
-    elif since is None and full_at is not None:
-        cursor["since"], cursor["judged"] = full_at.isoformat(), []
+        judged = dict(cursor.get("judged") or {}) if newest == since else {}
+        judged.update(
+            {str(n): judged_now[n] for n, at in listed if at == newest and n in judged_now}
+        )
+        cursor["since"], cursor["judged"] = newest.isoformat(), judged
+    elif since is None and cap is not None:
+        # Nothing listed yet: start from a little before this poll (CAP), by this host's
+        # clock, which may run ahead of the forge's.
+        cursor["since"], cursor["judged"] = cap.isoformat(), {}
     if full_at is not None:
         cursor["full_at"] = full_at.isoformat()
     if cursor != (repo.settings or {}).get("poll"):

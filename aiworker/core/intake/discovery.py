@@ -7,6 +7,8 @@ identity). A second poll with nothing changed writes nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,6 +43,17 @@ log = logging.getLogger(__name__)
 # at least this often, so that what changes no issue (a labeller's permission revoked)
 # is still seen; publish and merge re-verify authorisation themselves in any case.
 FULL_POLL_EVERY = timedelta(hours=1)
+# Where a repository's first full poll found nothing, the cursor starts this far
+# before that poll: this host's clock may run ahead of the forge's.
+CLOCK_MARGIN = timedelta(minutes=1)
+
+
+def issue_digest(issue: Issue) -> str:
+    """What a poll judges an issue by: a change within the same second (Forgejo's
+    timestamps are whole seconds) changes this, so it is judged again."""
+    document = [issue.state, issue.title, issue.body, sorted(issue.label_names)]
+    document.append(sorted(user.login for user in issue.assignees))
+    return hashlib.sha256(json.dumps(document).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -112,7 +125,10 @@ def changed_candidates(
     changed = [
         issue
         for issue in client.list_issues(owner, name, state="all", since=cursor.since)
-        if not (issue.updated_at == cursor.since and issue.number in cursor.judged)
+        if not (
+            issue.updated_at == cursor.since
+            and cursor.judged.get(issue.number) == issue_digest(issue)
+        )
     ]
     found = []
     for issue in changed:
@@ -248,8 +264,9 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
                     session,
                     repo,
                     [(issue.number, issue.updated_at) for issue in listed],
-                    [c.issue.number for c in found],
+                    {c.issue.number: issue_digest(c.issue) for c in found},
                     started if complete else None,
+                    started - CLOCK_MARGIN if complete else None,
                 )
     finally:
         db.dispose()
