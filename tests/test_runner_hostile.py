@@ -73,7 +73,7 @@ def test_things_planted_beside_attempts_are_skipped_not_followed(roots):
     ]
 
 
-def _cases(source, marker, root):
+def _cases(source):
     base = request(source)
     nul_argv = request(source, command={"argv": ["./ci/run", "a\x00b"]})
     return [
@@ -101,7 +101,7 @@ def test_inputs_that_bypassed_validation_are_refused_and_run_nothing(roots):
     root, attempts = roots
     marker = root / "ran.marker"
     source = make_source(root, f"touch {marker}\n")
-    for code, message, document in _cases(source, marker, root):
+    for code, message, document in _cases(source):
         result = execute(document, source_root=root, attempt_root=attempts)
         assert result.exit_code == 2, (message, result)
         assert result.stdout.count("\n") == 1
