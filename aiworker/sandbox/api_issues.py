@@ -46,11 +46,6 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(401, "token required")
         return req.user
 
-    def record(issue: dict[str, Any], kind: str, user: str, **data: Any) -> None:
-        issue["timeline"].append(
-            {"id": state.new_id(), "type": kind, "user": user, "created_at": now_iso(), **data}
-        )
-
     @route("GET", "/repos/{owner}/{repo}/issues")
     def list_issues(req: Request, owner: str, repo: str) -> Reply:
         found = app.repo_for(req, owner, repo)
@@ -90,10 +85,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(422, "title is required")
         issue = state.add_issue(found, user, body["title"], body.get("body") or "")
         if state.can(found, user, "write"):
-            issue["labels"] = [
-                lb["id"] for lb in found["labels"] if lb["id"] in set(body.get("labels") or [])
-            ]
-            issue["assignees"] = [a for a in body.get("assignees") or [] if state.user(a)]
+            state.give_at_creation(found, issue, user, body.get("labels"), body.get("assignees"))
         state.save()
         return Reply(201, render.issue(found, issue))
 
@@ -110,19 +102,22 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         if not writer and issue["user"] != user:
             raise HttpError(403, "user may not edit this issue")
         body = req.json()
-        for key in ("title", "body"):
-            if isinstance(body.get(key), str):
-                issue[key] = body[key]
+        title = body.get("title")
+        if isinstance(title, str) and title.strip() and title != issue["title"]:
+            state.record(issue, "change_title", user, old_title=issue["title"], new_title=title)
+            issue["title"] = title
+        if isinstance(body.get("body"), str):
+            issue["body"] = body["body"]
         if body.get("state") in ("open", "closed") and body["state"] != issue["state"]:
             issue["state"] = body["state"]
             issue["closed_at"] = now_iso() if body["state"] == "closed" else None
-            record(issue, "close" if body["state"] == "closed" else "reopen", user)
+            state.record(issue, "close" if body["state"] == "closed" else "reopen", user)
         if writer and isinstance(body.get("assignees"), list):
             new = [a for a in body["assignees"] if state.user(a)]
             for login in set(issue["assignees"]) - set(new):
-                record(issue, "assignees", user, assignee=login, removed=True)
+                state.record(issue, "assignees", user, assignee=login, removed=True)
             for login in set(new) - set(issue["assignees"]):
-                record(issue, "assignees", user, assignee=login)
+                state.record(issue, "assignees", user, assignee=login)
             issue["assignees"] = new
         state.touch(issue)
         state.save()
@@ -150,7 +145,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             "updated_at": stamp,
         }
         issue["comments"].append(comment)
-        record(issue, "comment", user, body=text)
+        state.record(issue, "comment", user, body=text, id=comment["id"])
         state.touch(issue)
         state.save()
         return Reply(201, render.comment(found, issue, comment))
@@ -181,8 +176,58 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(422, "body is required")
         comment["body"] = text
         comment["updated_at"] = now_iso()
+        for event in issue["timeline"]:
+            if event["id"] == comment["id"]:
+                event.update(body=text, updated_at=comment["updated_at"])
         state.save()
         return Reply(200, render.comment(found, issue, comment))
+
+    @route("DELETE", "/repos/{owner}/{repo}/issues/comments/{comment_id}")
+    def delete_comment(req: Request, owner: str, repo: str, comment_id: str) -> Reply:
+        user = login_required(req)
+        found, issue, comment = find_comment(req, owner, repo, comment_id)
+        if comment["user"] != user and not state.can(found, user, "write"):
+            raise HttpError(403, "user may not delete this comment")
+        issue["comments"].remove(comment)
+        issue["timeline"] = [e for e in issue["timeline"] if e["id"] != comment["id"]]
+        state.save()
+        return Reply(204)
+
+    def set_labels(issue: dict[str, Any], user: str, ids: list[int]) -> None:
+        for label_id in [i for i in issue["labels"] if i not in ids]:
+            issue["labels"].remove(label_id)
+            state.record(issue, "label", user, label=label_id, body="")
+        for label_id in [i for i in ids if i not in issue["labels"]]:
+            issue["labels"].append(label_id)
+            state.record(issue, "label", user, label=label_id, body="1")
+        state.touch(issue)
+        state.save()
+
+    def labels_of(found: dict[str, Any], issue: dict[str, Any]) -> list[dict[str, Any]]:
+        return [render.label(found, lb) for lb in found["labels"] if lb["id"] in issue["labels"]]
+
+    @route("PUT", "/repos/{owner}/{repo}/issues/{index}/labels")
+    def replace_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
+        user = login_required(req)
+        found, issue = issue_for(req, owner, repo, index, "write")
+        wanted = req.json().get("labels")
+        if not isinstance(wanted, list):
+            raise HttpError(422, "labels must be a list of ids or names")
+        ids = []
+        for ident in wanted:
+            label = state.label(found, ident)
+            if label is None:
+                raise HttpError(422, f"label {ident!r} does not exist")
+            ids.append(label["id"])
+        set_labels(issue, user, list(dict.fromkeys(ids)))
+        return Reply(200, labels_of(found, issue))
+
+    @route("DELETE", "/repos/{owner}/{repo}/issues/{index}/labels")
+    def clear_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
+        user = login_required(req)
+        _found, issue = issue_for(req, owner, repo, index, "write")
+        set_labels(issue, user, [])
+        return Reply(204)
 
     @route("GET", "/repos/{owner}/{repo}/issues/{index}/labels")
     def issue_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
@@ -204,7 +249,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
                 raise HttpError(422, f"label {ident!r} does not exist")
             if label["id"] not in issue["labels"]:
                 issue["labels"].append(label["id"])
-                record(issue, "label", user, label=label["id"], body="1")
+                state.record(issue, "label", user, label=label["id"], body="1")
         state.touch(issue)
         state.save()
         return Reply(
@@ -220,7 +265,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(422, "label does not exist")
         if label["id"] in issue["labels"]:
             issue["labels"].remove(label["id"])
-            record(issue, "label", user, label=label["id"], body="")
+            state.record(issue, "label", user, label=label["id"], body="")
             state.touch(issue)
             state.save()
         return Reply(204)
@@ -256,4 +301,4 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     @route("GET", "/repos/{owner}/{repo}/issues/{index}/timeline")
     def timeline(req: Request, owner: str, repo: str, index: str) -> Reply:
         found, issue = issue_for(req, owner, repo, index)
-        return page(app, req, [render.timeline(found, e) for e in issue["timeline"]])
+        return page(app, req, [render.timeline(found, issue, e) for e in issue["timeline"]])

@@ -8,12 +8,11 @@ from aiworker.sandbox import render_code
 from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request
 from aiworker.sandbox.merge import STYLES, MergeConflict, MergeNotPossible, merge_pull
+from aiworker.sandbox.protection import merge_refusal
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
     from aiworker.sandbox.server import SandboxApp
-
-REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
@@ -21,14 +20,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     state = app.state
     render = app.render
 
-    def pull_for(
-        req: Request, owner: str, repo: str, index: str, needed: str = "read"
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        found = app.repo_for(req, owner, repo, needed)
-        issue = state.issue(found, int(index)) if index.isdigit() else None
-        if issue is None or not issue["pull"]:
-            raise HttpError(404, "pull request not found")
-        return found, issue
+    pull_for = app.pull_for
 
     def shaped(found: dict[str, Any], issue: dict[str, Any], req: Request) -> dict[str, Any]:
         return render_code.pull(render, found, issue, app.git(found), req.user)
@@ -77,6 +69,11 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             "merged_head": None,
             "reviews": [],
         }
+        assignees = [
+            *(body.get("assignees") or []),
+            *([body["assignee"]] if body.get("assignee") else []),
+        ]
+        state.give_at_creation(found, issue, req.user, body.get("labels"), assignees)
         state.save()
         return Reply(201, shaped(found, issue, req))
 
@@ -91,9 +88,13 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         if not state.can(found, req.user, "write") and issue["user"] != req.user:
             raise HttpError(403, "user may not edit this pull request")
         body = req.json()
-        for key in ("title", "body"):
-            if isinstance(body.get(key), str):
-                issue[key] = body[key]
+        title = body.get("title")
+        if isinstance(title, str) and title.strip() and title != issue["title"]:
+            assert req.user is not None
+            state.record(issue, "change_title", req.user, old_title=issue["title"], new_title=title)
+            issue["title"] = title
+        if isinstance(body.get("body"), str):
+            issue["body"] = body["body"]
         if body.get("state") in ("open", "closed") and not issue["pull"]["merged"]:
             issue["state"] = body["state"]
             issue["closed_at"] = now_iso() if body["state"] == "closed" else None
@@ -130,6 +131,9 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         guard = body.get("head_commit_id")
         if guard and guard != head_sha:
             raise HttpError(409, "head commit has changed")
+        refusal = merge_refusal(found, issue, head_sha)
+        if refusal and style != "manually-merged":
+            raise HttpError(405, f"not allowed to merge: {refusal}")
         if style == "manually-merged":
             merged_sha = body.get("MergeCommitID") or head_sha
         else:
@@ -161,48 +165,9 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         )
         issue["state"] = "closed"
         issue["closed_at"] = stamp
+        state.record(issue, "merge_pull", req.user, ref_commit_sha=merged_sha)
         state.touch(issue)
-        if body.get("delete_branch_after_merge"):
-            git.delete_branch(meta["head"])
+        if body.get("delete_branch_after_merge") and git.delete_branch(meta["head"]):
+            state.record(issue, "delete_branch", req.user, old_ref=meta["head"])
         state.save()
         return Reply(200)
-
-    @route("GET", "/repos/{owner}/{repo}/pulls/{index}/reviews")
-    def reviews(req: Request, owner: str, repo: str, index: str) -> Reply:
-        found, issue = pull_for(req, owner, repo, index)
-        return page(
-            app,
-            req,
-            [render_code.review(render, found, issue, r) for r in issue["pull"]["reviews"]],
-        )
-
-    @route("POST", "/repos/{owner}/{repo}/pulls/{index}/reviews")
-    def create_review(req: Request, owner: str, repo: str, index: str) -> Reply:
-        found, issue = pull_for(req, owner, repo, index)
-        if req.user is None:
-            raise HttpError(401, "token required")
-        body = req.json()
-        event = body.get("event") or "PENDING"
-        text = body.get("body") or ""
-        if event not in (*REVIEW_EVENTS, "PENDING"):
-            raise HttpError(422, f"unknown review event {event!r}")
-        if event in ("APPROVED", "REQUEST_CHANGES") and issue["user"] == req.user:
-            raise HttpError(
-                422, "approve or request changes on your own pull request is not allowed"
-            )
-        if event in ("REQUEST_CHANGES", "COMMENT", "PENDING") and not text:
-            raise HttpError(422, "review body is required")
-        head = app.git(found).branch_sha(issue["pull"]["head"]) or issue["pull"]["merged_head"]
-        item = {
-            "id": state.new_id(),
-            "user": req.user,
-            "state": event,
-            "body": text,
-            "commit_id": body.get("commit_id") or head,
-            "official": state.can(found, req.user, "write"),
-            "submitted_at": now_iso(),
-        }
-        issue["pull"]["reviews"].append(item)
-        state.touch(issue)
-        state.save()
-        return Reply(200, render_code.review(render, found, issue, item))

@@ -32,6 +32,38 @@ class CommitInfo:
     timestamp: str
 
 
+@dataclass(frozen=True)
+class LogEntry:
+    sha: str
+    tree: str
+    parents: tuple[str, ...]
+    author: tuple[str, str, str]  # name, email, ISO date
+    committer: tuple[str, str, str]
+    message: str
+
+
+@dataclass(frozen=True)
+class FileChange:
+    status: str  # Forgejo's words: added, deleted, modified, renamed, copied, changed
+    filename: str
+    previous: str
+    additions: int
+    deletions: int
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    mode: str
+    kind: str  # blob, tree, commit
+    sha: str
+    size: int
+    path: str
+
+
+_LOG_FORMAT = "%H%x1f%T%x1f%P%x1f%an%x1f%ae%x1f%aI%x1f%cn%x1f%ce%x1f%cI%x1f%B%x1e"
+_STATUS_WORDS = {"A": "added", "D": "deleted", "M": "modified", "R": "renamed", "C": "copied"}
+
+
 class BareRepo:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -107,6 +139,91 @@ class BareRepo:
 
     def delete_branch(self, branch: str) -> bool:
         return self.git("update-ref", "-d", f"refs/heads/{branch}").ok
+
+    def log(self, rev: str, *, path: str = "", skip: int = 0, limit: int = 0) -> list[LogEntry]:
+        """Commits reachable from REV, newest first (only those touching PATH if given)."""
+        args = ["log", f"--format={_LOG_FORMAT}", f"--skip={skip}"]
+        if limit:
+            args.append(f"--max-count={limit}")
+        args += [rev, "--"] + ([path] if path else [])
+        entries = []
+        for record in self.must(*args).split("\x1e"):
+            fields = record.strip("\n").split("\x1f")
+            if len(fields) != 10:
+                continue
+            sha, tree, parents, *people, message = fields
+            entries.append(
+                LogEntry(
+                    sha,
+                    tree,
+                    tuple(parents.split()),
+                    (people[0], people[1], people[2]),
+                    (people[3], people[4], people[5]),
+                    message,
+                )
+            )
+        return entries
+
+    def count(self, rev: str, path: str = "") -> int:
+        return int(self.must("rev-list", "--count", rev, "--", *([path] if path else [])) or 0)
+
+    def changes(self, base: str, head: str) -> list[FileChange]:
+        """The files HEAD changes against BASE (a three-dot diff, as a pull request shows)."""
+        span = f"{base}...{head}" if base else head
+        args = ["-c", "core.quotepath=off", "diff", "-M"]
+        names = self.must(*args, "--name-status", span).splitlines()
+        counts = self.must(*args, "--numstat", span).splitlines()
+        rows = []
+        for named, counted in zip(names, counts, strict=False):
+            status, *paths = named.split("\t")
+            adds, dels, _ = counted.split("\t", 2)
+            rows.append(
+                FileChange(
+                    _STATUS_WORDS.get(status[:1], "changed"),
+                    paths[-1],
+                    paths[0] if len(paths) > 1 else "",
+                    int(adds) if adds.isdigit() else 0,
+                    int(dels) if dels.isdigit() else 0,
+                )
+            )
+        return rows
+
+    def patch_text(self, base: str, head: str, *, as_mail: bool = False) -> str:
+        if as_mail:
+            return self.must("format-patch", "--stdout", f"{base}..{head}") + "\n"
+        return self.must("diff", "-M", f"{base}...{head}") + "\n"
+
+    def tree(self, rev: str, path: str) -> list[TreeEntry] | None:
+        """The entry at PATH in REV, or the entries inside it when it is a directory;
+        None when there is no such path."""
+        clean = path.strip("/")
+        entries = self._ls_tree(rev, clean) if clean else []
+        if clean and not entries:
+            return None
+        if not clean or entries[0].kind == "tree":
+            return self._ls_tree(rev, f"{clean}/" if clean else "")
+        return entries
+
+    def _ls_tree(self, rev: str, path: str) -> list[TreeEntry]:
+        result = self.git("ls-tree", "-l", "-z", rev, "--", *([path] if path else []))
+        if not result.ok:
+            return []
+        rows = []
+        for line in result.stdout.split("\0"):
+            if not line:
+                continue
+            meta, name = line.split("\t", 1)
+            mode, kind, sha, size = meta.split()
+            rows.append(TreeEntry(mode, kind, sha, int(size) if size.isdigit() else 0, name))
+        return rows
+
+    def blob(self, sha: str) -> bytes:
+        rc, out, err = run_binary(
+            ["git", "--git-dir", str(self.path), "cat-file", "blob", sha], env=self.env()
+        )
+        if rc != 0:
+            raise GitFailed(f"git cat-file failed: {err.decode(errors='replace')[:300]}")
+        return out
 
     def diff_stats(self, base: str, head: str) -> tuple[int, int, int]:
         out = self.must("diff", "--numstat", f"{base}...{head}")

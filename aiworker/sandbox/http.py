@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, unquote, urlencode
 
 MAX_BODY = 64 * 1024 * 1024
 
@@ -18,6 +18,21 @@ class HttpError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class GoFields(dict[str, Any]):
+    """A decoded JSON object read as Go's encoding/json fills a struct: a field's exact
+    name first, then any spelling that differs only in case (a client sending `do` for
+    `Do` is understood by Forgejo)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        folded = key.casefold()
+        for name, value in self.items():
+            if name.casefold() == folded:
+                return value
+        return default
 
 
 @dataclass
@@ -30,16 +45,16 @@ class Request:
     user: str | None = None
     query: dict[str, list[str]] = field(default_factory=dict)
 
-    def json(self) -> dict[str, Any]:
+    def json(self) -> GoFields:
         if not self.body:
-            return {}
+            return GoFields()
         try:
             value = json.loads(self.body)
         except json.JSONDecodeError:
             raise HttpError(400, "request body is not valid JSON") from None
         if not isinstance(value, dict):
             raise HttpError(422, "request body must be a JSON object")
-        return value
+        return GoFields(value)
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         values = self.query.get(name)
@@ -75,32 +90,41 @@ Handler = Callable[..., Reply]
 
 class Router:
     def __init__(self) -> None:
-        self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self.routes: list[tuple[str, re.Pattern[str], Handler, int]] = []
 
     def add(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
+        literal = len(re.sub(r"\{[^}]+\}", "", pattern))
+        pieces = re.split(r"(\{\w+(?:\.\.\.)?\})", pattern)
         regex = re.compile(
             "^"
-            + re.sub(
-                r"\{(\w+)(\.\.\.)?\}",
-                lambda m: f"(?P<{m.group(1)}>{'.+' if m.group(2) else '[^/]+'})",
-                pattern,
+            + "".join(
+                f"(?P<{piece.strip('{}.')}>{'.+' if piece.endswith('...}') else '[^/]+'})"
+                if piece.startswith("{")
+                else re.escape(piece)
+                for piece in pieces
             )
             + "$"
         )
 
         def register(handler: Handler) -> Handler:
-            self.routes.append((method, regex, handler))
+            # The most literal pattern wins, as in Forgejo's router: `/repos/issues/search`
+            # is not the repository `issues/search`, `/issues/comments` is not issue "comments".
+            self.routes.append((method, regex, handler, literal))
+            self.routes.sort(key=lambda row: -row[3])
             return handler
 
         return register
 
     def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        """The handler for PATH and its parameters, each percent-decoded (`feat%2Fy` is the
+        branch `feat/y`); the path is matched before decoding, so an encoded slash never
+        splits a segment."""
         allowed = False
-        for verb, regex, handler in self.routes:
+        for verb, regex, handler, _literal in self.routes:
             found = regex.match(path)
             if found:
                 if verb == method:
-                    return handler, found.groupdict()
+                    return handler, {k: unquote(v) for k, v in found.groupdict().items()}
                 allowed = True
         raise HttpError(
             405 if allowed else 404, "not found" if not allowed else "method not allowed"

@@ -42,29 +42,9 @@ def merge_pull(
     base_sha = repo.branch_sha(base)
     if base_sha is None:
         raise MergeNotPossible(f"base branch {base} does not exist")
-    work = Path(tempfile.mkdtemp(prefix="sandbox-merge-"))
-    identity = {
-        "GIT_AUTHOR_NAME": merger,
-        "GIT_AUTHOR_EMAIL": f"{merger}@sandbox.invalid",
-        "GIT_COMMITTER_NAME": merger,
-        "GIT_COMMITTER_EMAIL": f"{merger}@sandbox.invalid",
-    }
-
-    def git(*args: str, author: bool = True) -> tuple[bool, str]:
-        env = repo.env(
-            identity
-            if author
-            else {k: v for k, v in identity.items() if k.startswith("GIT_COMMITTER")}
-        )
-        result = run_command(["git", "-C", str(work), *args], env=env, timeout=120)
-        return result.ok, (result.stdout + result.stderr).strip()
-
-    try:
-        ok, out = git("clone", "-q", "--shared", "--no-checkout", str(repo.path), ".")
-        if not ok:
-            raise MergeNotPossible(out)
+    default_message = f"Merge pull request '{title}' (#{number}) from {head_branch} into {base}"
+    with _Scratch(repo, merger) as git:
         git("checkout", "-q", "-B", "work", base_sha)
-        default_message = f"Merge pull request '{title}' (#{number}) from {head_branch} into {base}"
         ok, out = _apply_style(
             git,
             style,
@@ -75,19 +55,74 @@ def merge_pull(
         )
         if not ok:
             raise MergeConflict(out[-500:])
-        new_sha = git("rev-parse", "work")[1]
-        ok, out = git(
-            "push",
-            "-q",
-            f"--force-with-lease=refs/heads/{base}:{base_sha}",
-            "origin",
-            f"{new_sha}:refs/heads/{base}",
-        )
+        return _push(git, base, base_sha)
+
+
+def update_branch(repo: BareRepo, *, head: str, base: str, style: str, user: str) -> str:
+    """Bring HEAD up to date with BASE as Forgejo's "update branch" does: merge BASE into
+    HEAD, or rebase HEAD onto BASE; return HEAD's new tip."""
+    head_sha, base_sha = repo.branch_sha(head), repo.branch_sha(base)
+    if head_sha is None or base_sha is None:
+        raise MergeNotPossible("head or base branch does not exist")
+    with _Scratch(repo, user) as git:
+        git("checkout", "-q", "-B", "work", head_sha)
+        if style == "rebase":
+            ok, out = git("rebase", "-q", base_sha, author=False)
+        else:
+            message = f"Merge branch '{base}' into {head}"
+            ok, out = git("merge", "--no-ff", "-q", "-m", message, base_sha)
         if not ok:
-            raise MergeConflict(f"base branch moved during the merge: {out[-300:]}")
-        return new_sha
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            raise MergeConflict(out[-500:])
+        return _push(git, head, head_sha)
+
+
+class _Scratch:
+    """A throwaway clone borrowing the bare repository's objects; `git(...)` runs in it
+    as USER (the author unless author=False)."""
+
+    def __init__(self, repo: BareRepo, user: str) -> None:
+        self.repo = repo
+        self.identity = {
+            "GIT_AUTHOR_NAME": user,
+            "GIT_AUTHOR_EMAIL": f"{user}@sandbox.invalid",
+            "GIT_COMMITTER_NAME": user,
+            "GIT_COMMITTER_EMAIL": f"{user}@sandbox.invalid",
+        }
+        self.work = Path(tempfile.mkdtemp(prefix="sandbox-merge-"))
+
+    def __enter__(self) -> Callable[..., tuple[bool, str]]:
+        ok, out = self.run("clone", "-q", "--shared", "--no-checkout", str(self.repo.path), ".")
+        if not ok:
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise MergeNotPossible(out)
+        return self.run
+
+    def __exit__(self, *_exc: object) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def run(self, *args: str, author: bool = True) -> tuple[bool, str]:
+        env = self.repo.env(
+            self.identity
+            if author
+            else {k: v for k, v in self.identity.items() if k.startswith("GIT_COMMITTER")}
+        )
+        result = run_command(["git", "-C", str(self.work), *args], env=env, timeout=120)
+        return result.ok, (result.stdout + result.stderr).strip()
+
+
+def _push(git: Callable[..., tuple[bool, str]], branch: str, expected: str) -> str:
+    """Push the scratch branch `work` to BRANCH with a lease on EXPECTED."""
+    new_sha = git("rev-parse", "work")[1]
+    ok, out = git(
+        "push",
+        "-q",
+        f"--force-with-lease=refs/heads/{branch}:{expected}",
+        "origin",
+        f"{new_sha}:refs/heads/{branch}",
+    )
+    if not ok:
+        raise MergeConflict(f"branch {branch} moved meanwhile: {out[-300:]}")
+    return new_sha
 
 
 def _apply_style(  # noqa: PLR0911 - one return per merge style

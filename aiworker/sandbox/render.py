@@ -208,20 +208,43 @@ class Renderer:
             "updated_at": comment["updated_at"],
         }
 
-    def timeline(self, repo: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
-        item: dict[str, Any] = {
+    def timeline(
+        self, repo: dict[str, Any], issue: dict[str, Any], event: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Forgejo's full TimelineComment: every key, whatever the event's type."""
+        full = f"{repo['owner']}/{repo['name']}"
+        kind = "pulls" if issue["pull"] else "issues"
+        label = self.state.label(repo, event["label"]) if "label" in event else None
+        return {
             "id": event["id"],
             "type": event["type"],
-            "body": event.get("body", ""),
+            "html_url": f"{self.root}{full}/{kind}/{issue['number']}#issuecomment-{event['id']}",
+            "pull_request_url": f"{self.root}{full}/pulls/{issue['number']}"
+            if issue["pull"]
+            else "",
+            "issue_url": f"{self.root}{full}/issues/{issue['number']}",
             "user": self.user(event["user"]),
+            "body": event.get("body", ""),
             "created_at": event["created_at"],
-            "updated_at": event["created_at"],
+            "updated_at": event.get("updated_at", event["created_at"]),
+            "old_project_id": 0,
+            "project_id": 0,
+            "old_milestone": None,
+            "milestone": None,
+            "tracked_time": None,
+            "old_title": event.get("old_title", ""),
+            "new_title": event.get("new_title", ""),
+            "old_ref": event.get("old_ref", ""),
+            "new_ref": event.get("new_ref", ""),
+            "ref_issue": None,
+            "ref_comment": None,
+            "ref_action": "",
+            "ref_commit_sha": event.get("ref_commit_sha", ""),
+            "review_id": event.get("review_id", 0),
+            "label": self.label(repo, label) if label else None,
+            "assignee": self.user(event.get("assignee")),
+            "assignee_team": None,
+            "removed_assignee": bool(event.get("removed", False)),
+            "resolve_doer": None,
+            "dependent_issue": None,
         }
-        if "label" in event:
-            label = self.state.label(repo, event["label"])
-            if label:
-                item["label"] = self.label(repo, label)
-        if "assignee" in event:
-            item["assignee"] = self.user(event["assignee"])
-            item["removed_assignee"] = event.get("removed", False)
-        return item

@@ -39,13 +39,13 @@ def pull(
         "milestone": None,
         "assignee": shaped["assignee"],
         "assignees": shaped["assignees"],
-        "requested_reviewers": None,
+        "requested_reviewers": [r.user(login) for login in meta.get("requested", [])] or None,
         "requested_reviewers_teams": None,
         "state": issue["state"],
         "draft": False,
         "is_locked": False,
         "comments": len(issue["comments"]),
-        "review_comments": 0,
+        "review_comments": sum(len(v.get("comments", [])) for v in meta["reviews"]),
         "additions": adds,
         "deletions": dels,
         "changed_files": files,
@@ -139,7 +139,7 @@ def combined_state(items: list[dict[str, Any]]) -> str:
 
 
 def review(
-    r: Renderer, repo: dict[str, Any], issue: dict[str, Any], item: dict[str, Any]
+    r: Renderer, repo: dict[str, Any], issue: dict[str, Any], item: dict[str, Any], head: str
 ) -> dict[str, Any]:
     full = f"{repo['owner']}/{repo['name']}"
     return {
@@ -149,12 +149,39 @@ def review(
         "state": item["state"],
         "body": item["body"],
         "commit_id": item["commit_id"],
-        "stale": False,
+        "stale": bool(item["commit_id"] and head and item["commit_id"] != head),
         "official": item["official"],
-        "dismissed": False,
-        "comments_count": 0,
+        "dismissed": bool(item.get("dismissed", False)),
+        "comments_count": len(item.get("comments", [])),
         "submitted_at": item["submitted_at"],
         "updated_at": item["submitted_at"],
         "html_url": f"{r.root}{full}/pulls/{issue['number']}#issuecomment-{item['id']}",
+        "pull_request_url": f"{r.root}{full}/pulls/{issue['number']}",
+    }
+
+
+def review_comment(
+    r: Renderer,
+    repo: dict[str, Any],
+    issue: dict[str, Any],
+    item: dict[str, Any],
+    comment: dict[str, Any],
+) -> dict[str, Any]:
+    full = f"{repo['owner']}/{repo['name']}"
+    return {
+        "id": comment["id"],
+        "body": comment["body"],
+        "user": r.user(item["user"]),
+        "resolver": None,
+        "pull_request_review_id": item["id"],
+        "created_at": comment["created_at"],
+        "updated_at": comment["created_at"],
+        "path": comment["path"],
+        "commit_id": item["commit_id"],
+        "original_commit_id": item["commit_id"],
+        "diff_hunk": "",
+        "position": comment["new"],
+        "original_position": comment["old"],
+        "html_url": f"{r.root}{full}/pulls/{issue['number']}#issuecomment-{comment['id']}",
         "pull_request_url": f"{r.root}{full}/pulls/{issue['number']}",
     }

@@ -63,15 +63,7 @@ def seed(data_dir: Path) -> dict[str, Any]:
             "`add(2, 3)` returns -1; it must return 5.\n\nThe failing test is `test_calc.py`.",
         )
         issue["assignees"] = ["worker-bot"]
-        issue["timeline"].append(
-            {
-                "id": state.new_id(),
-                "type": "assignees",
-                "user": "alice",
-                "assignee": "worker-bot",
-                "created_at": issue["created_at"],
-            }
-        )
+        state.record(issue, "assignees", "alice", assignee="worker-bot")
         state.add_issue(repo, "reader", "Please add subtraction", "Nice to have.")
         state.save()
     return {

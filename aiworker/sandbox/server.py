@@ -36,9 +36,19 @@ class SandboxApp:
         self.render = Renderer(self.state, self.root_url)
         self.git_root = data_dir / "git"
         self.router = Router()
-        from aiworker.sandbox import api_issues, api_pulls, api_repos
+        from aiworker.sandbox import (
+            api_code,
+            api_issues,
+            api_people,
+            api_pull_code,
+            api_pulls,
+            api_repos,
+            api_reviews,
+        )
 
-        for module in (api_repos, api_issues, api_pulls):
+        for module in (api_repos, api_code, api_people, api_issues):
+            module.register(self)
+        for module in (api_pulls, api_pull_code, api_reviews):
             module.register(self)
 
     def git(self, repo: dict[str, Any]) -> BareRepo:
@@ -53,6 +63,15 @@ class SandboxApp:
                 raise HttpError(401, "token required")
             raise HttpError(403, f"user does not have {needed} permission")
         return repo
+
+    def pull_for(
+        self, req: Request, owner: str, name: str, index: str, needed: str = "read"
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        repo = self.repo_for(req, owner, name, needed)
+        issue = self.state.issue(repo, int(index)) if index.isdigit() else None
+        if issue is None or not issue["pull"]:
+            raise HttpError(404, "pull request not found")
+        return repo, issue
 
     def handle(self, req: Request) -> Reply:
         token = credentials(req.headers)

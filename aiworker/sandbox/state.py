@@ -158,6 +158,28 @@ class ForgeState:
             self.save()
             return issue
 
+    def record(self, issue: dict[str, Any], kind: str, user: str, **data: Any) -> None:
+        """One timeline event, as Forgejo records a comment of that type (a plain comment's
+        event is the comment itself: DATA then carries its id)."""
+        event = {"type": kind, "user": user, "created_at": now_iso(), **data}
+        event.setdefault("id", self.new_id())
+        issue["timeline"].append(event)
+
+    def give_at_creation(
+        self, repo: dict[str, Any], issue: dict[str, Any], user: str, labels: Any, assignees: Any
+    ) -> None:
+        """Labels (ids) and assignees (logins) given when the issue is created, recorded
+        as Forgejo records them: timeline events by the author."""
+        wanted = set(labels) if isinstance(labels, list) else set()
+        for label in repo["labels"]:
+            if label["id"] in wanted:
+                issue["labels"].append(label["id"])
+                self.record(issue, "label", user, label=label["id"], body="1")
+        for login in dict.fromkeys(assignees if isinstance(assignees, list) else []):
+            if isinstance(login, str) and self.user(login):
+                issue["assignees"].append(login)
+                self.record(issue, "assignees", user, assignee=login)
+
     def touch(self, issue: dict[str, Any]) -> None:
         issue["updated_at"] = now_iso()
 

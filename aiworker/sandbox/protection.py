@@ -1,0 +1,43 @@
+"""Branch protection as Forgejo enforces it when a pull request is merged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiworker.sandbox.render_code import latest_per_context
+
+
+def rule_for(repo: dict[str, Any], branch: str) -> dict[str, Any] | None:
+    return next((r for r in repo.get("protections", []) if r["rule_name"] == branch), None)
+
+
+def merge_refusal(repo: dict[str, Any], issue: dict[str, Any], head_sha: str) -> str | None:
+    """Why the protected base refuses this merge now, or None."""
+    rule = rule_for(repo, issue["pull"]["base"])
+    if rule is None:
+        return None
+    reviews = [r for r in issue["pull"]["reviews"] if r["official"] and not r.get("dismissed")]
+    latest: dict[str, dict[str, Any]] = {}
+    for review in reviews:
+        if review["state"] in ("APPROVED", "REQUEST_CHANGES"):
+            latest[review["user"]] = review
+    if rule.get("block_on_rejected_reviews") and any(
+        r["state"] == "REQUEST_CHANGES" for r in latest.values()
+    ):
+        return "the pull request has official reviews requesting changes"
+    approvals = [
+        r
+        for r in latest.values()
+        if r["state"] == "APPROVED"
+        and not (rule.get("ignore_stale_approvals") and r["commit_id"] != head_sha)
+    ]
+    if len(approvals) < rule.get("required_approvals", 0):
+        return "does not have enough approvals"
+    if rule.get("enable_status_check"):
+        states = {
+            s["context"]: s["state"] for s in latest_per_context(repo["statuses"].get(head_sha, []))
+        }
+        for context in rule.get("status_check_contexts") or []:
+            if states.get(context) != "success":
+                return f"required status check {context!r} is not successful"
+    return None
