@@ -64,7 +64,8 @@ def push_branch(
 def test_issues_labels_comments_people_and_search(forge, client):
     alice, reader = client("alice"), client("reader")
     repo = alice.repository.repo_get(owner="team", repo="app")
-    assert repo.default_branch == "main" and repo.permissions.push
+    assert repo.default_branch == "main"
+    assert repo.permissions.push
     labels = {label.name: label.id for label in alice.issue.list_labels(owner="team", repo="app")}
     assert alice.issue.get_label(owner="team", repo="app", id=labels["bug"]).name == "bug"
 
@@ -123,7 +124,8 @@ def test_issues_labels_comments_people_and_search(forge, client):
     collaborators = {
         u.login for u in alice.repository.repo_list_collaborators(owner="team", repo="app")
     }
-    assert {"alice", "reader", "worker-bot"} <= collaborators and "team" not in collaborators
+    assert {"alice", "reader", "worker-bot"} <= collaborators
+    assert "team" not in collaborators
     alice.repository.repo_check_collaborator(owner="team", repo="app", collaborator="reader")
     assert (
         status_of(
@@ -134,7 +136,8 @@ def test_issues_labels_comments_people_and_search(forge, client):
         == 404
     )
     assignees = {u.login for u in alice.repository.repo_get_assignees(owner="team", repo="app")}
-    assert "worker-bot" in assignees and "reader" not in assignees
+    assert "worker-bot" in assignees
+    assert "reader" not in assignees
     mine = alice.user.current_list_repos()
     assert [r.full_name for r in mine] == ["team/app"]
 
@@ -247,7 +250,8 @@ def test_pull_request_review_protection_and_merge(forge, client, tmp_path):
         owner="team", repo="app", index=pull.number, style="merge"
     )
     updated = worker.repository.repo_get_pull_request(owner="team", repo="app", index=pull.number)
-    assert updated.head.sha != head and updated.merge_base == updated.base.sha
+    assert updated.head.sha != head
+    assert updated.merge_base == updated.base.sha
     # The approval is kept, but the required check is missing at the new head.
     assert (
         status_of(
@@ -313,7 +317,8 @@ def test_commits_compare_contents_and_branches(forge, client, tmp_path):
     guide = worker.repository.repo_get_contents(
         owner="team", repo="app", filepath="docs/guide.md", ref="topic"
     )
-    assert base64.b64decode(guide.content) == b"# Guide\n" and guide.type == "file"
+    assert base64.b64decode(guide.content) == b"# Guide\n"
+    assert guide.type == "file"
     assert guide.last_commit_sha == first
     listing = worker.repository.repo_get_contents_list(owner="team", repo="app", ref="topic")
     assert {"calc.py", "docs"} <= {entry.name for entry in listing}
@@ -354,8 +359,10 @@ def test_routes_are_not_captured_by_wider_patterns(forge):
     `/repos/{o}/{r}/issues/comments` is not an issue numbered "comments"."""
     headers = {"Authorization": f"token {forge.tokens['alice']}"}
     search = requests.get(f"{forge.url}/api/v1/repos/issues/search", headers=headers, timeout=10)
-    assert search.status_code == 200 and {i["number"] for i in search.json()} == {1, 2}
+    assert search.status_code == 200
+    assert {i["number"] for i in search.json()} == {1, 2}
     comments = requests.get(
         f"{forge.url}/api/v1/repos/team/app/issues/comments", headers=headers, timeout=10
     )
-    assert comments.status_code == 200 and comments.json() == []
+    assert comments.status_code == 200
+    assert comments.json() == []
