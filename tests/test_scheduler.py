@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -189,40 +188,6 @@ def test_missing_phases_are_skipped_with_a_reason(upgraded, tmp_path, monkeypatc
     with db.read() as session:
         assert session.scalars(select(Task.state)).all() == ["ready"]
     db.dispose()
-
-
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
-def test_installed_units_verify(tmp_path):
-    target = tmp_path / "units"
-    result = run_process("--json", "scheduler", "install", "--dir", str(target))
-    assert result.exit_code == 0, result
-    names = sorted(p.name for p in target.iterdir())
-    assert names == [
-        "aiworker-scheduler.service",
-        "aiworker-scheduler.timer",
-        "aiworker-slot@.service",
-        "aiworker-web.service",
-    ]
-    (target / "aiworker-slot@1.service").write_text((target / "aiworker-slot@.service").read_text())
-    units = [
-        str(target / n)
-        for n in (
-            "aiworker-scheduler.service",
-            "aiworker-scheduler.timer",
-            "aiworker-slot@1.service",
-            "aiworker-web.service",
-        )
-    ]
-    verified = subprocess.run(
-        ["systemd-analyze", "verify", *units], capture_output=True, text=True, check=False
-    )
-    assert verified.returncode == 0, verified.stderr
-    assert verified.stderr == ""
-    service = (target / "aiworker-scheduler.service").read_text()
-    assert "SuccessExitStatus=75" in service
-    assert "KillMode=control-group" in service
-    assert "OnUnitInactiveSec=180s" in (target / "aiworker-scheduler.timer").read_text()
-    assert run_process("scheduler", "install").exit_code == 2
 
 
 def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):

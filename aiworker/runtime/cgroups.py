@@ -34,7 +34,7 @@ def cgroup2_mount() -> Path | None:
     return None
 
 
-def _own_cgroup() -> str:
+def own_cgroup() -> str:
     """This process's cgroup2 path (the "0::" line), relative to the mount."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -54,7 +54,7 @@ class AttemptCgroup:
         if mount is None:
             return None
         name = f"attempt-{os.getpid()}-{next(_SEQUENCE)}-{time.monotonic_ns()}"
-        path = mount / _own_cgroup() / "aiworker" / name
+        path = mount / own_cgroup() / "aiworker" / name
         try:
             path.mkdir(parents=True)
             if not os.access(path / "cgroup.procs", os.W_OK):

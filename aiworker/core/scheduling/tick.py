@@ -22,6 +22,7 @@ from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
 from aiworker.core.scheduling.state import SchedulerState, update_state
+from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
@@ -59,6 +60,8 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     if maintenance.is_locked() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
     config = env.loaded.config
+    if not paused:
+        refuse_direct_launch_in_a_service(config.scheduler.launcher)
     if paused:
         report.status = "paused"
     elif poll_forge and config.forge is not None and config.repositories:

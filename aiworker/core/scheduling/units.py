@@ -1,66 +1,63 @@
-"""The systemd user units that run aiworker: scheduler timer, slot jobs, web service."""
+"""The systemd user units that run aiworker: the scheduler timer and tick, and slot jobs.
+
+The units are files (contrib/systemd/ in a checkout, aiworker/_systemd inside a
+wheel) with @NAME@ placeholders; `scheduler install` fills in this installation's
+interpreter, configuration, state directory and interval. A tick that runs inside a
+systemd service must start its jobs as their own units: with the direct launcher
+they would sit in the tick's cgroup and die with it (KillMode=control-group).
+"""
 
 from __future__ import annotations
 
 import os
-import shlex
+import re
 import sys
 from pathlib import Path
 
+from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.cgroups import own_cgroup
 
 NEXT_STEPS = (
     "aiworker config set scheduler.launcher systemd",
     "systemctl --user daemon-reload",
     "systemctl --user enable --now aiworker-scheduler.timer",
 )
-UNITS = (
-    "aiworker-scheduler.service",
-    "aiworker-scheduler.timer",
-    "aiworker-slot@.service",
-    "aiworker-web.service",
-)
+UNITS = ("aiworker-scheduler.service", "aiworker-scheduler.timer", "aiworker-slot@.service")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def template_dir() -> Path:
+    """Inside a wheel the units ship as aiworker/_systemd; in a checkout, in contrib/."""
+    package = Path(__file__).resolve().parents[2]
+    packaged = package / "_systemd"
+    return packaged if packaged.is_dir() else package.parent / "contrib" / "systemd"
+
+
+def escape(value: str, what: str) -> str:
+    """VALUE for a quoted word of a unit file, with systemd's `%` specifiers escaped."""
+    if _UNSAFE.search(value):
+        raise InvalidInput(f"{what} {value!r} contains a control character; systemd cannot use it")
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
 
 def render_units(config_path: Path, state_dir: Path, interval: int) -> dict[str, str]:
-    command = f"{shlex.quote(sys.executable)} -m aiworker"
-    environment = (
-        f"Environment=AIWORKER_CONFIG={shlex.quote(str(config_path))}\n"
-        f"Environment=AIWORKER_STATE_DIR={shlex.quote(str(state_dir))}\n"
-    )
-    return {
-        "aiworker-scheduler.service": (
-            "[Unit]\nDescription=aiworker scheduler tick\n\n"
-            "[Service]\nType=oneshot\n"
-            f"{environment}"
-            f"ExecStart={command} scheduler tick\n"
-            "# 75: temporarily unavailable (a lock is held, maintenance); not a failure.\n"
-            "SuccessExitStatus=75\n"
-            "TimeoutStartSec=600\nTimeoutStopSec=30\nKillMode=control-group\n"
-        ),
-        "aiworker-scheduler.timer": (
-            "[Unit]\nDescription=Run the aiworker scheduler every "
-            f"{interval} seconds\n\n"
-            f"[Timer]\nOnBootSec=60s\nOnUnitInactiveSec={interval}s\nAccuracySec=5s\n\n"
-            "[Install]\nWantedBy=timers.target\n"
-        ),
-        "aiworker-slot@.service": (
-            "[Unit]\nDescription=aiworker slot %i job\n\n"
-            "[Service]\nType=exec\n"
-            f"{environment}"
-            f"ExecStart={command} scheduler run-slot %i\n"
-            "SuccessExitStatus=75\n"
-            "TimeoutStopSec=120\nKillMode=control-group\n"
-        ),
-        "aiworker-web.service": (
-            "[Unit]\nDescription=aiworker web control plane (loopback)\n\n"
-            "[Service]\nType=exec\n"
-            f"{environment}"
-            f"ExecStart={command} web serve\n"
-            "Restart=on-failure\nTimeoutStopSec=30\nKillMode=control-group\n\n"
-            "[Install]\nWantedBy=default.target\n"
-        ),
+    values = {
+        "PYTHON": escape(sys.executable, "the interpreter path"),
+        "CONFIG": escape(str(config_path), "the configuration path"),
+        "STATE_DIR": escape(str(state_dir), "the state directory"),
+        "INTERVAL": str(int(interval)),
     }
+    rendered = {}
+    for name in UNITS:
+        text = (template_dir() / name).read_text()
+        for key, value in values.items():
+            text = text.replace(f"@{key}@", value)
+        leftover = re.search(r"@[A-Z_]+@", text)
+        if leftover:
+            raise RuntimeError(f"{name}: placeholder {leftover.group()} was not filled in")
+        rendered[name] = text
+    return rendered
 
 
 def user_unit_dir() -> Path:
@@ -69,11 +66,33 @@ def user_unit_dir() -> Path:
 
 
 def install_units(target: Path, config_path: Path, state_dir: Path, interval: int) -> list[Path]:
+    units = render_units(config_path, state_dir, interval)
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_units(config_path, state_dir, interval).items():
+    for name, text in units.items():
         path = target / name
         write_private_file(path, text.encode())
         os.chmod(path, 0o644)
         written.append(path)
     return written
+
+
+def systemd_service() -> str | None:
+    """The systemd service this process runs in, or None (a shell, cron, a scope)."""
+    leaf = own_cgroup().rsplit("/", 1)[-1]
+    if os.environ.get("INVOCATION_ID") and leaf.endswith(".service"):
+        return leaf
+    return None
+
+
+def refuse_direct_launch_in_a_service(launcher: str) -> None:
+    """Jobs started directly by a tick inside a service share its cgroup and are killed
+    when the tick's unit stops: refuse that before anything is claimed."""
+    service = systemd_service()
+    if launcher == "direct" and service is not None:
+        raise InvalidInput(
+            f"this tick runs inside the systemd service {service}, where jobs it starts "
+            "directly would be killed when the tick ends (KillMode=control-group); set "
+            "`aiworker config set scheduler.launcher systemd` so each job runs as "
+            "aiworker-slot@N.service"
+        )

@@ -1,0 +1,188 @@
+"""The systemd units: shipped as files, rendered with this installation's paths, hardened,
+checked by systemd's own tools; and a tick inside a service never starts jobs in its
+own cgroup."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from aiworker.runtime.cgroups import cgroup2_mount, own_cgroup
+from tests.helpers import run_process
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ("aiworker-scheduler.service", "aiworker-slot@.service")
+HARDENING = (
+    "NoNewPrivileges=yes",
+    "PrivateTmp=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=read-only",
+    "UMask=0077",
+    "CapabilityBoundingSet=",
+    "KillMode=control-group",
+)
+# systemd-analyze security --offline: exposure 0.0 (locked down) to 10.0 (exposed); the
+# units as first written (no hardening) scored 9.6.
+MOST_EXPOSURE = {"aiworker-scheduler.service": 3.0, "aiworker-slot@1.service": 5.0}
+
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze missing"
+)
+
+
+def install(target: Path, state_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {"AIWORKER_STATE_DIR": str(state_dir)} if state_dir else {}
+    return run_process("--json", "scheduler", "install", "--dir", str(target), env=env)
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    # A short runtime directory: the user manager's socket paths must fit in 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="xdg-", dir="/tmp") as runtime:
+        return subprocess.run(
+            ["systemd-analyze", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "XDG_RUNTIME_DIR": runtime},
+        )
+
+
+def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, state_dir):
+    target = tmp_path / "units"
+    result = install(target)
+    assert result.exit_code == 0, result
+    written = sorted(p.name for p in target.iterdir())
+    assert written == sorted(p.name for p in (ROOT / "contrib" / "systemd").iterdir())
+    for name in written:
+        template = (ROOT / "contrib" / "systemd" / name).read_text()
+        pattern = re.escape(template)
+        for placeholder in ("PYTHON", "CONFIG", "STATE_DIR", "INTERVAL"):
+            pattern = pattern.replace(re.escape(f"@{placeholder}@"), ".+?")
+        assert re.fullmatch(pattern, (target / name).read_text(), re.DOTALL), name
+    scheduler = (target / "aiworker-scheduler.service").read_text()
+    assert f'ExecStart="{sys.executable}" -m aiworker scheduler tick' in scheduler
+    assert f'ReadWritePaths="{state_dir}"' in scheduler
+    assert f'Environment="AIWORKER_STATE_DIR={state_dir}"' in scheduler
+    for name in SERVICES:
+        text = (target / name).read_text()
+        for setting in HARDENING:
+            assert setting in text.splitlines(), f"{name}: {setting}"
+        assert re.search(r"^SyslogIdentifier=aiworker-", text, re.MULTILINE), name
+    slot = (target / "aiworker-slot@.service").read_text().splitlines()
+    assert {"MemoryMax=8G", "TasksMax=4096", "MemorySwapMax=0"} <= set(slot)
+    # The web unit's command does not exist yet, so no unit is written for it.
+    assert "aiworker-web.service" not in written
+
+
+@needs_analyze
+@pytest.mark.parametrize("mode", [(), ("--user",)], ids=["system", "user"])
+def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
+    target = tmp_path / "units"
+    assert install(target).exit_code == 0
+    shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
+    units = [
+        str(target / n)
+        for n in (
+            "aiworker-scheduler.service",
+            "aiworker-scheduler.timer",
+            "aiworker-slot@1.service",
+        )
+    ]
+    verified = analyze("verify", *mode, *units)
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stderr == ""
+
+
+@needs_analyze
+@pytest.mark.parametrize("unit", sorted(MOST_EXPOSURE))
+def test_systemd_analyze_security_scores_the_hardening(tmp_path, state_dir, unit):
+    target = tmp_path / "units"
+    assert install(target).exit_code == 0
+    shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
+    limit = MOST_EXPOSURE[unit]
+    scored = analyze(
+        "security",
+        "--offline=true",
+        f"--threshold={int(limit * 10)}",
+        str(target / unit),
+    )
+    level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", scored.stdout)
+    assert level is not None, scored.stdout + scored.stderr
+    assert float(level.group(1)) <= limit
+    assert scored.returncode == 0, scored.stdout[-2000:]
+
+
+@needs_analyze
+def test_paths_with_spaces_and_percent_signs_survive(tmp_path):
+    state = tmp_path / "state 100% mine"
+    target = tmp_path / "units"
+    assert install(target, state).exit_code == 0
+    text = (target / "aiworker-scheduler.service").read_text()
+    assert f'ReadWritePaths="{tmp_path}/state 100%% mine"' in text
+    verified = analyze("verify", str(target / "aiworker-scheduler.service"))
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stderr == ""
+
+
+def test_a_path_systemd_cannot_hold_is_refused_and_nothing_is_written(tmp_path):
+    target = tmp_path / "units"
+    result = install(target, tmp_path / "state\nline")
+    assert result.exit_code == 2
+    assert "control character" in result.json()["error"]["message"]
+    assert not target.exists()
+
+
+def _tick_in_cgroup(cgroup: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "aiworker", "scheduler", "tick"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, **env},
+            preexec_fn=lambda: os.write(procs, b"0"),
+        )
+    finally:
+        os.close(procs)
+
+
+@pytest.fixture
+def service_cgroup():
+    """A real cgroup whose leaf is named like the scheduler's service."""
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 hierarchy here")
+    parent = mount / own_cgroup() / f"aiworker-test-{os.getpid()}"
+    leaf = parent / "aiworker-scheduler.service"
+    try:
+        leaf.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup here: {exc}")
+    yield leaf
+    leaf.rmdir()
+    parent.rmdir()
+
+
+def test_a_tick_inside_a_service_refuses_to_start_jobs_directly(service_cgroup, upgraded):
+    refused = _tick_in_cgroup(service_cgroup, {"INVOCATION_ID": "0123abcd"})
+    assert refused.returncode == 2, refused.stderr
+    assert "aiworker-scheduler.service" in refused.stderr
+    assert "scheduler.launcher systemd" in refused.stderr
+    # Not a service invocation (cron, a shell): the same cgroup name alone is no reason.
+    plain = _tick_in_cgroup(service_cgroup, {"INVOCATION_ID": ""})
+    assert plain.returncode == 0, plain.stderr
+
+
+def test_a_tick_with_the_systemd_launcher_runs_inside_a_service(service_cgroup, upgraded, cli):
+    assert cli("config", "set", "scheduler.launcher", "systemd").exit_code == 0
+    ran = _tick_in_cgroup(service_cgroup, {"INVOCATION_ID": "0123abcd"})
+    assert ran.returncode == 0, ran.stderr
