@@ -9,6 +9,7 @@ import pytest
 from aiworker.cli import main
 from tests.forge_fixtures import forge  # noqa: F401 - shared fixture
 from tests.helpers import Result, run_process  # noqa: F401 - re-exported for the tests
+from tests.provider_clis import bin_dir  # noqa: F401 - shared fixture
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

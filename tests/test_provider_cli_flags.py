@@ -1,7 +1,7 @@
 """Every flag aiworker passes to codex, claude and opencode exists in the real CLI's --help.
 
-The CLIs come from the npm registry at the versions the reference describes and
-are installed once into .venv/npm-providers; without npm the test is skipped.
+The CLIs come from the npm registry (tests/provider_clis.py); without npm the test is
+skipped.
 """
 
 from __future__ import annotations
@@ -18,31 +18,10 @@ from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
 from aiworker.adapters.providers.opencode import llama_opencode_config, opencode_command
 
-ROOT = Path(__file__).resolve().parent.parent
-PREFIX = ROOT / ".venv" / "npm-providers"
-PACKAGES = ("@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.332", "opencode-ai@1.18.33")
-
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed"),
 ]
-
-
-@pytest.fixture(scope="module")
-def bin_dir():
-    marker = PREFIX / ".installed"
-    if not marker.exists() or marker.read_text() != " ".join(PACKAGES):
-        done = subprocess.run(
-            ["npm", "install", "--prefix", str(PREFIX), "--no-audit", "--no-fund", *PACKAGES],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if done.returncode != 0:
-            pytest.skip(f"npm could not install the CLIs: {done.stderr.strip()[-300:]}")
-        marker.write_text(" ".join(PACKAGES))
-    return PREFIX / "node_modules" / ".bin"
 
 
 def help_text(binary: Path, *args: str, home: Path) -> str:

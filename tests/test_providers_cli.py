@@ -140,3 +140,19 @@ def test_llama_serves_only_simple_work(upgraded, tmp_path, monkeypatch):
     assert eligible["implementation"]["reason"] == (
         "llama serves only simple milestones and minor review fixes"
     )
+
+
+def test_provider_homes_are_private_and_separate(upgraded, state_dir, tmp_path, monkeypatch):
+    shared = tmp_path / "homes"
+    shared.mkdir(mode=0o755)
+    (shared / "claude").mkdir(mode=0o755)  # made by hand, readable by everyone
+    configure(
+        tmp_path,
+        monkeypatch,
+        'providers = ["claude", "codex"]\n[provider_options.claude]\nhome = "homes/claude"\n',
+    )
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no codex binary: the reading only fails
+    report = run_process("--json", "providers", "status").json()
+    assert set(report["providers"]) == {"claude", "codex"}
+    assert (shared / "claude").stat().st_mode & 0o777 == 0o700
+    assert (state_dir / "providers" / "codex").stat().st_mode & 0o777 == 0o700

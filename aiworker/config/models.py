@@ -82,8 +82,33 @@ class ProviderPhaseSettings(Strict):
     effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
+# The effort levels each CLI accepts (claude's --help; codex's model_reasoning_effort;
+# deepseek runs through claude). A provider missing here takes no effort setting; the
+# script provider stands in for any of them.
+EFFORTS: dict[str, tuple[str, ...]] = {
+    "codex": ("minimal", "low", "medium", "high", "xhigh"),
+    "claude": ("low", "medium", "high", "xhigh", "max"),
+    "deepseek": ("low", "medium", "high", "xhigh", "max"),
+    "script": ("minimal", "low", "medium", "high", "xhigh", "max"),
+}
+
+
 class PhaseSettings(Strict):
     providers: dict[ProviderName, ProviderPhaseSettings] = {}
+
+    @model_validator(mode="after")
+    def _effort_per_provider(self) -> PhaseSettings:
+        for name, settings in self.providers.items():
+            accepted = EFFORTS.get(name, ())
+            if settings.effort is None or settings.effort in accepted:
+                continue
+            if not accepted:
+                raise ValueError(f"{name} takes no effort setting (got {settings.effort!r})")
+            raise ValueError(
+                f"{name} does not accept effort {settings.effort!r}; "
+                f"it accepts {', '.join(accepted)}"
+            )
+        return self
 
 
 class Phases(Strict):

@@ -39,3 +39,12 @@ def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> None
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def private_directory(path: Path) -> Path:
+    """PATH as a directory only its owner may enter (made if missing, narrowed if wider):
+    a provider's home holds its credentials."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path

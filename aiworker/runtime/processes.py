@@ -1,12 +1,15 @@
-"""The one place short helper subprocesses are started from (git, qemu-img, probes)."""
+"""The one place short helper subprocesses are started from (git, qemu-img, probes,
+line-protocol servers)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import os
+import selectors
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +197,65 @@ def exec_keeping(argv: Sequence[str], keep_fd: int) -> None:
     """Replace this process with ARGV; KEEP_FD (a held lock) stays open across exec."""
     os.set_inheritable(keep_fd, True)
     os.execvp(argv[0], list(argv))  # noqa: S606 - direct argv by design, never a shell
+
+
+def converse(
+    argv: Sequence[str],
+    lines: Sequence[bytes],
+    *,
+    answered: Any,
+    env: Mapping[str, str],
+    timeout: float,
+) -> CommandResult:
+    """Send LINES to a line-protocol server (JSON-RPC on stdio) and keep its stdin open
+    until ANSWERED(line) is true for a line it prints or TIMEOUT passes: a server may
+    drop what it has not answered once its input closes. Then stdin is closed, and the
+    server is given a moment to exit before it is killed."""
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    out, err = bytearray(), bytearray()
+    done = False
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, out)
+        selector.register(process.stderr, selectors.EVENT_READ, err)
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
+            process.stdin.flush()
+        while not done and selector.get_map() and time.monotonic() < deadline:
+            for key, _ in selector.select(max(deadline - time.monotonic(), 0)):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                start = len(key.data)
+                key.data.extend(chunk)
+                if key.data is out:
+                    tail = out[out.rfind(b"\n", 0, start) + 1 :]
+                    done = done or any(answered(line) for line in tail.split(b"\n")[:-1])
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.close()
+    try:
+        code = process.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)
+        code = process.wait()
+    process.stdout.close()
+    process.stderr.close()
+    status = 0 if done else 124 if time.monotonic() >= deadline else (code or 1)
+    return CommandResult(
+        tuple(argv), status, out.decode(errors="replace"), err.decode(errors="replace")
+    )

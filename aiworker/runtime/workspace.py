@@ -106,16 +106,26 @@ def teardown(workspace: Workspace, *, preserve: bool) -> bool:
     return remove_attempt(workspace.root).removed
 
 
+# The user id a root-started job has inside its own user namespace.
+UNPRIVILEGED_UID = 1000
+
+
 def sandboxed(
     argv: list[str], workspace: Workspace, writable: list[Path], bwrap: str | None = None
 ) -> list[str]:
     """ARGV inside bubblewrap when it is installed: the whole system read-only (paths stay
     where they are, so a checkout or a venv under /tmp still works), a private pid
     namespace, TMPDIR in the private home, and only the workspace (and WRITABLE)
-    writable. Without bwrap, ARGV."""
+    writable. Run by root, the job is an ordinary user (UNPRIVILEGED_UID) of its own
+    user namespace with no capabilities: agents that refuse root (claude's permission
+    bypass) run, and what it writes still belongs to the host user. Without bwrap, ARGV."""
     bwrap = bwrap or shutil.which("bwrap")
     if bwrap is None:
         return argv
+    user = []
+    if os.geteuid() == 0:
+        uid = str(UNPRIVILEGED_UID)
+        user = ["--unshare-user", "--uid", uid, "--gid", uid]
     binds = []
     for path in [workspace.root, *writable]:
         if path.is_dir():
@@ -133,6 +143,7 @@ def sandboxed(
         "--setenv",
         "TMPDIR",
         str(workspace.home / "tmp"),
+        *user,
         "--unshare-pid",
         "--die-with-parent",
         "--chdir",

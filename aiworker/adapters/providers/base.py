@@ -11,7 +11,9 @@ from typing import Any, ClassVar, Protocol
 
 import requests
 
-FAILURE_CLASSES = ("quota_exhausted", "auth", "transient", "invalid", "other")
+# environment: the CLI refuses to run here as set up (e.g. claude's permission bypass as
+# root); another provider may, this one will not until the installation changes.
+FAILURE_CLASSES = ("quota_exhausted", "auth", "transient", "environment", "invalid", "other")
 PHASES = ("planning", "implementation", "review")
 
 
@@ -56,6 +58,8 @@ class Provider(Protocol):
 def classify_text(text: str) -> str:
     """Map a failure message to one of FAILURE_CLASSES (shared phrases across CLIs)."""
     lowered = text.lower()
+    if "cannot be used with root" in lowered:
+        return "environment"
     quota = (
         "usage limit",
         "hit your limit",
@@ -70,7 +74,15 @@ def classify_text(text: str) -> str:
         return "quota_exhausted"
     if any(
         word in lowered
-        for word in ("unauthorized", "401", "not logged in", "invalid api key", "authentication")
+        for word in (
+            "unauthorized",
+            "401",
+            "not logged in",
+            "invalid api key",
+            "invalid x-api-key",
+            "incorrect api key",
+            "authentication",
+        )
     ):
         return "auth"
     if any(
@@ -82,6 +94,9 @@ def classify_text(text: str) -> str:
             "timed out",
             "capacity",
             "connection reset",
+            "connection failed",
+            "cannot connect",
+            "unable to connect",
             "rate limit",
         )
     ):

@@ -143,8 +143,10 @@ class ClaudeProvider:
             argv += ["--model", model]
         if effort:
             argv += ["--effort", effort]
+        # HOME is the private config directory itself, never a parent that other
+        # providers' homes (and credentials) live under.
         env = minimal_env(
-            self.config_dir.parent,
+            self.config_dir,
             {
                 "CLAUDE_CONFIG_DIR": str(self.config_dir),
                 "DISABLE_AUTOUPDATER": "1",

@@ -18,9 +18,11 @@ from aiworker.adapters.providers.base import (
     minimal_env,
     result_document,
 )
-from aiworker.runtime.processes import run_command
+from aiworker.runtime.processes import converse
+from aiworker.secrets import redact
 
 WEEK_MINUTES = 7 * 24 * 60
+APP_SERVER_SECONDS = 20
 APP_SERVER_REQUESTS = (
     {
         "id": 1,
@@ -77,6 +79,11 @@ def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
     )
 
 
+def _answers_rate_limits(line: bytes) -> bool:
+    events = json_lines(line)
+    return bool(events) and events[0].get("id") == 2
+
+
 class CodexProvider:
     name: ClassVar[str] = "codex"
     phases: ClassVar[tuple[str, ...]] = PHASES
@@ -88,30 +95,34 @@ class CodexProvider:
         self.binary = binary
 
     def admission(self, now: datetime) -> Reading:
-        payload = "".join(json.dumps(r) + "\n" for r in APP_SERVER_REQUESTS)
-        result = run_command(
+        # The app-server drops what it has not answered once its stdin closes: keep the
+        # session open until the rate-limit answer (id 2) or the deadline.
+        result = converse(
             [self.binary, "app-server"],
-            input_text=payload,
-            timeout=20,
+            [json.dumps(r).encode() for r in APP_SERVER_REQUESTS],
+            answered=_answers_rate_limits,
             env=minimal_env(self.home, {"CODEX_HOME": str(self.home)}),
+            timeout=APP_SERVER_SECONDS,
         )
         for event in json_lines(result.stdout.encode()):
             if event.get("id") == 2:
                 if "error" in event:
+                    error = event["error"]
+                    message = error.get("message") if isinstance(error, dict) else error
                     return Reading(
-                        self.name,
-                        "codex app-server",
-                        now,
-                        valid=False,
-                        reason=str(event["error"])[:200],
+                        self.name, "codex app-server", now, valid=False, reason=str(message)[:200]
                     )
                 return reading_from_rate_limits(event.get("result") or {}, now)
+        why = "timed out" if result.returncode == 124 else f"exit {result.returncode}"
+        said = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        if said:
+            why += f": {redact(said[-1].removeprefix('Error:').strip())[:200]}"
         return Reading(
             self.name,
             "codex app-server",
             now,
             valid=False,
-            reason=f"no rate-limit answer (exit {result.returncode})",
+            reason=f"no rate-limit answer ({why})",
         )
 
     def command(
@@ -140,16 +151,28 @@ class CodexProvider:
             argv += ["-m", model]
         if effort:
             argv += ["-c", f'model_reasoning_effort="{effort}"']
-        for feature in ("plugins", "apps", "browser_use", "computer_use", "image_generation"):
+        # unbounded_connection_retries (on by default) makes a network outage retry for
+        # ever; without it codex ends with turn.failed after five reconnects.
+        for feature in (
+            "plugins",
+            "apps",
+            "browser_use",
+            "computer_use",
+            "image_generation",
+            "unbounded_connection_retries",
+        ):
             argv += ["--disable", feature]
         argv.append("-")
         env = minimal_env(self.home, {"CODEX_HOME": str(self.home)})
         return CommandSpec(argv, env, prompt.encode())
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        """Only `turn.failed` (or a non-zero exit) is a failure: `error` events such as
+        "Reconnecting... 2/5" and error items are warnings a successful run also prints."""
         final = None
         usage: dict[str, int] = {}
-        error = None
+        failed = None
+        warning = None
         for event in json_lines(stdout):
             kind = event.get("type")
             item = event.get("item") or {}
@@ -163,11 +186,13 @@ class CodexProvider:
                 usage = {
                     k: int(v) for k, v in (event.get("usage") or {}).items() if isinstance(v, int)
                 }
-            elif kind in ("error", "turn.failed"):
-                detail = event.get("message") or (event.get("error") or {})
-                error = str(detail.get("message") if isinstance(detail, dict) else detail)
-        if exit_code != 0 or error:
-            return RunOutcome(None, usage, error or f"codex exited {exit_code}")
+            elif kind == "turn.failed":
+                detail = event.get("error") or {}
+                failed = str(detail.get("message") if isinstance(detail, dict) else detail)
+            elif kind == "error":
+                warning = str(event.get("message") or "")
+        if failed is not None or exit_code != 0:
+            return RunOutcome(None, usage, failed or warning or f"codex exited {exit_code}")
         document = result_document(final or "")
         return RunOutcome(document, usage, None if document else "no result document")
 

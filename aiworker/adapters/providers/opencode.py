@@ -105,11 +105,12 @@ def opencode_command(
     prompt: str,
     config_content: dict[str, Any] | None = None,
 ) -> CommandSpec:
-    """`opencode run --format json`, auto-approving inside the disposable workspace."""
+    """`opencode run --format json`, auto-approving inside the disposable workspace. The
+    prompt goes on stdin, never argv: argv is visible in `ps`, capped at 128 KiB per
+    string, and opencode wraps an argument holding spaces in literal quotes."""
     argv = ["opencode", "run", "--format", "json", "--auto", "--pure", "--dir", str(workspace)]
     if model:
         argv += ["-m", model]
-    argv.append(prompt)
     extra = {
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -120,7 +121,7 @@ def opencode_command(
     }
     if config_content is not None:
         extra["OPENCODE_CONFIG_CONTENT"] = json.dumps(config_content)
-    return CommandSpec(argv, minimal_env(home, extra))
+    return CommandSpec(argv, minimal_env(home, extra), prompt.encode())
 
 
 def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
@@ -137,7 +138,10 @@ def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
                     usage[key] = usage.get(key, 0) + value
         elif event.get("type") == "error":
             detail = event.get("error") or {}
-            error = str((detail.get("data") or {}).get("message") or detail.get("name"))
+            data = detail.get("data") or {}
+            error = str(data.get("message") or detail.get("name"))
+            if data.get("statusCode"):
+                error += f" (HTTP {data['statusCode']})"
     if exit_code != 0 or error:
         return RunOutcome(None, usage, error or f"opencode exited {exit_code}")
     document = result_document(final)

@@ -46,7 +46,7 @@ from aiworker.store.models import Repository, Task
 log = logging.getLogger(__name__)
 PHASE = "implementation"
 # Failures after which another try (maybe another provider) may succeed.
-RETRYABLE = ("quota_exhausted", "transient", "auth", "over_budget")
+RETRYABLE = ("quota_exhausted", "transient", "auth", "environment", "over_budget")
 
 
 def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:

@@ -29,6 +29,7 @@ from aiworker.core.providers.admission import (
 )
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
+from aiworker.runtime.atomic import private_directory
 from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
@@ -48,6 +49,9 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
         real = {"llama": LlamaProvider("http://127.0.0.1:9", options.diff_budget_lines)}
         return ScriptProvider(_path(loaded, options.scenario), name=name, like=real.get(name))
     home = _path(loaded, options.home) if options.home else env.state_dir / "providers" / name
+    if name in ("codex", "claude", "kimi"):
+        # Each provider's own private home: no CLI can read another's credentials.
+        private_directory(home)
     if name == "codex":
         return CodexProvider(home)
     if name == "claude":
