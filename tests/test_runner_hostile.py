@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +209,47 @@ def test_descendants_that_shed_group_environment_and_parent_do_not_survive(roots
     assert alive_with_argument(first) == []
     assert alive_with_argument(second) == []
     assert result.json()["termination"]["leftover_processes_killed"] >= 1
+
+
+def test_a_killed_runners_attempt_cgroup_is_swept_by_the_next_run(roots):
+    """SIGKILL gives a runner no chance to end its attempt: what its job started lives
+    on in the attempt's cgroup until the next attempt sweeps cgroups whose creator is
+    gone."""
+    from aiworker.runtime.cgroups import AttemptCgroup
+
+    probe = AttemptCgroup.create()
+    if probe is None:
+        pytest.skip("no writable cgroup2 hierarchy here")
+    probe.remove()
+    root, attempts = roots
+    marker = f"{400 + os.getpid() % 97}.5"
+    source = make_source(root, f"setsid env -i sleep {marker} &\nsleep {marker}\n")
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "runner",
+            "execute",
+            "--source-root",
+            str(root),
+            "--attempt-root",
+            str(attempts),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runner.stdin.write(json.dumps(request(source)).encode())
+    runner.stdin.close()
+    deadline = time.monotonic() + 30
+    while len(alive_with_argument(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(alive_with_argument(marker)) == 2
+    runner.kill()
+    runner.wait()
+    time.sleep(0.2)
+    assert len(alive_with_argument(marker)) == 2  # nothing ended them yet
+    quick = make_source(root, "exit 0\n", name="quick")
+    assert execute(request(quick), source_root=root, attempt_root=attempts).exit_code == 0
+    assert alive_with_argument(marker) == []

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiworker.runtime.processes import process_alive
+
 _SEQUENCE = itertools.count()
 
 
@@ -53,8 +55,10 @@ class AttemptCgroup:
         mount = cgroup2_mount()
         if mount is None:
             return None
+        parent = mount / own_cgroup() / "aiworker"
+        sweep_orphans(parent)
         name = f"attempt-{os.getpid()}-{next(_SEQUENCE)}-{time.monotonic_ns()}"
-        path = mount / own_cgroup() / "aiworker" / name
+        path = parent / name
         try:
             path.mkdir(parents=True)
             if not os.access(path / "cgroup.procs", os.W_OK):
@@ -102,3 +106,24 @@ class AttemptCgroup:
             except OSError:
                 time.sleep(0.01)
         return False
+
+
+def sweep_orphans(parent: Path) -> list[str]:
+    """Kill and remove the attempt cgroups whose creator is gone (a runner or job killed
+    before it could end its attempt); return their names. A live creator's cgroups, and
+    anything not named like an attempt's, are left alone."""
+    swept: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return swept
+    for name in names:
+        creator = name.split("-")[1] if name.startswith("attempt-") else ""
+        if not creator.isdigit() or process_alive(int(creator)):
+            continue
+        orphan = AttemptCgroup(parent / name)
+        orphan.kill()
+        if orphan.remove():
+            swept.append(name)
+    return swept
+
