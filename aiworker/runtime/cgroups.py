@@ -126,4 +126,3 @@ def sweep_orphans(parent: Path) -> list[str]:
         if orphan.remove():
             swept.append(name)
     return swept
-
