@@ -282,6 +282,7 @@ def test_pull_request_review_protection_and_merge(forge, client, tmp_path):
         "review",
         "dismiss_review",
         "review",
+        "pull_push",
         "merge_pull",
         "delete_branch",
     ]

@@ -20,6 +20,7 @@ from aiworker.adapters.providers import codex as codex_module
 from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
 from aiworker.adapters.providers.opencode import OpenCodeProvider, opencode_command
+from aiworker.runtime.processes import converse
 from aiworker.runtime.workspace import Workspace, sandboxed
 
 CAPTURED = Path(__file__).resolve().parent / "fixtures" / "providers" / "captured"
@@ -70,17 +71,17 @@ def test_codex_runs_end_on_a_network_outage_instead_of_retrying_for_ever(tmp_pat
 
 
 FAKE_APP_SERVER = """
-import json, sys, time
-# Like `codex app-server`: answers initialize at once, the rate-limit read a moment
-# later, and exits at end of input without answering what is still pending.
+import json, os, sys, threading
+# Like `codex app-server`: answers initialize at once and the rate-limit read a moment
+# later, and exits the instant its input ends, dropping what is still unanswered.
 reply = {reply!r}
 for line in sys.stdin:
     request = json.loads(line)
     if request.get("id") == 1:
         print(json.dumps({{"id": 1, "result": {{"userAgent": "codex"}}}}), flush=True)
     elif request.get("id") == 2 and reply:
-        time.sleep(0.3)
-        print(reply, flush=True)
+        threading.Timer(0.3, lambda: print(reply, flush=True)).start()
+os._exit(0)
 """
 
 
@@ -109,6 +110,21 @@ def test_codex_quota_read_gives_up_at_its_deadline(tmp_path, monkeypatch):
     reading = CodexProvider(tmp_path / "home", binary=fake_app_server(tmp_path, "")).admission(NOW)
     assert not reading.valid
     assert reading.reason == "no rate-limit answer (timed out)"
+
+
+def test_a_conversation_leaves_nothing_running(tmp_path):
+    marker = f"{70 + os.getpid() % 29}.7"
+    script = f"sleep {marker} & echo ready; cat >/dev/null"
+    result = converse(
+        ["/bin/sh", "-c", script],
+        [b"{}"],
+        answered=lambda line: line == b"ready",
+        env={"PATH": os.environ["PATH"]},
+        timeout=10,
+    )
+    assert (result.returncode, result.stdout) == (0, "ready\n")
+    running = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, check=False)
+    assert running.stdout == b""
 
 
 @pytest.mark.slow

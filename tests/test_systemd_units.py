@@ -63,7 +63,7 @@ def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, sta
     for name in written:
         template = (ROOT / "contrib" / "systemd" / name).read_text()
         pattern = re.escape(template)
-        for placeholder in ("PYTHON", "CONFIG", "STATE_DIR", "INTERVAL"):
+        for placeholder in ("PYTHON", "CONFIG", "STATE_DIR", "WRITABLE", "INTERVAL"):
             pattern = pattern.replace(re.escape(f"@{placeholder}@"), ".+?")
         assert re.fullmatch(pattern, (target / name).read_text(), re.DOTALL), name
     scheduler = (target / "aiworker-scheduler.service").read_text()
@@ -129,6 +129,38 @@ def test_paths_with_spaces_and_percent_signs_survive(tmp_path):
     verified = analyze("verify", str(target / "aiworker-scheduler.service"))
     assert verified.returncode == 0, verified.stderr
     assert verified.stderr == ""
+
+
+def test_provider_homes_outside_the_state_directory_are_writable_too(tmp_path, state_dir):
+    config = tmp_path / "config.toml"
+    config.write_text('[provider_options.claude]\nhome = "logins/claude"\n')
+    target = tmp_path / "units"
+    result = run_process(
+        "--json",
+        "scheduler",
+        "install",
+        "--dir",
+        str(target),
+        env={"AIWORKER_CONFIG": str(config)},
+    )
+    assert result.exit_code == 0, result
+    home = tmp_path / "logins" / "claude"
+    for name in SERVICES:
+        lines = (target / name).read_text().splitlines()
+        assert f'ReadWritePaths="{state_dir}" "{home}"' in lines, name
+    assert home.stat().st_mode & 0o777 == 0o700  # made now: a unit cannot make it later
+
+
+def test_a_dollar_in_the_interpreter_path_is_not_expanded_by_systemd(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from aiworker.core.scheduling import units
+
+    monkeypatch.setattr(units, "sys", SimpleNamespace(executable="/opt/py$HOME/bin/python"))
+    rendered = units.render_units(tmp_path / "c$x.toml", tmp_path / "state", 60)
+    text = rendered["aiworker-scheduler.service"]
+    assert 'ExecStart="/opt/py$$HOME/bin/python" -m aiworker scheduler tick' in text
+    assert f'Environment="AIWORKER_CONFIG={tmp_path}/c$x.toml"' in text  # literal there
 
 
 def test_a_path_systemd_cannot_hold_is_refused_and_nothing_is_written(tmp_path):

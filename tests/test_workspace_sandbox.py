@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,3 +45,37 @@ def test_provider_homes_stay_writable(tmp_path):
     argv = sandboxed(["/bin/sh", "-c", f"echo token > {home}/auth.json"], workspace, [home])
     subprocess.run(argv, check=True, timeout=60)
     assert (home / "auth.json").read_text() == "token\n"
+
+
+def test_other_providers_homes_are_hidden(tmp_path):
+    """File modes do not separate jobs of one user: the other homes are not there."""
+    workspace = Workspace(tmp_path / "ws")
+    workspace.repo.mkdir(parents=True)
+    providers = tmp_path / "providers"
+    (providers / "claude").mkdir(parents=True, mode=0o700)
+    (providers / "claude" / ".credentials.json").write_text("secret")
+    own = providers / "codex"
+    own.mkdir(mode=0o700)
+    (own / "auth.json").write_text("mine")
+    script = f"ls {providers}; cat {own}/auth.json; echo; cat {providers}/claude/.credentials.json"
+    argv = sandboxed(["/bin/sh", "-c", script], workspace, [own], hidden=[providers])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == ["codex", "mine"]
+    assert "No such file" in done.stderr
+    assert (providers / "claude" / ".credentials.json").read_text() == "secret"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user namespace is for root-started jobs")
+def test_a_root_started_job_is_an_ordinary_user_whose_files_stay_the_hosts(tmp_path):
+    workspace = Workspace(tmp_path / "ws")
+    workspace.repo.mkdir(parents=True)
+    script = "id -u; grep CapEff /proc/self/status; touch made; git init -q . && git status -s"
+    argv = sandboxed(["/bin/sh", "-c", script], workspace, [])
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, check=False, cwd=workspace.repo
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0] == "1000"
+    assert lines[1].split() == ["CapEff:", "0000000000000000"]
+    assert (workspace.repo / "made").stat().st_uid == 0

@@ -123,6 +123,7 @@ def install(
     ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to enable."""
+    from aiworker.core.providers.registry import provider_homes
     from aiworker.core.scheduling.units import NEXT_STEPS, install_units, user_unit_dir
     from aiworker.errors import InvalidInput
 
@@ -132,7 +133,11 @@ def install(
     target = directory or user_unit_dir()
     env = inv.environment()
     written = install_units(
-        target, inv.config_path.absolute(), env.state_dir, env.loaded.config.check_interval
+        target,
+        inv.config_path.absolute(),
+        env.state_dir,
+        env.loaded.config.check_interval,
+        provider_homes(env),
     )
     result = {"written": [str(p) for p in written], "next_steps": list(NEXT_STEPS)}
     lines = [*(f"wrote {p}" for p in written), "then run:", *(f"  {s}" for s in NEXT_STEPS)]

@@ -209,8 +209,12 @@ def converse(
 ) -> CommandResult:
     """Send LINES to a line-protocol server (JSON-RPC on stdio) and keep its stdin open
     until ANSWERED(line) is true for a line it prints or TIMEOUT passes: a server may
-    drop what it has not answered once its input closes. Then stdin is closed, and the
-    server is given a moment to exit before it is killed."""
+    drop what it has not answered once its input closes. Then stdin is closed, the
+    server has a moment to exit, and its whole session is killed, whatever happened.
+    Exit status: 0 once answered, 124 at the deadline, else the server's own."""
+    payload = b"".join(line.rstrip(b"\n") + b"\n" for line in lines)
+    if len(payload) > PIPE_BUFFER:
+        raise ValueError("converse sends at most one pipe buffer of requests")
     try:
         process = subprocess.Popen(
             list(argv),
@@ -222,20 +226,49 @@ def converse(
         )
     except FileNotFoundError:
         return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
-    assert process.stdin is not None
-    assert process.stdout is not None
-    assert process.stderr is not None
     out, err = bytearray(), bytearray()
-    done = False
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ, out)
-        selector.register(process.stderr, selectors.EVENT_READ, err)
+    done = timed_out = False
+    try:
         with contextlib.suppress(BrokenPipeError):
-            process.stdin.write(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
-            process.stdin.flush()
-        while not done and selector.get_map() and time.monotonic() < deadline:
-            for key, _ in selector.select(max(deadline - time.monotonic(), 0)):
+            process.stdin.write(payload)  # type: ignore[union-attr]
+            process.stdin.flush()  # type: ignore[union-attr]
+        done, timed_out = _read_until(process, out, err, answered, time.monotonic() + timeout)
+    finally:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            process.stdin.close()  # type: ignore[union-attr]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=2)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, 9)  # what the server left behind in its session
+        code = process.wait()
+        process.stdout.close()  # type: ignore[union-attr]
+        process.stderr.close()  # type: ignore[union-attr]
+    status = 0 if done else 124 if timed_out else (code or 1)
+    return CommandResult(
+        tuple(argv), status, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+
+
+PIPE_BUFFER = 64 * 1024
+
+
+def _read_until(
+    process: subprocess.Popen[bytes],
+    out: bytearray,
+    err: bytearray,
+    answered: Any,
+    deadline: float,
+) -> tuple[bool, bool]:
+    """Collect stdout and stderr until a stdout line is ANSWERED, both close, or the
+    DEADLINE; return (answered, deadline reached)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
+        selector.register(process.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False, True
+            for key, _ in selector.select(left):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -243,19 +276,7 @@ def converse(
                 start = len(key.data)
                 key.data.extend(chunk)
                 if key.data is out:
-                    tail = out[out.rfind(b"\n", 0, start) + 1 :]
-                    done = done or any(answered(line) for line in tail.split(b"\n")[:-1])
-    with contextlib.suppress(BrokenPipeError):
-        process.stdin.close()
-    try:
-        code = process.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 9)
-        code = process.wait()
-    process.stdout.close()
-    process.stderr.close()
-    status = 0 if done else 124 if time.monotonic() >= deadline else (code or 1)
-    return CommandResult(
-        tuple(argv), status, out.decode(errors="replace"), err.decode(errors="replace")
-    )
+                    complete = out[out.rfind(b"\n", 0, start) + 1 :].split(b"\n")[:-1]
+                    if any(answered(line) for line in complete):
+                        return True, False
+    return False, False

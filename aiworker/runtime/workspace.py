@@ -111,14 +111,20 @@ UNPRIVILEGED_UID = 1000
 
 
 def sandboxed(
-    argv: list[str], workspace: Workspace, writable: list[Path], bwrap: str | None = None
+    argv: list[str],
+    workspace: Workspace,
+    writable: list[Path],
+    bwrap: str | None = None,
+    hidden: list[Path] | None = None,
 ) -> list[str]:
     """ARGV inside bubblewrap when it is installed: the whole system read-only (paths stay
     where they are, so a checkout or a venv under /tmp still works), a private pid
     namespace, TMPDIR in the private home, and only the workspace (and WRITABLE)
-    writable. Run by root, the job is an ordinary user (UNPRIVILEGED_UID) of its own
-    user namespace with no capabilities: agents that refuse root (claude's permission
-    bypass) run, and what it writes still belongs to the host user. Without bwrap, ARGV."""
+    writable; HIDDEN directories (other providers' homes) are empty in there, with the
+    workspace and WRITABLE mounted again on top where they lie inside one. Run by root,
+    the job is an ordinary user (UNPRIVILEGED_UID) of its own user namespace with no
+    capabilities: agents that refuse root (claude's permission bypass) run, and what
+    it writes still belongs to the host user. Without bwrap, ARGV."""
     bwrap = bwrap or shutil.which("bwrap")
     if bwrap is None:
         return argv
@@ -127,6 +133,9 @@ def sandboxed(
         uid = str(UNPRIVILEGED_UID)
         user = ["--unshare-user", "--uid", uid, "--gid", uid]
     binds = []
+    for path in hidden or []:
+        if path.is_dir():
+            binds += ["--tmpfs", str(path)]
     for path in [workspace.root, *writable]:
         if path.is_dir():
             binds += ["--bind", str(path), str(path)]
@@ -165,7 +174,9 @@ class ExecutionBackend(Protocol):
 
     def open_home(self, workspace: Workspace) -> Path: ...
 
-    def wrap(self, argv: list[str], workspace: Workspace, writable: list[Path]) -> list[str]: ...
+    def wrap(
+        self, argv: list[str], workspace: Workspace, writable: list[Path], hidden: list[Path]
+    ) -> list[str]: ...
 
     def result_bundle(self, workspace: Workspace, target: Path) -> Path | None: ...
 
@@ -181,8 +192,10 @@ class LocalBackend:
     def open_home(self, workspace: Workspace) -> Path:
         return open_private_home(workspace)
 
-    def wrap(self, argv: list[str], workspace: Workspace, writable: list[Path]) -> list[str]:
-        return sandboxed(argv, workspace, writable)
+    def wrap(
+        self, argv: list[str], workspace: Workspace, writable: list[Path], hidden: list[Path]
+    ) -> list[str]:
+        return sandboxed(argv, workspace, writable, hidden=hidden)
 
     def result_bundle(self, workspace: Workspace, target: Path) -> Path | None:
         return result_bundle(workspace, target)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from aiworker.sandbox import render_code, render_git
 from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request
+from aiworker.sandbox.protection import rule_for
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
@@ -34,15 +35,24 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         git = app.git(found)
         head = resolve(git, req.arg("sha") or found["default_branch"])
         path = req.arg("path") or ""
-        limit = min(max(req.int_arg("limit", 30), 1), MAX_COMMITS)
+        limit = req.int_arg("limit", 30)
+        limit = min(limit if limit > 0 else 30, MAX_COMMITS)
         number = max(req.int_arg("page", 1), 1)
+        total = git.count(head, path)
+        if path and total == 0:
+            raise HttpError(404, f"no commit touches {path!r}")
         entries = git.log(head, path=path, skip=(number - 1) * limit, limit=limit)
-        with_files = req.arg("stat", "true") != "false" or req.arg("files", "true") != "false"
+        with_files = req.arg("files", "true") != "false"
+        with_stat = req.arg("stat", "true") != "false"
         rows = []
         for entry in entries:
-            files = git.changes(entry.parents[0], entry.sha) if with_files and entry.parents else []
-            rows.append(render_git.commit(render, found, entry, files))
-        total = git.count(head, path)
+            files = git.changes(entry.parents[0] if entry.parents else "", entry.sha)
+            shaped = render_git.commit(render, found, entry, files)
+            if not with_files:
+                shaped.pop("files")
+            if not with_stat:
+                shaped.pop("stats")
+            rows.append(shaped)
         more = str(number * limit < total).lower()
         headers = [("X-Total-Count", str(total)), ("X-HasMore", more)]
         return Reply(200, rows, headers)
@@ -52,7 +62,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         found = app.repo_for(req, owner, repo)
         git = app.git(found)
         entry = git.log(resolve(git, sha), limit=1)[0]
-        files = git.changes(entry.parents[0], entry.sha) if entry.parents else []
+        files = git.changes(entry.parents[0] if entry.parents else "", entry.sha)
         return Reply(200, render_git.commit(render, found, entry, files))
 
     @route("GET", "/repos/{owner}/{repo}/compare/{basehead...}")
@@ -62,7 +72,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         if not dots:
             base, dots, head = basehead.partition("..")
         if not dots or not base or not head:
-            raise HttpError(422, "compare needs BASE...HEAD")
+            raise HttpError(404, "compare needs BASE...HEAD")
         git = app.git(found)
         base_sha, head_sha = resolve(git, base), resolve(git, head)
         entries = git.log(f"{base_sha}..{head_sha}", limit=MAX_COMMITS)
@@ -106,7 +116,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
 
     def statuses_reply(req: Request, owner: str, repo: str, ref: str) -> Reply:
         found = app.repo_for(req, owner, repo)
-        sha = resolve(app.git(found), ref)
+        git = app.git(found)
+        sha = git.branch_sha(ref) or git.resolve(ref) or ref  # unknown: no statuses, 200
         items = list(reversed(found["statuses"].get(sha, [])))
         wanted = req.arg("state")
         if wanted:
@@ -133,11 +144,19 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         git = app.git(found)
         if branch == found["default_branch"]:
             raise HttpError(403, "the default branch cannot be deleted")
-        if protected(found, branch) is not None:
+        if rule_for(found, branch) is not None:
             raise HttpError(403, "branch protected")
         if git.branch_sha(branch) is None:
             raise HttpError(404, "branch not found")
         git.delete_branch(branch)
+        assert req.user is not None
+        for issue in found["issues"]:  # Forgejo closes the pull requests from it
+            meta = issue["pull"]
+            if meta and meta["head"] == branch and issue["state"] == "open":
+                issue["state"], issue["closed_at"] = "closed", now_iso()
+                state.record(issue, "close", req.user)
+                state.touch(issue)
+        state.save()
         return Reply(204)
 
     @route("GET", "/repos/{owner}/{repo}/branch_protections")
@@ -146,20 +165,25 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         return Reply(200, [render_git.protection(r) for r in found.get("protections", [])])
 
     def edit_rule(rule: dict[str, Any], body: dict[str, Any]) -> None:
-        for name in render_git.PROTECTION_FLAGS:
-            if name in body:
-                rule[name] = _typed(body, name, bool)
-        for name in render_git.PROTECTION_LISTS:
-            if name in body:
-                values = body.get(name) or []
-                if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                    raise HttpError(422, f"{name} must be a list of strings")
-                rule[name] = values
-        if "required_approvals" in body:
-            rule["required_approvals"] = _typed(body, "required_approvals", int)
-        for name in ("protected_file_patterns", "unprotected_file_patterns"):
-            if name in body:
-                rule[name] = _typed(body, name, str)
+        """Apply BODY's fields; a missing or null field leaves the rule's value alone (Go
+        pointer fields), a negative approval count is read as none."""
+        kinds: dict[str, Any] = {
+            **dict.fromkeys(render_git.PROTECTION_FLAGS, bool),
+            **dict.fromkeys(render_git.PROTECTION_LISTS, list),
+            "required_approvals": int,
+            "protected_file_patterns": str,
+            "unprotected_file_patterns": str,
+        }
+        for name, kind in kinds.items():
+            value: Any = body.get(name)
+            if value is None:
+                continue
+            wrong = isinstance(value, bool) if kind is int else False
+            if wrong or not isinstance(value, kind):
+                raise HttpError(422, f"{name} must be of type {kind.__name__}")
+            if kind is list and not all(isinstance(v, str) for v in value):
+                raise HttpError(422, f"{name} must be a list of strings")
+            rule[name] = max(value, 0) if kind is int else value
         rule["updated_at"] = now_iso()
 
     @route("POST", "/repos/{owner}/{repo}/branch_protections")
@@ -168,7 +192,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         body = req.json()
         name = body.get("rule_name") or body.get("branch_name")
         if not isinstance(name, str) or not name:
-            raise HttpError(422, "rule_name is required")
+            raise HttpError(400, "rule_name is required")
         if protected(found, name) is not None:
             raise HttpError(403, "branch protection already exists")
         rule: dict[str, Any] = {"rule_name": name, "created_at": now_iso()}
@@ -202,12 +226,3 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         found["protections"].remove(rule)
         state.save()
         return Reply(204)
-
-
-def _typed(body: dict[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name)
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise HttpError(422, f"{name} must be a non-negative integer")
-    if not isinstance(value, kind):
-        raise HttpError(422, f"{name} must be a {kind.__name__}")
-    return value

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox.api_repos import page
-from aiworker.sandbox.http import HttpError, Reply, Request
+from aiworker.sandbox.http import HttpError, Reply, Request, number
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
@@ -27,6 +27,26 @@ def parse_time(value: str, name: str) -> str:
     return stamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def creation_fields(body: dict[str, Any]) -> tuple[str, list[int], list[str]]:
+    """The body text, label ids and assignee logins a new issue or pull request is given,
+    checked before anything is created (Go's decoder refuses wrong types: 422)."""
+    text, labels = body.get("body") or "", body.get("labels") or []
+    assignees = body.get("assignees") or []
+    if not isinstance(assignees, list):
+        raise HttpError(422, "assignees must be a list of user names")
+    if body.get("assignee"):
+        assignees = [*assignees, body.get("assignee")]
+    if not isinstance(text, str):
+        raise HttpError(422, "body must be a string")
+    if not isinstance(labels, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in labels
+    ):
+        raise HttpError(422, "labels must be a list of label ids")
+    if not all(isinstance(login, str) for login in assignees):
+        raise HttpError(422, "assignees must be a list of user names")
+    return text, labels, assignees
+
+
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     route = app.router.add
     state = app.state
@@ -36,7 +56,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         req: Request, owner: str, repo: str, index: str, needed: str = "read"
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         found = app.repo_for(req, owner, repo, needed)
-        issue = state.issue(found, int(index)) if index.isdigit() else None
+        wanted = number(index)
+        issue = state.issue(found, wanted) if wanted is not None else None
         if issue is None:
             raise HttpError(404, "issue not found")
         return found, issue
@@ -83,9 +104,10 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         body = req.json()
         if not isinstance(body.get("title"), str) or not body["title"].strip():
             raise HttpError(422, "title is required")
-        issue = state.add_issue(found, user, body["title"], body.get("body") or "")
+        text, labels, assignees = creation_fields(body)
+        issue = state.add_issue(found, user, body["title"], text)
         if state.can(found, user, "write"):
-            state.give_at_creation(found, issue, user, body.get("labels"), body.get("assignees"))
+            state.give_at_creation(found, issue, user, labels, assignees)
         state.save()
         return Reply(201, render.issue(found, issue))
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox.api_issues import parse_time
 from aiworker.sandbox.api_repos import page
-from aiworker.sandbox.http import HttpError, Reply, Request
+from aiworker.sandbox.http import HttpError, Reply, Request, number
 
 if TYPE_CHECKING:
     from aiworker.sandbox.server import SandboxApp
@@ -47,6 +47,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     @route("GET", "/repos/{owner}/{repo}/assignees")
     def assignees(req: Request, owner: str, repo: str) -> Reply:
         found = app.repo_for(req, owner, repo)
+        if req.user is None:
+            raise HttpError(401, "token required")
         writers = [c for c in found["collaborators"] if state.can(found, c, "write")]
         logins = [found["owner"], *sorted(writers)]
         return Reply(200, [render.user(login) for login in logins if state.user(login)])
@@ -54,7 +56,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     @route("GET", "/repos/{owner}/{repo}/labels/{ident}")
     def one_label(req: Request, owner: str, repo: str, ident: str) -> Reply:
         found = app.repo_for(req, owner, repo)
-        label = state.label(found, int(ident)) if ident.isdigit() else None
+        wanted = number(ident)
+        label = state.label(found, wanted) if wanted is not None else None
         if label is None:
             raise HttpError(404, "label not found")
         return Reply(200, render.label(found, label))

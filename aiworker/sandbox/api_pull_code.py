@@ -8,6 +8,7 @@ from aiworker.sandbox import render_code, render_git
 from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request
 from aiworker.sandbox.merge import MergeConflict, MergeNotPossible, update_branch
+from aiworker.sandbox.pushes import record_pushes
 
 if TYPE_CHECKING:
     from aiworker.sandbox.server import SandboxApp
@@ -24,7 +25,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         """The pull request's base and head commits (the merged head once merged)."""
         git, meta = app.git(found), issue["pull"]
         head = meta["merged_head"] if meta["merged"] else git.branch_sha(meta["head"])
-        base = git.branch_sha(meta["base"])
+        # Once merged, the base contains the head: compare with where they met.
+        base = (meta.get("merge_base") if meta["merged"] else None) or git.branch_sha(meta["base"])
         if head is None or base is None:
             raise HttpError(404, "the pull request's head or base branch no longer exists")
         return base, head
@@ -89,6 +91,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         base, head = span(found, issue)
         if app.git(found).is_ancestor(base, head):
             raise HttpError(422, "the head branch is already up to date with the base")
+        before = dict(app.git(found).branches())
         try:
             update_branch(
                 app.git(found), head=meta["head"], base=meta["base"], style=style, user=req.user
@@ -97,6 +100,5 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(409, f"update failed because of conflict: {exc}") from None
         except MergeNotPossible as exc:
             raise HttpError(422, str(exc)) from None
-        state.touch(issue)
-        state.save()
+        record_pushes(state, found, app.git(found), before, req.user)
         return Reply(200)

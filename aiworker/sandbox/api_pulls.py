@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox import render_code
+from aiworker.sandbox.api_issues import creation_fields
 from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request
 from aiworker.sandbox.merge import STYLES, MergeConflict, MergeNotPossible, merge_pull
-from aiworker.sandbox.protection import merge_refusal
+from aiworker.sandbox.protection import merge_refusal, rule_for
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
                 )
         if git.is_ancestor(head_sha, base_sha):
             raise HttpError(422, "there are no changes between the head and the base")
-        issue = state.add_issue(found, req.user, title, body.get("body") or "")
+        text, labels, assignees = creation_fields(body)
+        issue = state.add_issue(found, req.user, title, text)
         issue["pull"] = {
             "head": head,
             "base": base,
@@ -69,11 +71,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             "merged_head": None,
             "reviews": [],
         }
-        assignees = [
-            *(body.get("assignees") or []),
-            *([body["assignee"]] if body.get("assignee") else []),
-        ]
-        state.give_at_creation(found, issue, req.user, body.get("labels"), assignees)
+        state.give_at_creation(found, issue, req.user, labels, assignees)
         state.save()
         return Reply(201, shaped(found, issue, req))
 
@@ -134,6 +132,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         refusal = merge_refusal(found, issue, head_sha)
         if refusal and style != "manually-merged":
             raise HttpError(405, f"not allowed to merge: {refusal}")
+        meta["merge_base"] = git.merge_base(git.branch_sha(meta["base"]) or "", head_sha)
         if style == "manually-merged":
             merged_sha = body.get("MergeCommitID") or head_sha
         else:
@@ -167,7 +166,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         issue["closed_at"] = stamp
         state.record(issue, "merge_pull", req.user, ref_commit_sha=merged_sha)
         state.touch(issue)
-        if body.get("delete_branch_after_merge") and git.delete_branch(meta["head"]):
+        deletable = rule_for(found, meta["head"]) is None
+        if body.get("delete_branch_after_merge") and deletable and git.delete_branch(meta["head"]):
             state.record(issue, "delete_branch", req.user, old_ref=meta["head"])
         state.save()
         return Reply(200)

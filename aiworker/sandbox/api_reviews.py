@@ -27,19 +27,24 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     def shaped(found: dict[str, Any], issue: dict[str, Any], item: dict[str, Any]) -> Any:
         return render_code.review(render, found, issue, item, head_of(found, issue))
 
+    def visible(req: Request, item: dict[str, Any]) -> bool:
+        """Another user's pending (unsubmitted) review is theirs alone."""
+        return bool(item["state"] != "PENDING" or item["user"] == req.user)
+
     def review_for(
         req: Request, owner: str, repo: str, index: str, review_id: str, needed: str = "read"
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         found, issue = app.pull_for(req, owner, repo, index, needed)
         for item in issue["pull"]["reviews"]:
-            if str(item["id"]) == review_id:
+            if str(item["id"]) == review_id and visible(req, item):
                 return found, issue, item
         raise HttpError(404, "review not found")
 
     @route("GET", "/repos/{owner}/{repo}/pulls/{index}/reviews")
     def reviews(req: Request, owner: str, repo: str, index: str) -> Reply:
         found, issue = app.pull_for(req, owner, repo, index)
-        return page(app, req, [shaped(found, issue, r) for r in issue["pull"]["reviews"]])
+        items = [r for r in issue["pull"]["reviews"] if visible(req, r)]
+        return page(app, req, [shaped(found, issue, r) for r in items])
 
     @route("POST", "/repos/{owner}/{repo}/pulls/{index}/reviews")
     def create_review(req: Request, owner: str, repo: str, index: str) -> Reply:
@@ -47,16 +52,17 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         if req.user is None:
             raise HttpError(401, "token required")
         body = req.json()
-        event = body.get("event") or "PENDING"
+        event = body.get("event")
+        event = event if event in REVIEW_EVENTS else "PENDING"  # as Forgejo reads any other
         text = body.get("body") or ""
-        if event not in (*REVIEW_EVENTS, "PENDING"):
-            raise HttpError(422, f"unknown review event {event!r}")
+        if not isinstance(text, str):
+            raise HttpError(422, "body must be a string")
         if event in ("APPROVED", "REQUEST_CHANGES") and issue["user"] == req.user:
             raise HttpError(
                 422, "approve or request changes on your own pull request is not allowed"
             )
         comments = _review_comments(body.get("comments"))
-        if event in ("REQUEST_CHANGES", "COMMENT", "PENDING") and not (text or comments):
+        if event in ("REQUEST_CHANGES", "COMMENT") and not (text.strip() or comments):
             raise HttpError(422, "review body is required")
         stamp = now_iso()
         item = {
@@ -65,15 +71,17 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             "state": event,
             "body": text,
             "commit_id": body.get("commit_id") or head_of(found, issue),
-            "official": state.can(found, req.user, "write"),
+            "official": event in ("APPROVED", "REQUEST_CHANGES")
+            and state.can(found, req.user, "write"),
             "dismissed": False,
             "submitted_at": stamp,
             "comments": [{**c, "id": state.new_id(), "created_at": stamp} for c in comments],
         }
-        issue["pull"]["reviews"].append(item)
-        issue["pull"]["requested"] = [
-            r for r in issue["pull"].get("requested", []) if r != req.user
-        ]
+        meta = issue["pull"]
+        if event != "PENDING":  # a submitted review answers the request for it
+            meta["reviews"] = [r for r in meta["reviews"] if not _request_of(r, req.user)]
+            meta["requested"] = [r for r in meta.get("requested", []) if r != req.user]
+        meta["reviews"].append(item)
         if event != "PENDING":
             state.record(issue, "review", req.user, body=text, review_id=item["id"])
         state.touch(issue)
@@ -101,7 +109,9 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     ) -> Reply:
         found, issue, item = review_for(req, owner, repo, index, review_id, "admin")
         if item["state"] not in ("APPROVED", "REQUEST_CHANGES"):
-            raise HttpError(422, "only an approval or a change request can be dismissed")
+            raise HttpError(403, "only an approval or a change request can be dismissed")
+        if issue["state"] != "open":
+            raise HttpError(403, "the pull request is closed")
         message = req.json().get("message") or ""
         if not isinstance(message, str):
             raise HttpError(422, "message must be a string")
@@ -128,15 +138,25 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             raise HttpError(422, "reviewers must be a list of user names")
         for login in wanted:
             if state.user(login) is None:
-                raise HttpError(422, f"user {login!r} does not exist")
+                raise HttpError(404, f"user {login!r} does not exist")
             if not state.can(found, login, "read"):
                 raise HttpError(422, f"{login} cannot read this repository")
         return list(dict.fromkeys(wanted))
 
+    def requester(req: Request, owner: str, repo: str, index: str) -> tuple[Any, Any, str]:
+        """The author or a writer may change an open pull request's review requests."""
+        found, issue = app.pull_for(req, owner, repo, index)
+        if req.user is None:
+            raise HttpError(401, "token required")
+        if req.user != issue["user"] and not state.can(found, req.user, "write"):
+            raise HttpError(403, "user may not change review requests")
+        if issue["state"] != "open":
+            raise HttpError(403, "the pull request is closed")
+        return found, issue, req.user
+
     @route("POST", "/repos/{owner}/{repo}/pulls/{index}/requested_reviewers")
     def request_reviews(req: Request, owner: str, repo: str, index: str) -> Reply:
-        found, issue = app.pull_for(req, owner, repo, index, "write")
-        assert req.user is not None
+        found, issue, user = requester(req, owner, repo, index)
         requested = issue["pull"].setdefault("requested", [])
         created = []
         for login in requested_logins(req, found):
@@ -145,7 +165,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             if login in requested:
                 continue
             requested.append(login)
-            state.record(issue, "review_request", req.user, assignee=login)
+            state.record(issue, "review_request", user, assignee=login)
             item = {
                 "id": state.new_id(),
                 "user": login,
@@ -157,6 +177,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
                 "submitted_at": now_iso(),
                 "comments": [],
             }
+            issue["pull"]["reviews"].append(item)
             created.append(shaped(found, issue, item))
         state.touch(issue)
         state.save()
@@ -164,16 +185,21 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
 
     @route("DELETE", "/repos/{owner}/{repo}/pulls/{index}/requested_reviewers")
     def cancel_requests(req: Request, owner: str, repo: str, index: str) -> Reply:
-        found, issue = app.pull_for(req, owner, repo, index, "write")
-        assert req.user is not None
-        requested = issue["pull"].setdefault("requested", [])
+        found, issue, user = requester(req, owner, repo, index)
+        meta = issue["pull"]
+        requested = meta.setdefault("requested", [])
         for login in requested_logins(req, found):
             if login in requested:
                 requested.remove(login)
-                state.record(issue, "review_request", req.user, assignee=login, removed=True)
+                meta["reviews"] = [r for r in meta["reviews"] if not _request_of(r, login)]
+                state.record(issue, "review_request", user, assignee=login, removed=True)
         state.touch(issue)
         state.save()
         return Reply(204)
+
+
+def _request_of(review: dict[str, Any], login: str) -> bool:
+    return bool(review["state"] == "REQUEST_REVIEW" and review["user"] == login)
 
 
 def _review_comments(value: Any) -> list[dict[str, Any]]:

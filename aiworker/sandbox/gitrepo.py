@@ -12,6 +12,8 @@ GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_TERMINAL_PROMPT": "0",
     "LANG": "C",
+    # Paths from requests are paths, never pathspec magic such as `:(exclude)x`.
+    "GIT_LITERAL_PATHSPECS": "1",
 }
 SANDBOX_IDENTITY = {
     "GIT_AUTHOR_NAME": "Sandbox Forge",
@@ -168,9 +170,13 @@ class BareRepo:
         return int(self.must("rev-list", "--count", rev, "--", *([path] if path else [])) or 0)
 
     def changes(self, base: str, head: str) -> list[FileChange]:
-        """The files HEAD changes against BASE (a three-dot diff, as a pull request shows)."""
-        span = f"{base}...{head}" if base else head
-        args = ["-c", "core.quotepath=off", "diff", "-M"]
+        """The files HEAD changes against BASE (a three-dot diff, as a pull request shows);
+        without a BASE, everything a root commit HEAD adds."""
+        if base:
+            args, span = ["-c", "core.quotepath=off", "diff", "-M"], f"{base}...{head}"
+        else:
+            args = ["-c", "core.quotepath=off", "diff-tree", "--root", "-r", "-M", "--no-commit-id"]
+            span = head
         names = self.must(*args, "--name-status", span).splitlines()
         counts = self.must(*args, "--numstat", span).splitlines()
         rows = []

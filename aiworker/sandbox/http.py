@@ -25,14 +25,24 @@ class GoFields(dict[str, Any]):
     name first, then any spelling that differs only in case (a client sending `do` for
     `Do` is understood by Forgejo)."""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self:
-            return self[key]
+    def _name(self, key: str) -> str | None:
+        if dict.__contains__(self, key):
+            return key
         folded = key.casefold()
-        for name, value in self.items():
-            if name.casefold() == folded:
-                return value
-        return default
+        return next((name for name in self if name.casefold() == folded), None)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._name(key) is not None
+
+    def __getitem__(self, key: str) -> Any:
+        name = self._name(key)
+        if name is None:
+            raise KeyError(key)
+        return dict.__getitem__(self, name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = self._name(key)
+        return default if name is None else dict.__getitem__(self, name)
 
 
 @dataclass
@@ -58,6 +68,8 @@ class Request:
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         values = self.query.get(name)
+        if values and "\0" in values[0]:
+            raise HttpError(422, f"{name} must not contain a NUL byte")
         return values[0] if values else default
 
     def int_arg(self, name: str, default: int) -> int:
@@ -86,6 +98,11 @@ class Reply:
 
 
 Handler = Callable[..., Reply]
+
+
+def number(text: str) -> int | None:
+    """TEXT as an index or id when it is plain ASCII digits ("²" is a digit to Python)."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 class Router:
@@ -124,7 +141,10 @@ class Router:
             found = regex.match(path)
             if found:
                 if verb == method:
-                    return handler, {k: unquote(v) for k, v in found.groupdict().items()}
+                    params = {k: unquote(v) for k, v in found.groupdict().items()}
+                    if any("\0" in v for v in params.values()):
+                        raise HttpError(404, "not found")
+                    return handler, params
                 allowed = True
         raise HttpError(
             405 if allowed else 404, "not found" if not allowed else "method not allowed"

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiworker.sandbox.render_code import latest_per_context
 
 
+def matches(rule_name: str, branch: str) -> bool:
+    """Forgejo's rule match: a plain name ignores case; a glob's `*` and `?` stay within
+    one path segment, `**` crosses them."""
+    if not any(c in rule_name for c in "*?[{"):
+        return rule_name.casefold() == branch.casefold()
+    pattern = ""
+    for token in re.findall(r"\*\*|\*|\?|[^*?]+", rule_name):
+        pattern += {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(token, re.escape(token))
+    return re.fullmatch(pattern, branch) is not None
+
+
 def rule_for(repo: dict[str, Any], branch: str) -> dict[str, Any] | None:
-    return next((r for r in repo.get("protections", []) if r["rule_name"] == branch), None)
+    """The rule protecting BRANCH: an exact name before any glob, as Forgejo orders them."""
+    rules = repo.get("protections", [])
+    exact = [r for r in rules if r["rule_name"] == branch]
+    return next(iter(exact), None) or next(
+        (r for r in rules if matches(r["rule_name"], branch)), None
+    )
 
 
 def merge_refusal(repo: dict[str, Any], issue: dict[str, Any], head_sha: str) -> str | None:

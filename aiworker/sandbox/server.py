@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from aiworker.sandbox.gitrepo import BareRepo, http_backend
+from aiworker.sandbox.gitrepo import BareRepo, GitFailed, http_backend
 from aiworker.sandbox.http import (
     MAX_BODY,
     HttpError,
@@ -19,8 +19,10 @@ from aiworker.sandbox.http import (
     Request,
     Router,
     credentials,
+    number,
     parse_query,
 )
+from aiworker.sandbox.pushes import record_pushes
 from aiworker.sandbox.render import Renderer
 from aiworker.sandbox.state import ForgeState
 
@@ -68,7 +70,8 @@ class SandboxApp:
         self, req: Request, owner: str, name: str, index: str, needed: str = "read"
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         repo = self.repo_for(req, owner, name, needed)
-        issue = self.state.issue(repo, int(index)) if index.isdigit() else None
+        found = number(index)
+        issue = self.state.issue(repo, found) if found is not None else None
         if issue is None or not issue["pull"]:
             raise HttpError(404, "pull request not found")
         return repo, issue
@@ -84,7 +87,12 @@ class SandboxApp:
                 req.user = user["login"]
             if req.path.startswith("/api/v1/"):
                 handler, params = self.router.match(req.method, req.path[len("/api/v1") :])
-                return handler(req, **params)
+                try:
+                    return handler(req, **params)
+                except GitFailed:
+                    # A path or revision git cannot use: not there, as Forgejo answers
+                    # (and never the server's own paths in the message).
+                    raise HttpError(404, "not found in the repository") from None
             if req.path.startswith("/attachments/"):
                 return self.download(req, req.path.rsplit("/", 1)[1])
         return self.git_http(req)
@@ -116,6 +124,7 @@ class SandboxApp:
                 )
             if not self.state.can(repo, req.user, needed):
                 raise HttpError(403, f"user does not have {needed} permission")
+        before = dict(self.git(repo).branches()) if rest == "git-receive-pack" else None
         status, headers, body = http_backend(
             self.git_root,
             method=req.method,
@@ -126,6 +135,9 @@ class SandboxApp:
             remote_user=req.user or "anonymous",
             git_protocol=req.headers.get("git-protocol"),
         )
+        if before is not None and req.user is not None:
+            with self.state.lock:
+                record_pushes(self.state, repo, self.git(repo), before, req.user)
         return Reply(status, raw=body, headers=headers)
 
 

@@ -166,17 +166,22 @@ class ForgeState:
         issue["timeline"].append(event)
 
     def give_at_creation(
-        self, repo: dict[str, Any], issue: dict[str, Any], user: str, labels: Any, assignees: Any
+        self,
+        repo: dict[str, Any],
+        issue: dict[str, Any],
+        user: str,
+        labels: list[int],
+        assignees: list[str],
     ) -> None:
         """Labels (ids) and assignees (logins) given when the issue is created, recorded
         as Forgejo records them: timeline events by the author."""
-        wanted = set(labels) if isinstance(labels, list) else set()
+        wanted = set(labels)
         for label in repo["labels"]:
             if label["id"] in wanted:
                 issue["labels"].append(label["id"])
                 self.record(issue, "label", user, label=label["id"], body="1")
-        for login in dict.fromkeys(assignees if isinstance(assignees, list) else []):
-            if isinstance(login, str) and self.user(login):
+        for login in dict.fromkeys(assignees):
+            if self.user(login):
                 issue["assignees"].append(login)
                 self.record(issue, "assignees", user, assignee=login)
 

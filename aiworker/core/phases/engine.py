@@ -26,6 +26,7 @@ from aiworker.core.providers.registry import (
     capability_check,
     observe,
     provider_for,
+    provider_homes,
     read_provider,
 )
 from aiworker.runtime.failpoints import failpoint
@@ -137,6 +138,7 @@ def run_model_phase(
         env.attempt_tag(guard.phase, attempt),
         guard.phase,
         backend=BACKEND,
+        hidden=provider_homes(env),
     )
     failpoint(f"{guard.phase}.after_run")
     result, failure, reason = _validated(run)

@@ -29,6 +29,7 @@ def run_provider(
     attempt_tag: str,
     phase: str = "implementation",
     backend: ExecutionBackend | None = None,
+    hidden: list[Path] | None = None,
 ) -> RunReport:
     backend = backend or LocalBackend()
     backend.open_home(workspace)
@@ -49,8 +50,10 @@ def run_provider(
         stdin_path.write_bytes(spec.stdin)
     # A provider's own home (CODEX_HOME, CLAUDE_CONFIG_DIR, ...) stays writable for its login.
     homes = [Path(v) for k, v in spec.env.items() if k.endswith(("HOME", "_DIR")) and v]
+    # Other providers' homes (their credentials) are not even visible: file modes do not
+    # separate jobs that run as the same user.
     outcome = run_job(
-        backend.wrap(spec.argv, workspace, homes),
+        backend.wrap(spec.argv, workspace, homes, hidden or []),
         cwd=workspace.repo,
         env=env,
         tag=tag,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from aiworker.errors import InvalidInput
-from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.atomic import private_directory, write_private_file
 from aiworker.runtime.cgroups import own_cgroup
 
 NEXT_STEPS = (
@@ -41,11 +41,19 @@ def escape(value: str, what: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
 
-def render_units(config_path: Path, state_dir: Path, interval: int) -> dict[str, str]:
+def render_units(
+    config_path: Path, state_dir: Path, interval: int, homes: list[Path] | None = None
+) -> dict[str, str]:
+    """The units with this installation's values; HOMES (provider homes outside the
+    state directory) are writable too."""
+    outside = [h for h in homes or [] if h != state_dir and state_dir not in h.parents]
+    writable = [state_dir, *dict.fromkeys(outside)]
     values = {
-        "PYTHON": escape(sys.executable, "the interpreter path"),
+        # ExecStart= also expands $VAR: a literal $ is written $$ there (only there).
+        "PYTHON": escape(sys.executable, "the interpreter path").replace("$", "$$"),
         "CONFIG": escape(str(config_path), "the configuration path"),
         "STATE_DIR": escape(str(state_dir), "the state directory"),
+        "WRITABLE": " ".join(f'"{escape(str(p), "a writable path")}"' for p in writable),
         "INTERVAL": str(int(interval)),
     }
     rendered = {}
@@ -65,8 +73,12 @@ def user_unit_dir() -> Path:
     return Path(base) / "systemd" / "user"
 
 
-def install_units(target: Path, config_path: Path, state_dir: Path, interval: int) -> list[Path]:
-    units = render_units(config_path, state_dir, interval)
+def install_units(
+    target: Path, config_path: Path, state_dir: Path, interval: int, homes: list[Path]
+) -> list[Path]:
+    units = render_units(config_path, state_dir, interval, homes)
+    for home in homes:  # they must exist when a unit starts, to be made writable in it
+        private_directory(home)
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in units.items():
