@@ -34,6 +34,22 @@ def request(source: Path | str, **overrides) -> dict:
     return document
 
 
+def runner_argv(source_root: Path, attempt_root: Path, *extra: str) -> list[str]:
+    """`aiworker runner execute` as a user runs it."""
+    return [
+        sys.executable,
+        "-m",
+        "aiworker",
+        "runner",
+        "execute",
+        "--source-root",
+        str(source_root),
+        "--attempt-root",
+        str(attempt_root),
+        *extra,
+    ]
+
+
 def execute(
     document: dict | bytes,
     *,
@@ -45,18 +61,7 @@ def execute(
 ) -> Result:
     raw = document if isinstance(document, bytes) else json.dumps(document).encode()
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aiworker",
-            "runner",
-            "execute",
-            "--source-root",
-            str(source_root),
-            "--attempt-root",
-            str(attempt_root),
-            *extra,
-        ],
+        runner_argv(source_root, attempt_root, *extra),
         input=raw,
         capture_output=True,
         timeout=timeout,

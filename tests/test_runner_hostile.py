@@ -7,13 +7,12 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.runner_helpers import execute, make_source, request
+from tests.runner_helpers import execute, make_source, request, runner_argv
 
 DEEP = 1200
 
@@ -225,17 +224,7 @@ def test_a_killed_runners_attempt_cgroup_is_swept_by_the_next_run(roots):
     marker = f"{400 + os.getpid() % 97}.5"
     source = make_source(root, f"setsid env -i sleep {marker} &\nsleep {marker}\n")
     runner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "aiworker",
-            "runner",
-            "execute",
-            "--source-root",
-            str(root),
-            "--attempt-root",
-            str(attempts),
-        ],
+        runner_argv(root, attempts),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -201,28 +201,30 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         state.save()
         return Reply(201, render_git.protection(rule))
 
-    @route("GET", "/repos/{owner}/{repo}/branch_protections/{name...}")
-    def get_protection(req: Request, owner: str, repo: str, name: str) -> Reply:
-        rule = protected(app.repo_for(req, owner, repo, "admin"), name)
+    def existing_rule(
+        req: Request, owner: str, repo: str, name: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        found = app.repo_for(req, owner, repo, "admin")
+        rule = protected(found, name)
         if rule is None:
             raise HttpError(404, "branch protection not found")
+        return found, rule
+
+    @route("GET", "/repos/{owner}/{repo}/branch_protections/{name...}")
+    def get_protection(req: Request, owner: str, repo: str, name: str) -> Reply:
+        _found, rule = existing_rule(req, owner, repo, name)
         return Reply(200, render_git.protection(rule))
 
     @route("PATCH", "/repos/{owner}/{repo}/branch_protections/{name...}")
     def patch_protection(req: Request, owner: str, repo: str, name: str) -> Reply:
-        rule = protected(app.repo_for(req, owner, repo, "admin"), name)
-        if rule is None:
-            raise HttpError(404, "branch protection not found")
+        _found, rule = existing_rule(req, owner, repo, name)
         edit_rule(rule, req.json())
         state.save()
         return Reply(200, render_git.protection(rule))
 
     @route("DELETE", "/repos/{owner}/{repo}/branch_protections/{name...}")
     def delete_protection(req: Request, owner: str, repo: str, name: str) -> Reply:
-        found = app.repo_for(req, owner, repo, "admin")
-        rule = protected(found, name)
-        if rule is None:
-            raise HttpError(404, "branch protection not found")
+        found, rule = existing_rule(req, owner, repo, name)
         found["protections"].remove(rule)
         state.save()
         return Reply(204)

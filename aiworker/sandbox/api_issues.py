@@ -228,10 +228,8 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     def labels_of(found: dict[str, Any], issue: dict[str, Any]) -> list[dict[str, Any]]:
         return [render.label(found, lb) for lb in found["labels"] if lb["id"] in issue["labels"]]
 
-    @route("PUT", "/repos/{owner}/{repo}/issues/{index}/labels")
-    def replace_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
-        user = login_required(req)
-        found, issue = issue_for(req, owner, repo, index, "write")
+    def wanted_labels(req: Request, found: dict[str, Any]) -> list[int]:
+        """The ids of the labels a request names (by id or name), each existing."""
         wanted = req.json().get("labels")
         if not isinstance(wanted, list):
             raise HttpError(422, "labels must be a list of ids or names")
@@ -241,7 +239,13 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             if label is None:
                 raise HttpError(422, f"label {ident!r} does not exist")
             ids.append(label["id"])
-        set_labels(issue, user, list(dict.fromkeys(ids)))
+        return list(dict.fromkeys(ids))
+
+    @route("PUT", "/repos/{owner}/{repo}/issues/{index}/labels")
+    def replace_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
+        user = login_required(req)
+        found, issue = issue_for(req, owner, repo, index, "write")
+        set_labels(issue, user, wanted_labels(req, found))
         return Reply(200, labels_of(found, issue))
 
     @route("DELETE", "/repos/{owner}/{repo}/issues/{index}/labels")
@@ -254,29 +258,15 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
     @route("GET", "/repos/{owner}/{repo}/issues/{index}/labels")
     def issue_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
         found, issue = issue_for(req, owner, repo, index)
-        return Reply(
-            200, [render.label(found, lb) for lb in found["labels"] if lb["id"] in issue["labels"]]
-        )
+        return Reply(200, labels_of(found, issue))
 
     @route("POST", "/repos/{owner}/{repo}/issues/{index}/labels")
     def add_labels(req: Request, owner: str, repo: str, index: str) -> Reply:
         user = login_required(req)
         found, issue = issue_for(req, owner, repo, index, "write")
-        wanted = req.json().get("labels")
-        if not isinstance(wanted, list):
-            raise HttpError(422, "labels must be a list of ids or names")
-        for ident in wanted:
-            label = state.label(found, ident)
-            if label is None:
-                raise HttpError(422, f"label {ident!r} does not exist")
-            if label["id"] not in issue["labels"]:
-                issue["labels"].append(label["id"])
-                state.record(issue, "label", user, label=label["id"], body="1")
-        state.touch(issue)
-        state.save()
-        return Reply(
-            200, [render.label(found, lb) for lb in found["labels"] if lb["id"] in issue["labels"]]
-        )
+        added = [i for i in wanted_labels(req, found) if i not in issue["labels"]]
+        set_labels(issue, user, issue["labels"] + added)
+        return Reply(200, labels_of(found, issue))
 
     @route("DELETE", "/repos/{owner}/{repo}/issues/{index}/labels/{identifier}")
     def remove_label(req: Request, owner: str, repo: str, index: str, identifier: str) -> Reply:
