@@ -197,3 +197,32 @@ def test_cancelling_a_published_task_leaves_its_pr_open_with_a_comment(
     refused = cli("--json", "review", "--task", str(task))
     assert refused.exit_code == 1
     assert "cancelled, not awaiting_review" in refused.json()["error"]["message"]
+
+
+def test_a_base_that_moved_after_implementation_still_ends_in_a_merged_pr(
+    forge, delivered, upgraded, cli, tmp_path
+):
+    task, head = delivered()
+    work = tmp_path / "alice"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    (work / "README.md").write_text("main moved on\n")
+    git("commit", "-qam", "Move main", cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    reports = deliver_until(task, "publish", "ci", "review", "merge", cli=cli)
+    for step, result in reports.items():
+        assert result.exit_code == 0, (step, result)
+    refreshed = reports["publish"].json()["head"]
+    assert refreshed != head
+    worker = forge.client("worker-bot")
+    assert worker.combined_status("team", "app", refreshed).state == "success"
+    [approved] = worker.reviews("team", "app", reports["publish"].json()["pr"])
+    assert approved.commit_id == refreshed
+    bare = forge.data / "git" / "team" / "app.git"
+    assert "a + b" in git("--git-dir", str(bare), "show", "main:calc.py").stdout
+    assert git("--git-dir", str(bare), "show", "main:README.md").stdout == "main moved on\n"
+    assert query(upgraded, "select phase, outcome from receipts order by id") == [
+        ("validation", "pass"),
+        ("validation", "pass"),
+        ("ci", "pass"),
+        ("merge", "merged"),
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import requests
 
 from tests.forge_fixtures import git
 from tests.helpers import run_process
@@ -66,18 +67,63 @@ def test_a_crash_at_any_point_still_leaves_exactly_one_pr(forge, implemented, up
     assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
 
 
-def test_a_moved_base_refuses_the_stale_receipts(forge, implemented, upgraded, tmp_path):
-    task, _ = implemented
+def move_main(forge, tmp_path, path: str, text: str) -> str:
     work = tmp_path / "alice"
     git("clone", "-q", forge.clone_url("alice"), str(work))
-    (work / "README.md").write_text("moved\n")
-    git("commit", "-qam", "Move main", cwd=work)
+    (work / path).write_text(text)
+    git("commit", "-qam", f"Change {path} on main", cwd=work)
     git("push", "-q", "origin", "main", cwd=work)
+    return git("rev-parse", "HEAD", cwd=work).stdout.strip()
+
+
+def test_a_moved_base_is_merged_into_the_work_and_checked_again(
+    forge, implemented, upgraded, tmp_path
+):
+    task, head = implemented
+    base = move_main(forge, tmp_path, "README.md", "moved\n")
+    result = publish(task)
+    assert result.exit_code == 0, result
+    merged = result.json()["head"]
+    assert merged != head
+    pull = the_only_pull(forge, merged)
+    commit = requests.get(
+        f"{forge.url}/api/v1/repos/team/app/git/commits/{merged}", timeout=10
+    ).json()
+    # An ordinary merge: the work first, then the new base; nothing discarded.
+    assert [p["sha"] for p in commit["parents"]] == [head, base]
+    assert commit["commit"]["message"].startswith("Merge branch 'main' into aiworker/task-")
+    assert query(upgraded, "select head_commit, base_commit from tasks") == [(merged, base)]
+    receipts = query(upgraded, f"select outcome from receipts where head_commit = '{merged}'")
+    assert receipts == [("pass",)]
+    assert f"passed at {merged} on base {base}" in pull.body
+    assert query(upgraded, "select kind from events where kind = 'task.base_refreshed'") == [
+        ("task.base_refreshed",)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "reason"),
+    [
+        ("calc.py", "def add(a, b):\n    return b + a + 0\n", "conflicts in: calc.py"),
+        (
+            "test_calc.py",
+            "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
+            "    def test_add(self):\n        self.assertEqual(add(2, 2), 5)\n",
+            "after merging",
+        ),
+    ],
+    ids=["conflict", "checks-fail-after-merge"],
+)
+def test_a_move_that_cannot_be_taken_is_refused_and_nothing_is_published(
+    forge, implemented, upgraded, tmp_path, path, text, reason
+):
+    task, head = implemented
+    move_main(forge, tmp_path, path, text)
     result = publish(task)
     assert result.exit_code == 1, result
     assert "the base moved" in result.json()["error"]["message"]
+    assert reason in result.json()["error"]["message"]
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
     assert query(upgraded, "select count(*) from publications") == [(0,)]
-    assert query(upgraded, "select kind from events where kind = 'publish.refused'") == [
-        ("publish.refused",)
-    ]
+    # The work is kept as it was.
+    assert query(upgraded, "select state, head_commit from tasks") == [("implemented", head)]

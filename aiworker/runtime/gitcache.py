@@ -31,6 +31,10 @@ class AncestryRejected(GitCacheError):
     code = "ancestry_rejected"
 
 
+class MergeConflicts(GitCacheError):
+    code = "merge_conflicts"
+
+
 class GitCache:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "git-cache"
@@ -40,8 +44,14 @@ class GitCache:
         return self.root / f"repo-{index}.git"
 
     def _git(
-        self, index: int, *args: str, token: str | None = None, timeout: float = 600
+        self,
+        index: int,
+        *args: str,
+        token: str | None = None,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
     ) -> CommandResult:
+        extra = env or {}
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.root),
@@ -59,7 +69,9 @@ class GitCache:
                 }
             )
         return run_command(
-            ["git", "--git-dir", str(self.path(index)), *args], env=env, timeout=timeout
+            ["git", "--git-dir", str(self.path(index)), *args],
+            env={**env, **extra},
+            timeout=timeout,
         )
 
     def _must(self, index: int, *args: str, token: str | None = None) -> str:
@@ -169,3 +181,48 @@ class GitCache:
             self._must(index, "update-ref", f"refs/aiworker/slot-{slot}/head", head)
             self._git(index, "update-ref", "-d", incoming)
         return head
+
+    def merge_into(
+        self, index: int, head: str, base: str, ref: str, message: str, author: tuple[str, str]
+    ) -> str:
+        """An ordinary merge commit of BASE into HEAD (parents HEAD, BASE), made without a
+        work tree and kept as REF (under refs/aiworker/); MergeConflicts names the files
+        when the two cannot be merged."""
+        if not ref.startswith("refs/aiworker/"):
+            raise GitCacheError(f"{ref} is not an aiworker ref")
+        name, email = author
+        identity = {
+            "GIT_AUTHOR_NAME": name,
+            "GIT_AUTHOR_EMAIL": email,
+            "GIT_COMMITTER_NAME": name,
+            "GIT_COMMITTER_EMAIL": email,
+        }
+        with self._locked(index):
+            head, base = self.resolve(index, head), self.resolve(index, base)
+            merged = self._git(index, "merge-tree", "--write-tree", "--name-only", head, base)
+            lines = merged.stdout.split("\n\n", 1)[0].split("\n")
+            if merged.returncode == 1:
+                raise MergeConflicts(
+                    f"merging {base} into {head} conflicts in: {', '.join(lines[1:])}"
+                )
+            if not merged.ok or not FULL_HASH.match(lines[0]):
+                raise GitCacheError(
+                    f"cannot merge {base} into {head}: {merged.stderr.strip()[:300]}"
+                )
+            commit = self._git(
+                index,
+                "commit-tree",
+                lines[0],
+                "-p",
+                head,
+                "-p",
+                base,
+                "-m",
+                message,
+                env=identity,
+            )
+            if not commit.ok:
+                raise GitCacheError(f"cannot record the merge: {commit.stderr.strip()[:300]}")
+            full = commit.stdout.strip()
+            self._must(index, "update-ref", ref, full)
+        return full

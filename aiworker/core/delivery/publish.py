@@ -1,7 +1,8 @@
 """`aiworker publish --task ID`: push the branch and open or update the PR, exactly once.
 
 Right before publishing it re-checks authorisation, the scope fingerprint, the
-pinned base and the receipts. The intent is saved before any request and the
+pinned base (a moved base is merged into the work and checked again:
+delivery/refresh.py) and the receipts. The intent is saved before any request and the
 PR body carries an ownership marker (task and intent ids), so after a lost
 response or a crash the next run finds the PR it made instead of opening
 another. The pushed branch is read back and must equal the receipt's head.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.context import Environment
+from aiworker.core.delivery.refresh import refresh_base
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
@@ -71,11 +73,20 @@ def _preconditions(
     forge_repo = worker.repository(repo.owner, repo.name)
     base_now = worker.branch(repo.owner, repo.name, forge_repo.default_branch).commit.id
     if base_now != task.base_commit:
-        _refuse(
+        # The receipts are for the old base: bring the work forward and check it again.
+        refreshed = refresh_base(
+            env,
             db,
             task,
-            f"the base moved from {task.base_commit} to {base_now}; the receipts are stale",
+            repo,
+            issue,
+            worker,
+            access.token("worker"),
+            base_now,
+            forge_repo.default_branch,
         )
+        task.head_commit, task.base_commit = refreshed.head, refreshed.base
+        task.version = refreshed.version
     assert task.head_commit is not None
     assert task.base_commit is not None
     allowed, reason = publication_allowed(
