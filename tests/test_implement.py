@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from tests.delivery_fixtures import write_scenario
 from tests.helpers import run_process
 
@@ -106,6 +108,43 @@ def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
     assert report["gate"]["findings"][0].startswith("check ci was reported passing by the agent")
     assert query(upgraded, "select outcome from receipts") == [("fail",)]
     assert query(upgraded, "select state from tasks") == [("failed",)]
+
+
+@pytest.mark.parametrize(
+    ("claims", "refusal"),
+    [
+        (
+            {
+                "criteria": [
+                    {"criterion": "add handles floats", "satisfied": False, "evidence": "-"}
+                ]
+            },
+            "criterion not satisfied: add handles floats",
+        ),
+        ({"blockers": ["cannot reach the test server"]}, "blocker: cannot reach the test server"),
+        ({"questions": ["floats too?"]}, "open question: floats too?"),
+        ({"scope": {"changed": True, "note": "also rewrote mul()"}}, "the scope changed"),
+        (
+            {"findings": [{"severity": "blocker", "message": "breaks sub()", "path": "calc.py"}]},
+            "blocking finding (calc.py): breaks sub()",
+        ),
+        ({"completion": "blocked"}, "the agent reported blocked, not complete"),
+    ],
+    ids=["criterion", "blocker", "question", "scope", "finding", "completion"],
+)
+def test_a_result_is_judged_by_its_claims_not_its_summary(claimed, upgraded, claims, refusal):
+    """The checks pass and the summary says "Fixed add()": what the result itself
+    reports still refuses it."""
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(**claims))
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    report = result.json()
+    assert report["gate"]["passed"] is True
+    assert report["outcome"] == "failed"
+    assert refusal in report["reason"]
+    assert query(upgraded, "select state from tasks") == [("failed",)]
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 1
 
 
 LLAMA_FIRST = (

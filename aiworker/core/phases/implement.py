@@ -16,6 +16,7 @@ import logging
 import os
 
 from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
@@ -215,10 +216,12 @@ def _conclude(
     )
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
     guard.finish("succeeded" if gate.passed else "gate_failed", "; ".join(gate.findings))
-    complete = gate.passed and run.result.completion == "complete"
-    state = S.IMPLEMENTED if complete else S.FAILED
+    refused = ([] if gate.passed else ["the quality gate failed"]) + refusals(run.result)
+    state = S.IMPLEMENTED if not refused else S.FAILED
     reason = (
-        "quality gate passed" if complete else "quality gate failed or the agent did not complete"
+        "quality gate passed; the result meets every acceptance rule"
+        if not refused
+        else ("not accepted: " + "; ".join(refused))[:1000]
     )
     accepted = land(
         db,
