@@ -27,8 +27,20 @@ def main() -> int:
     scenario = json.loads(Path(sys.argv[1]).read_text())
     phase = sys.argv[2] if len(sys.argv) > 2 else "implementation"
     scenario = (scenario.get("phases") or {}).get(phase, scenario)
-    edits = scenario.get("edits") or {}
+    edits = dict(scenario.get("edits") or {})
+    # A scenario may keep what the phase was handed (its inputs) in the commit, so a
+    # rehearsal shows exactly that.
+    keep = scenario.get("keep_inputs")
+    if keep:
+        inputs = Path("..", "aiworker")  # the workspace's inputs beside the repository
+        for path in sorted(p for p in inputs.rglob("*") if p.is_file()):
+            target = Path(keep, path.relative_to(inputs))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+            edits[str(target)] = None
     for name, text in edits.items():
+        if text is None:
+            continue  # kept inputs, already written
         path = Path(name)
         if path.is_absolute() or ".." in path.parts:
             sys.stderr.write(f"scenario edit {name!r} leaves the workspace\n")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
+import subprocess
+import uuid
 
 import pytest
+import requests
 
+from aiworker.runtime.gitcache import GitCache
 from tests.delivery_fixtures import write_scenario
+from tests.forge_fixtures import git
 from tests.helpers import run_process
 
 FIX = "def add(a, b):\n    return a + b\n"
@@ -206,3 +213,70 @@ def test_a_credential_in_the_private_home_never_leaks(claimed, upgraded, state_d
     dump = "\n".join(conn.iterdump())
     conn.close()
     assert CANARY not in dump
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+
+
+def test_issue_images_are_checked_and_handed_over_as_files(claimed, forge, upgraded, state_dir):
+    """The host fetches the issue's images through the forge: a real PNG is handed over
+    with its metadata; an oversized one, bytes that are not an image, a reference to
+    a missing attachment and an outside link are listed with the reason instead."""
+    headers = {"Authorization": f"token {forge.tokens['alice']}"}
+    assets = f"{forge.url}/api/v1/repos/team/app/issues/1/assets"
+    for name, data in (
+        ("screen.png", PNG),
+        ("fake.png", b"just text, not an image"),
+        ("huge.png", PNG + b"\x00" * (5 * 1024 * 1024)),
+    ):
+        uploaded = requests.post(
+            assets, params={"name": name}, data=data, headers=headers, timeout=30
+        )
+        assert uploaded.status_code == 201, uploaded.text
+    missing = uuid.uuid4()
+    body = forge.client("alice").issue("team", "app", 1).body + (
+        f"\n\n![gone]({forge.url}/attachments/{missing})\n![elsewhere](https://example.com/a.png)\n"
+    )
+    edited = requests.patch(
+        f"{forge.url}/api/v1/repos/team/app/issues/1", json={"body": body}, headers=headers
+    )
+    assert edited.ok, edited.text
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, keep_inputs="seen", result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 0, result
+    cache = GitCache(state_dir).path(1)
+    head = result.json()["head"]
+
+    def shown(path: str) -> bytes:
+        done = subprocess.run(
+            ["git", "--git-dir", str(cache), "show", f"{head}:{path}"],
+            capture_output=True,
+            check=True,
+        )
+        return done.stdout
+
+    context = json.loads(shown("seen/context.json"))
+    assert context["images"] == [
+        {
+            "file": "images/1-screen.png",
+            "name": "screen.png",
+            "type": "image/png",
+            "size": len(PNG),
+            "sha256": hashlib.sha256(PNG).hexdigest(),
+        }
+    ]
+    reasons = {entry["name"]: entry["reason"] for entry in context["images_not_given"]}
+    assert reasons["fake.png"] == "its bytes are not a PNG, JPEG, GIF or WebP image"
+    assert reasons["huge.png"].endswith("over the 5242880-byte cap")
+    assert reasons[str(missing)] == "referenced, but no such attachment"
+    assert reasons["https://example.com/a.png"] == "not an attachment of this forge"
+    assert shown("seen/images/1-screen.png") == PNG
+    listed = git("--git-dir", str(cache), "ls-tree", "-r", "--name-only", head, "seen").stdout
+    assert sorted(listed.split()) == [
+        "seen/context.json",
+        "seen/images/1-screen.png",
+        "seen/prompt.md",
+        "seen/result-schema.json",
+        "seen/settings.json",
+        "seen/stdin",  # the prompt as the provider's stdin
+    ]

@@ -56,7 +56,9 @@ def _git(workspace: Workspace, *args: str) -> str:
     return result.stdout.strip()
 
 
-def prepare_workspace(root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]) -> Workspace:
+def prepare_workspace(
+    root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+) -> Workspace:
     """Check out BASE_REF of BUNDLE on branch `work` and write the phase's inputs."""
     if root.exists():
         raise WorkspaceError(f"workspace {root} already exists")
@@ -67,9 +69,13 @@ def prepare_workspace(root: Path, bundle: Path, base_ref: str, inputs: dict[str,
     _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
     _git(workspace, "checkout", "-q", "-b", "work", "base")
     workspace.inputs.mkdir(mode=0o700)
-    for name, text in inputs.items():
+    for name, content in inputs.items():
         path = workspace.inputs / name
-        path.write_text(text, encoding="utf-8")
+        if workspace.inputs.resolve() not in path.resolve().parents:
+            raise WorkspaceError(f"input {name!r} would land outside the inputs")
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = content.encode() if isinstance(content, str) else content
+        path.write_bytes(data)
         os.chmod(path, 0o600)
     return workspace
 
@@ -169,7 +175,7 @@ class ExecutionBackend(Protocol):
     name: str
 
     def prepare(
-        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]
+        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
     ) -> Workspace: ...
 
     def open_home(self, workspace: Workspace) -> Path: ...
@@ -186,7 +192,9 @@ class ExecutionBackend(Protocol):
 class LocalBackend:
     name = "local"
 
-    def prepare(self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str]) -> Workspace:
+    def prepare(
+        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+    ) -> Workspace:
         return prepare_workspace(root, bundle, base_ref, inputs)
 
     def open_home(self, workspace: Workspace) -> Path:

@@ -106,7 +106,7 @@ def run_model_phase(
     *,
     bundle: Path,
     ref: str,
-    inputs: dict[str, str],
+    inputs: dict[str, str | bytes],
     recorded: dict[str, Any],
 ) -> ModelRun:
     """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the

@@ -12,6 +12,7 @@ meanwhile, that decision stands and the result is retained with the reason.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -19,6 +20,7 @@ from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.images import IssueImages, fetch_images
 from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
 from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -139,6 +141,7 @@ def _implement(
         return ended(db, running, report, S.READY, "unavailable", reason)
     if not still_ours(db, running):
         return stopped(db, running, report)
+    images = fetch_images(worker, issue)
     bundle = cache.bundle_out(
         repo.index, slot, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
     )
@@ -151,7 +154,8 @@ def _implement(
         ref=f"refs/aiworker/slot-{slot}/base",
         inputs={
             "prompt.md": implementation_prompt(issue),
-            "context.json": _context(repo, issue.number, base),
+            "context.json": _context(repo, issue.number, base, images),
+            **images.files,
         },
         recorded={"base": base, "simple": simple},
     )
@@ -159,10 +163,18 @@ def _implement(
     return _conclude(env, db, guard, running, cache, issue.body, report, run)
 
 
-def _context(repo: Repository, issue: int, base: str) -> str:
-    import json
-
-    return json.dumps({"repository": f"{repo.owner}/{repo.name}", "issue": issue, "base": base})
+def _context(repo: Repository, issue: int, base: str, images: IssueImages) -> str:
+    """What the phase is told besides the prompt: where it is, and the issue's images
+    (files beside this one) with those it was not given and why."""
+    return json.dumps(
+        {
+            "repository": f"{repo.owner}/{repo.name}",
+            "issue": issue,
+            "base": base,
+            "images": images.accepted,
+            "images_not_given": images.rejected,
+        }
+    )
 
 
 def _conclude(

@@ -8,7 +8,9 @@ from aiworker.adapters.forgejo.models import Issue, PullRequest
 def implementation_prompt(issue: Issue) -> str:
     return (
         f"# {issue.title}\n\n{issue.body}\n\nWork on branch `work`; commit your "
-        "changes; finish with the result document.\n"
+        "changes; finish with the result document. `../aiworker/context.json` says where you "
+        "are and lists the issue's images (files under `../aiworker/images/`) and those you "
+        "were not given, with why.\n"
     )
 
 
