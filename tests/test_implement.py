@@ -274,9 +274,55 @@ def test_issue_images_are_checked_and_handed_over_as_files(claimed, forge, upgra
     listed = git("--git-dir", str(cache), "ls-tree", "-r", "--name-only", head, "seen").stdout
     assert sorted(listed.split()) == [
         "seen/context.json",
+        "seen/continuation.json",
         "seen/images/1-screen.png",
         "seen/prompt.md",
         "seen/result-schema.json",
         "seen/settings.json",
         "seen/stdin",  # the prompt as the provider's stdin
     ]
+
+
+def test_a_later_attempt_starts_fresh_with_the_continuation_artifact(
+    claimed, upgraded, state_dir, tmp_path, cli
+):
+    """No conversation carries over: the second attempt gets continuation.json, built by
+    the host from its records (how the first attempt ended), valid by its schema."""
+    from aiworker.contracts.continuation import Continuation
+
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": WRONG}, result=result_doc())
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert first.json()["outcome"] == "failed"
+    assert cli("task", "retry", str(task)).exit_code == 0
+    write_scenario(
+        tmp_path / "scenario.json", edits={"calc.py": FIX}, keep_inputs="seen", result=result_doc()
+    )
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"]
+    second = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert second.exit_code == 0, second
+    shown = subprocess.run(
+        [
+            "git",
+            "--git-dir",
+            str(GitCache(state_dir).path(1)),
+            "show",
+            f"{second.json()['head']}:seen/continuation.json",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
+    document = Continuation.model_validate_json(shown)
+    assert (document.task, document.phase, document.base) == (
+        task,
+        "implementation",
+        second.json()["base"],
+    )
+    assert document.scope.checks == [["ci", "./ci/run"]]
+    assert [(a.phase, a.provider, a.outcome) for a in document.attempts] == [
+        ("implementation", "script", "gate_failed")
+    ]
+    [failed] = [e for e in document.evidence if e.outcome == "fail"]
+    assert (failed.check_id, failed.head) == ("ci", first.json()["head"])
+    schema = run_process("runner", "schema", "continuation")
+    assert schema.exit_code == 0
+    assert json.loads(schema.stdout) == Continuation.model_json_schema()

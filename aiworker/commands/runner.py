@@ -14,13 +14,13 @@ app = typer.Typer(
     help="Run CI jobs in bounded, isolated attempts.", no_args_is_help=True, rich_markup_mode=None
 )
 
-SCHEMA_NAMES = ("request", "result", "error", "agent-result")
+SCHEMA_NAMES = ("request", "result", "error", "agent-result", "continuation")
 
 
 @app.command("schema")
 def schema(
     name: Annotated[
-        str, typer.Argument(help="request, result, error or agent-result.")
+        str, typer.Argument(help="request, result, error, agent-result or continuation.")
     ] = "request",
 ) -> None:
     """Print the JSON Schema of a runner contract."""

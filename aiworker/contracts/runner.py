@@ -147,12 +147,14 @@ class RunnerError(Contract):
 
 def _schemas() -> dict[str, type[Contract]]:
     from aiworker.contracts.agent import AgentResult
+    from aiworker.contracts.continuation import Continuation
 
     return {
         "request": JobRequest,
         "result": JobResult,
         "error": RunnerError,
         "agent-result": AgentResult,
+        "continuation": Continuation,
     }
 
 

@@ -117,6 +117,11 @@ class GitCache:
             raise GitCacheError(f"{ref} did not resolve to a full commit hash")
         return full
 
+    def commits(self, index: int, base: str, head: str) -> list[str]:
+        """The commits HEAD has that BASE has not, oldest first (full hashes)."""
+        out = self._must(index, "rev-list", "--reverse", f"{base}..{head}")
+        return out.split()
+
     def file_mode(self, index: int, commit: str, path: str) -> str | None:
         """The git mode of PATH in COMMIT's tree (100755 executable, 120000 a link), or None."""
         result = self._git(index, "ls-tree", "--full-tree", commit, "--", path)

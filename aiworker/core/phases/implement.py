@@ -22,6 +22,7 @@ from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.images import IssueImages, fetch_images
 from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
+from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import (
@@ -155,6 +156,16 @@ def _implement(
         inputs={
             "prompt.md": implementation_prompt(issue),
             "context.json": _context(repo, issue.number, base, images),
+            "continuation.json": continuation_json(
+                db,
+                cache,
+                task=task,
+                repo=repo,
+                phase=PHASE,
+                title=issue.title,
+                requirements=requirements_from_issue(issue.body),
+                base=base,
+            ),
             **images.files,
         },
         recorded={"base": base, "simple": simple},

@@ -10,7 +10,8 @@ def implementation_prompt(issue: Issue) -> str:
         f"# {issue.title}\n\n{issue.body}\n\nWork on branch `work`; commit your "
         "changes; finish with the result document. `../aiworker/context.json` says where you "
         "are and lists the issue's images (files under `../aiworker/images/`) and those you "
-        "were not given, with why.\n"
+        "were not given, with why; `../aiworker/continuation.json` is what earlier phases "
+        "left: the scope, commits, evidence and how earlier attempts ended.\n"
     )
 
 

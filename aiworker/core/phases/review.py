@@ -18,6 +18,8 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.scope import requirements_from_issue
+from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.prompts import review_prompt
@@ -98,7 +100,9 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                 report.reason = "no provider is eligible for review now"
                 return report
             ref = f"refs/aiworker/review/task-{task.id}"
-            bundle = GitCache(env.state_dir).bundle_commit(
+            issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
+            cache = GitCache(env.state_dir)
+            bundle = cache.bundle_commit(
                 repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
             )
             run = run_model_phase(
@@ -111,6 +115,17 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                 inputs={
                     "prompt.md": review_prompt(pull),
                     "context.json": json.dumps({"pr": pull.number, "head": head}),
+                    "continuation.json": continuation_json(
+                        db,
+                        cache,
+                        task=task,
+                        repo=repo,
+                        phase=PHASE,
+                        title=issue.title,
+                        requirements=requirements_from_issue(issue.body),
+                        base=task.base_commit or head,
+                        head=head,
+                    ),
                 },
                 recorded={"head": head},
             )
