@@ -31,6 +31,9 @@ def main() -> int:
     # A scenario may keep what the phase was handed (its inputs) in the commit, so a
     # rehearsal shows exactly that.
     keep = scenario.get("keep_inputs")
+    if keep and (Path(keep).is_absolute() or ".." in Path(keep).parts):
+        sys.stderr.write(f"scenario keep_inputs {keep!r} leaves the workspace\n")
+        return 2
     if keep:
         inputs = Path("..", "aiworker")  # the workspace's inputs beside the repository
         for path in sorted(p for p in inputs.rglob("*") if p.is_file()):

@@ -109,7 +109,7 @@ def test_a_moved_base_is_merged_into_the_work_and_checked_again(
             "test_calc.py",
             "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
             "    def test_add(self):\n        self.assertEqual(add(2, 2), 5)\n",
-            "after merging",
+            "the checks fail: ci exited 1",
         ),
     ],
     ids=["conflict", "checks-fail-after-merge"],
@@ -123,6 +123,11 @@ def test_a_move_that_cannot_be_taken_is_refused_and_nothing_is_published(
     assert result.exit_code == 1, result
     assert "the base moved" in result.json()["error"]["message"]
     assert reason in result.json()["error"]["message"]
+    # Publishing again takes the same merge and its receipts: nothing is run twice.
+    receipts = query(upgraded, "select count(*) from receipts")
+    again = publish(task)
+    assert again.json()["error"]["message"] == result.json()["error"]["message"]
+    assert query(upgraded, "select count(*) from receipts") == receipts
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
     assert query(upgraded, "select count(*) from publications") == [(0,)]
     # The work is kept as it was.

@@ -237,8 +237,7 @@ def test_a_killed_runners_attempt_cgroup_is_swept_by_the_next_run(roots):
     assert len(alive_with_argument(marker)) == 2
     runner.kill()
     runner.wait()
-    time.sleep(0.2)
-    assert len(alive_with_argument(marker)) == 2  # nothing ended them yet
+    # (Any attempt starting now sweeps: with parallel tests, another may get there first.)
     quick = make_source(root, "exit 0\n", name="quick")
     assert execute(request(quick), source_root=root, attempt_root=attempts).exit_code == 0
     assert alive_with_argument(marker) == []

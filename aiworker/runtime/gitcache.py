@@ -187,6 +187,12 @@ class GitCache:
             self._git(index, "update-ref", "-d", incoming)
         return head
 
+    def merge_of(self, index: int, ref: str, head: str, base: str) -> str | None:
+        """REF's commit when it is a merge of exactly BASE into HEAD, else None."""
+        found = self._git(index, "rev-list", "--parents", "-n", "1", ref)
+        parts = found.stdout.split() if found.ok else []
+        return parts[0] if parts[1:] == [head, base] else None
+
     def merge_into(
         self, index: int, head: str, base: str, ref: str, message: str, author: tuple[str, str]
     ) -> str:

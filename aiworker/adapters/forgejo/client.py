@@ -6,11 +6,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+import requests
 from pydantic import BaseModel
 
 from aiworker.adapters.forgejo import models as m
-from aiworker.adapters.forgejo.errors import ForgeError, ForgeNotFound
+from aiworker.adapters.forgejo.errors import ForgeError, ForgeNotFound, ForgeUnavailable
 from aiworker.adapters.forgejo.transport import Transport, segment
 
 T = TypeVar("T", bound=BaseModel)
@@ -170,18 +172,19 @@ class ForgejoClient:
                 None,
                 f"attachment is {attachment.size} bytes, over {max_bytes}",
             )
+        where = f"/attachments/{attachment.uuid}"
+        if urlsplit(attachment.browser_download_url).netloc != urlsplit(self.http.base).netloc:
+            # The token is sent with the download: only ever to the forge itself.
+            raise ForgeError("GET", where, None, "the download is not on this forge's host")
         response = self.http.request("GET", "", url=attachment.browser_download_url, stream=True)
         data = bytearray()
         try:
             for chunk in response.iter_content(64 * 1024):
                 data += chunk
                 if len(data) > max_bytes:
-                    raise ForgeError(
-                        "GET",
-                        f"/attachments/{attachment.uuid}",
-                        200,
-                        f"attachment exceeds {max_bytes} bytes",
-                    )
+                    raise ForgeError("GET", where, 200, f"attachment exceeds {max_bytes} bytes")
+        except requests.RequestException as exc:
+            raise ForgeUnavailable("GET", where, None, type(exc).__name__) from None
         finally:
             response.close()
         return bytes(data)

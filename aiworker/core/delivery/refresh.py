@@ -25,6 +25,7 @@ from aiworker.errors import Conflict
 from aiworker.runtime.gitcache import GitCache, MergeConflicts
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
+from aiworker.store.receipts import receipts_for
 from aiworker.store.tasks import append_event
 
 
@@ -49,30 +50,42 @@ def refresh_base(
     assert task.head_commit is not None
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
-    me = worker.current_user()
-    try:
-        head = cache.merge_into(
-            repo.index,
-            task.head_commit,
-            base_now,
-            f"refs/aiworker/task-{task.id}/refreshed",
-            f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
-            (me.full_name or me.login, me.email or f"{me.login}@users.noreply"),
+    ref = f"refs/aiworker/task-{task.id}/refreshed"
+    requirements = requirements_from_issue(issue.body)
+    # A retry after a crash (or after a refusal) takes the merge made before: its receipts
+    # still hold, so neither the merge nor the checks are repeated for the same move.
+    head = cache.merge_of(repo.index, ref, task.head_commit, base_now)
+    if head is None:
+        me = worker.current_user()
+        try:
+            head = cache.merge_into(
+                repo.index,
+                task.head_commit,
+                base_now,
+                ref,
+                f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
+                # The forge's no-reply form: a pushed commit never shows the bot's address.
+                (me.full_name or me.login, f"{me.login}@noreply.localhost"),
+            )
+        except MergeConflicts as exc:
+            _refused(db, task, str(exc))
+    failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
+    if failed is None:
+        gate = run_checks(
+            db,
+            cache,
+            index=repo.index,
+            head=head,
+            base=base_now,
+            task_id=task.id,
+            scope=task.scope_fingerprint,
+            requirements=requirements,
         )
-    except MergeConflicts as exc:
-        _refused(db, task, str(exc))
-    gate = run_checks(
-        db,
-        cache,
-        index=repo.index,
-        head=head,
-        base=base_now,
-        task_id=task.id,
-        scope=task.scope_fingerprint,
-        requirements=requirements_from_issue(issue.body),
-    )
-    if not gate.passed:
-        _refused(db, task, f"after merging {base_now[:12]}: {'; '.join(gate.findings)}")
+        failed = [
+            f"{c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
+        ]
+    if failed:
+        _refused(db, task, f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}")
     with db.write() as session:
         version = advance(
             session,
@@ -89,6 +102,28 @@ def refresh_base(
             base_commit=base_now,
         )
     return Refreshed(head, base_now, version)
+
+
+def _known_failures(
+    db: Database, task: Task, head: str, base: str, checks: list[str]
+) -> list[str] | None:
+    """What the receipts already say about HEAD on BASE for this scope: the failed checks
+    (empty when all passed), or None unless every one of CHECKS was run there."""
+    with db.read() as session:
+        found = [
+            r
+            for r in receipts_for(session, task.id, "validation")
+            if (r.head_commit, r.base_commit, r.scope_fingerprint)
+            == (head, base, task.scope_fingerprint)
+        ]
+    latest = {r.check_id: r for r in found}
+    if set(checks) - set(latest):
+        return None
+    return [
+        f"{check} exited {r.body.get('exit_code')}"
+        for check, r in latest.items()
+        if r.outcome != "pass"
+    ]
 
 
 def _refused(db: Database, task: Task, reason: str) -> NoReturn:

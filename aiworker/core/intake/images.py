@@ -22,6 +22,10 @@ from aiworker.core.intake.scope import IMAGE_SUFFIXES
 
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 MAX_IMAGES = 8
+# Downloads stop at this many candidates whatever they turn out to be, and the list of
+# what was not given is bounded too (it goes into the phase's context).
+MAX_CANDIDATES = 2 * MAX_IMAGES
+MAX_LISTED = 50
 REFERENCE = re.compile(r"/attachments/([0-9a-fA-F-]{36})")
 EXTERNAL = re.compile(r"!\[[^\]]*\]\((https?://[^)\s]+)")
 
@@ -57,13 +61,16 @@ def fetch_images(worker: ForgejoClient, issue: Issue) -> IssueImages:
     for url in EXTERNAL.findall(issue.body or ""):
         if not REFERENCE.search(url):
             found.rejected.append({"name": url, "reason": "not an attachment of this forge"})
-    for attachment in wanted:
-        if len(found.accepted) >= MAX_IMAGES:
+    for number, attachment in enumerate(wanted):
+        if len(found.accepted) >= MAX_IMAGES or number >= MAX_CANDIDATES:
             found.rejected.append({"name": attachment.name, "reason": f"over {MAX_IMAGES} images"})
             continue
         reason = _take(found, worker, attachment)
         if reason:
             found.rejected.append({"name": attachment.name, "reason": reason})
+    found.rejected = [
+        {"name": r["name"][:200], "reason": r["reason"]} for r in found.rejected[:MAX_LISTED]
+    ]
     return found
 
 

@@ -238,8 +238,9 @@ def _conclude(
         claimed=run.result,
     )
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
-    guard.finish("succeeded" if gate.passed else "gate_failed", "; ".join(gate.findings))
     refused = ([] if gate.passed else ["the quality gate failed"]) + refusals(run.result)
+    outcome = "succeeded" if not refused else "gate_failed" if not gate.passed else "not_accepted"
+    guard.finish(outcome, "; ".join(gate.findings or refused)[:1000])
     state = S.IMPLEMENTED if not refused else S.FAILED
     reason = (
         "quality gate passed; the result meets every acceptance rule"
