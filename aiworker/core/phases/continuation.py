@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.contracts.continuation import Continuation, Evidence, PriorAttempt, Scope
-from aiworker.core.intake.scope import Requirement
+from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.attempts import attempts_of
 from aiworker.store.engine import Database
@@ -25,8 +26,7 @@ def continuation_json(
     task: Task,
     repo: Repository,
     phase: str,
-    title: str,
-    requirements: Sequence[Requirement],
+    issue: Issue,
     base: str,
     head: str | None = None,
     findings: Sequence[Finding] = (),
@@ -38,9 +38,9 @@ def continuation_json(
             task=task.id,
             phase=phase,
             scope=Scope(
-                title=title[:2_000],
+                title=issue.title[:2_000],
                 fingerprint=task.scope_fingerprint,
-                checks=[[r.check_id, *r.argv] for r in requirements],
+                checks=[[r.check_id, *r.argv] for r in requirements_from_issue(issue.body)],
             ),
             base=base,
             head=head,

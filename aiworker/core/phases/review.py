@@ -18,7 +18,6 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -121,8 +120,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                         task=task,
                         repo=repo,
                         phase=PHASE,
-                        title=issue.title,
-                        requirements=requirements_from_issue(issue.body),
+                        issue=issue,
                         base=task.base_commit or head,
                         head=head,
                     ),
