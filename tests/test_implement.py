@@ -129,7 +129,6 @@ def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
             "criterion not satisfied: add handles floats",
         ),
         ({"blockers": ["cannot reach the test server"]}, "blocker: cannot reach the test server"),
-        ({"questions": ["floats too?"]}, "open question: floats too?"),
         ({"scope": {"changed": True, "note": "also rewrote mul()"}}, "the scope changed"),
         (
             {"findings": [{"severity": "blocker", "message": "breaks sub()", "path": "calc.py"}]},
@@ -137,7 +136,7 @@ def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
         ),
         ({"completion": "blocked"}, "the agent reported blocked, not complete"),
     ],
-    ids=["criterion", "blocker", "question", "scope", "finding", "completion"],
+    ids=["criterion", "blocker", "scope", "finding", "completion"],
 )
 def test_a_result_is_judged_by_its_claims_not_its_summary(claimed, upgraded, claims, refusal):
     """The checks pass and the summary says "Fixed add()": what the result itself
@@ -152,6 +151,23 @@ def test_a_result_is_judged_by_its_claims_not_its_summary(claimed, upgraded, cla
     assert query(upgraded, "select state from tasks") == [("failed",)]
     published = run_process("--json", "publish", "--task", str(task))
     assert published.exit_code == 1
+
+
+def test_a_result_with_questions_waits_for_answers_on_the_issue(claimed, forge, upgraded):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(questions=["Should add() accept floats too?"]),
+    )
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    assert (result.json()["outcome"], result.json()["state"]) == ("needs_input", "needs_input")
+    assert query(upgraded, "select state from tasks") == [("needs_input",)]
+    [comment] = [
+        c for c in forge.client("alice").comments("team", "app", 1) if "needs answers" in c.body
+    ]
+    assert "- Should add() accept floats too?" in comment.body
+    assert query(upgraded, "select outcome from attempts") == [("needs_input",)]
 
 
 LLAMA_FIRST = (

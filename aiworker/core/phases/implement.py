@@ -237,6 +237,12 @@ def _conclude(
         claimed=run.result,
     )
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
+    if run.result.questions or run.result.completion == "needs_input":
+        # The agent asks: the issue's author answers by editing it, then it runs again.
+        questions = list(run.result.questions) or [run.result.summary]
+        guard.finish("needs_input", "; ".join(questions)[:1000])
+        heading = "aiworker needs answers before it can finish this issue:"
+        return needs_input(env, db, running, report, questions, heading)
     refused = ([] if gate.passed else ["the quality gate failed"]) + refusals(run.result)
     outcome = "succeeded" if not refused else "gate_failed" if not gate.passed else "not_accepted"
     guard.finish(outcome, "; ".join(gate.findings or refused)[:1000])

@@ -98,7 +98,12 @@ def ended(
 
 
 def needs_input(
-    env: Environment, db: Database, running: Running, report: ImplementReport, problems: list[str]
+    env: Environment,
+    db: Database,
+    running: Running,
+    report: ImplementReport,
+    problems: list[str],
+    heading: str = "aiworker cannot start on this issue yet; nothing was run. Please fix:",
 ) -> ImplementReport:
     reason = "; ".join(problems)
     if land(db, running, S.NEEDS_INPUT, reason):
@@ -106,7 +111,8 @@ def needs_input(
             env,
             db,
             running.task.id,
-            "aiworker cannot start on this issue yet; nothing was run. Please fix:\n"
+            heading
+            + "\n"
             + "\n".join(f"- {p}" for p in problems)
             + "\n\nEditing the issue makes it eligible again.",
         )
