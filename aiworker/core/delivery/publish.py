@@ -17,7 +17,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.context import Environment
 from aiworker.core.delivery.refresh import refresh_base
-from aiworker.core.delivery.steps import step_guard
+from aiworker.core.delivery.steps import refuse_publication, step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.discovery import still_authorized
@@ -32,7 +32,6 @@ from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.publications import advance_publication, current_publication, save_intent
-from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
 
@@ -50,12 +49,6 @@ def owned_by(pull: PullRequest, task_id: int) -> bool:
     return f"<!-- aiworker:task={task_id} " in pull.body
 
 
-def _refuse(db: Database, task: Task, reason: str) -> None:
-    with db.write() as session:
-        append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
-    raise Conflict(f"task {task.id} cannot be published: {reason}")
-
-
 def _preconditions(
     env: Environment,
     db: Database,
@@ -67,9 +60,9 @@ def _preconditions(
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
-        _refuse(db, task, f"authorisation no longer holds: {decision.reason}")
+        refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
     if fingerprint(issue) != task.scope_fingerprint:
-        _refuse(db, task, "the issue's requirements changed since the work was scoped")
+        refuse_publication(db, task, "the issue's requirements changed since the work was scoped")
     forge_repo = worker.repository(repo.owner, repo.name)
     base_now = worker.branch(repo.owner, repo.name, forge_repo.default_branch).commit.id
     if base_now != task.base_commit:
@@ -98,7 +91,7 @@ def _preconditions(
         requirements=requirements_from_issue(issue.body),
     )
     if not allowed:
-        _refuse(db, task, reason)
+        refuse_publication(db, task, reason)
     return issue, forge_repo.default_branch
 
 
@@ -147,7 +140,9 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
     )
     pushed = worker.branch(repo.owner, repo.name, branch).commit.id
     if pushed != task.head_commit:
-        _refuse(db, task, f"the pushed branch reads back {pushed}, not {task.head_commit}")
+        refuse_publication(
+            db, task, f"the pushed branch reads back {pushed}, not {task.head_commit}"
+        )
     with db.write() as session:
         advance_publication(session, publication_id, "pushed")
     pull, created = _open_or_update(worker, repo, task, issue, branch, default_branch, marker)

@@ -12,21 +12,19 @@ episode is what would take them on).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NoReturn
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
+from aiworker.core.delivery.steps import refuse_publication
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict
 from aiworker.runtime.gitcache import GitCache, MergeConflicts
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.receipts import receipts_for
-from aiworker.store.tasks import append_event
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ def refresh_base(
                 (me.full_name or me.login, f"{me.login}@noreply.localhost"),
             )
         except MergeConflicts as exc:
-            _refused(db, task, str(exc))
+            refuse_publication(db, task, f"the base moved; {exc}")
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
         gate = run_checks(
@@ -85,7 +83,8 @@ def refresh_base(
             f"{c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
         ]
     if failed:
-        _refused(db, task, f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}")
+        reason = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
+        refuse_publication(db, task, f"the base moved; {reason}")
     with db.write() as session:
         version = advance(
             session,
@@ -124,9 +123,3 @@ def _known_failures(
         for check, r in latest.items()
         if r.outcome != "pass"
     ]
-
-
-def _refused(db: Database, task: Task, reason: str) -> NoReturn:
-    with db.write() as session:
-        append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
-    raise Conflict(f"task {task.id} cannot be published: the base moved; {reason}")

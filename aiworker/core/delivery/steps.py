@@ -10,6 +10,7 @@ step started from while the budget lasts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NoReturn
 
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.phases.guard import PhaseGuard
@@ -18,6 +19,7 @@ from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
+from aiworker.store.tasks import append_event
 
 
 class StepBudgetSpent(Conflict):
@@ -52,3 +54,10 @@ def step_guard(
     guard.start(None, settings)
     failpoint(f"{step}.attempt_started")
     return guard
+
+
+def refuse_publication(db: Database, task: Task, reason: str) -> NoReturn:
+    """Publication does not go ahead: the reason is recorded, and the step fails with it."""
+    with db.write() as session:
+        append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
+    raise Conflict(f"task {task.id} cannot be published: {reason}")
