@@ -30,11 +30,12 @@ COMMANDS = {
     "providers": ("providers", "app", True),
     "task": ("task", "app", True),
     "implement": ("phases", "implement", False),
-    "publish": ("phases", "publish", False),
-    "ci": ("phases", "ci", False),
-    "review": ("phases", "review", False),
-    "merge": ("phases", "merge", False),
-    "cleanup": ("phases", "cleanup", False),
+    "repair": ("phases", "repair", False),
+    "publish": ("delivery", "publish", False),
+    "ci": ("delivery", "ci", False),
+    "review": ("delivery", "review", False),
+    "merge": ("delivery", "merge", False),
+    "cleanup": ("delivery", "cleanup", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

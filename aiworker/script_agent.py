@@ -2,7 +2,9 @@
 and print the scenario's result document, exactly where a model's CLI would work.
 
 Usage: python -m aiworker.script_agent SCENARIO [PHASE]
-A scenario may hold per-phase variants under "phases" (e.g. "review": {...}).
+A scenario may hold per-phase variants under "phases" (e.g. "review": {...}); a list of
+variants is played in order, one per run of that phase for the task (counted from the
+earlier attempts the host lists in continuation.json), the last one repeating.
 A scenario "failure" makes it stop after committing, with that failure's message.
 """
 
@@ -27,6 +29,8 @@ def main() -> int:
     scenario = json.loads(Path(sys.argv[1]).read_text())
     phase = sys.argv[2] if len(sys.argv) > 2 else "implementation"
     scenario = (scenario.get("phases") or {}).get(phase, scenario)
+    if isinstance(scenario, list):
+        scenario = scenario[min(_earlier_runs(phase), len(scenario) - 1)]
     edits = dict(scenario.get("edits") or {})
     # A scenario may keep what the phase was handed (its inputs) in the commit, so a
     # rehearsal shows exactly that.
@@ -78,6 +82,15 @@ def main() -> int:
         return 1
     sys.stdout.write(json.dumps({"type": "result", "result": scenario.get("result")}) + "\n")
     return 0
+
+
+def _earlier_runs(phase: str) -> int:
+    """How many attempts of PHASE the host says came before this one."""
+    try:
+        document = json.loads(Path("..", "aiworker", "continuation.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(1 for a in document.get("attempts", []) if a.get("phase") == phase)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+IMPLEMENT_KEYS = frozenset(
+    {"task", "outcome", "provider", "attempt", "base", "head", "gate", "reason"}
+    | {"decisions", "state"}
+)
 KEYS: dict[str, frozenset[str] | str] = {
     "status": frozenset({"tasks", "total_tasks", "slots", "last_check"}),
     "doctor": frozenset({"ok", "checks"}),
     "poll": frozenset({"repositories", "tasks", "unauthorized", "paused", "polls"}),
     "claim": frozenset({"claimed", "slot", "task", "holder", "reason", "recovered"}),
-    "implement": frozenset(
-        {"task", "outcome", "provider", "attempt", "base", "head", "gate", "reason"}
-        | {"decisions", "state"}
-    ),
-    "publish": frozenset({"task", "pr", "branch", "head", "created"}),
+    "implement": IMPLEMENT_KEYS,
+    "repair": IMPLEMENT_KEYS,
+    "publish": frozenset({"task", "pr", "branch", "head", "created", "state"}),
     "ci": frozenset({"task", "pr", "head", "state", "check", "evidence"}),
     "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})
     | {"state"},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 
@@ -102,33 +104,42 @@ def test_a_moved_base_is_merged_into_the_work_and_checked_again(
 
 
 @pytest.mark.parametrize(
-    ("path", "text", "reason"),
+    ("path", "text", "cause", "reason"),
     [
-        ("calc.py", "def add(a, b):\n    return b + a + 0\n", "conflicts in: calc.py"),
+        ("calc.py", "def add(a, b):\n    return b + a + 0\n", "conflict", "conflicts in calc.py"),
         (
             "test_calc.py",
             "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
             "    def test_add(self):\n        self.assertEqual(add(2, 2), 5)\n",
+            "base_checks",
             "the checks fail: ci exited 1",
         ),
     ],
     ids=["conflict", "checks-fail-after-merge"],
 )
-def test_a_move_that_cannot_be_taken_is_refused_and_nothing_is_published(
-    forge, implemented, upgraded, tmp_path, path, text, reason
+def test_a_move_that_cannot_be_taken_starts_a_repair_and_nothing_is_published(
+    forge, implemented, upgraded, tmp_path, path, text, cause, reason
 ):
     task, head = implemented
-    move_main(forge, tmp_path, path, text)
+    base = move_main(forge, tmp_path, path, text)
     result = publish(task)
-    assert result.exit_code == 1, result
-    assert "the base moved" in result.json()["error"]["message"]
-    assert reason in result.json()["error"]["message"]
-    # Publishing again takes the same merge and its receipts: nothing is run twice.
-    receipts = query(upgraded, "select count(*) from receipts")
-    again = publish(task)
-    assert again.json()["error"]["message"] == result.json()["error"]["message"]
-    assert query(upgraded, "select count(*) from receipts") == receipts
+    assert result.exit_code == 0, result
+    assert (result.json()["pr"], result.json()["state"]) == (None, "repairing")
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
     assert query(upgraded, "select count(*) from publications") == [(0,)]
-    # The work is kept as it was.
-    assert query(upgraded, "select state, head_commit from tasks") == [("implemented", head)]
+    # The work is kept as it was; the repair starts from the merge of the new base.
+    assert query(upgraded, "select state, head_commit, claim_slot from tasks") == [
+        ("repairing", head, None)
+    ]
+    [(data,)] = query(upgraded, "select data from events where kind = 'repair.requested'")
+    request = json.loads(data)
+    assert (request["cause"], request["base"]) == (cause, base)
+    assert reason in request["reason"]
+    merge = requests.get(
+        f"{forge.url}/api/v1/repos/team/app/git/commits/{request['start']}", timeout=10
+    )
+    assert merge.status_code == 404  # made in the controller's cache, not pushed
+    # Publishing again is refused: the task waits for its repair.
+    again = publish(task)
+    assert again.exit_code == 1
+    assert "only implemented work is published" in again.json()["error"]["message"]

@@ -214,7 +214,7 @@ def test_phase_commands_carry_this_state_and_only_an_existing_config(tmp_path):
     from aiworker.core.scheduling.phase_commands import argv_for
 
     absent = load_config(tmp_path / "absent.toml", required=False)
-    argv = argv_for(Environment(tmp_path / "state", absent), "issue", 7, 2)
+    argv = argv_for(Environment(tmp_path / "state", absent), "issue", "claimed", 7, 2)
     assert argv[-7:] == [
         "--state-dir",
         str(tmp_path / "state"),
@@ -228,6 +228,11 @@ def test_phase_commands_carry_this_state_and_only_an_existing_config(tmp_path):
     present = tmp_path / "c.toml"
     present.write_text("shares = 2\n")
     argv = argv_for(
-        Environment(tmp_path / "state", load_config(present, required=True)), "feature", 1, 1
+        Environment(tmp_path / "state", load_config(present, required=True)),
+        "feature",
+        "repairing",
+        1,
+        1,
     )
+    assert argv[-5:] == ["repair", "--task", "1", "--slot", "1"]
     assert argv[argv.index("--config") + 1] == str(present)

@@ -1,4 +1,5 @@
-"""The phases a slot runs: `aiworker implement` (publish, review and merge follow)."""
+"""The phases a slot runs: `aiworker implement` and `aiworker repair` (the delivery steps
+follow: commands/delivery.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,23 @@ def implement(
 
     inv: Invocation = ctx.obj
     result = run(inv.environment(), task, slot)
+    return _attempt_report(inv, result)
+
+
+def repair(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="The repairing task.")],
+    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
+) -> int:
+    """Run one repair episode after requested changes, a red CI or a moved base: a fresh
+    session on the task's branch, then the checks again (exit 75: no provider now)."""
+    from aiworker.core.phases.repair import repair as run
+
+    inv: Invocation = ctx.obj
+    return _attempt_report(inv, run(inv.environment(), task, slot))
+
+
+def _attempt_report(inv: Invocation, result: Any) -> int:
     report = result.to_json()
 
     def human(console: Any) -> None:
@@ -39,104 +57,4 @@ def implement(
                 console.print(f"  finding: {finding}", markup=False)
 
     emit(inv.json, report, human)
-    return result.exit_code
-
-
-def publish(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="An implemented task.")],
-) -> None:
-    """Push the task's branch and open or update its PR, once, after re-checking
-    authorisation, scope, the pinned base and the receipts."""
-    from aiworker.core.delivery.publish import publish as run
-
-    inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
-    report = result.to_json()
-    verb = "opened" if report["created"] else "found"
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(
-            f"task {report['task']}: {verb} PR #{report['pr']} from {report['branch']} at "
-            f"{report['head']}",
-            markup=False,
-        ),
-    )
-
-
-def ci(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
-) -> int:
-    """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
-    from aiworker.core.delivery.ci import dispatch_ci
-
-    inv: Invocation = ctx.obj
-    result = dispatch_ci(inv.environment(), task)
-    report = result.to_json()
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(
-            f"task {report['task']}: aiworker / ci {report['state']} at {report['head']}",
-            markup=False,
-        ),
-    )
-    return result.exit_code
-
-
-def review(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
-) -> int:
-    """Review the PR head independently as the reviewer identity and post a formal review."""
-    from aiworker.core.phases.review import review as run
-
-    inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
-    report = result.to_json()
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(
-            f"task {report['task']}: review {report['event'] or 'not posted'} "
-            f"on PR #{report['pr']}",
-            markup=False,
-        ),
-    )
-    return result.exit_code
-
-
-def merge(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
-) -> None:
-    """Merge when the review approved and CI passed on the exact head, and record evidence."""
-    from aiworker.core.delivery.merge import merge as run
-
-    inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
-    report = result.to_json()
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(
-            f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}",
-            markup=False,
-        ),
-    )
-
-
-def cleanup(ctx: typer.Context) -> None:
-    """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
-    merge evidence; record an inventory. A second run changes nothing."""
-    from aiworker.core.maintenance.cleanup import cleanup as run
-
-    inv: Invocation = ctx.obj
-    report = run(inv.environment()).to_json()
-    lines = [f"removed {item['path']} ({item['bytes']} bytes)" for item in report["removed"]]
-    lines += [f"skipped task {item['task']}: {item['reason']}" for item in report["skipped"]]
-    emit(
-        inv.json, report, lambda c: c.print("\n".join(lines) or "nothing to clean up", markup=False)
-    )
+    return int(result.exit_code)

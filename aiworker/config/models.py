@@ -162,7 +162,7 @@ class Labels(Strict):
     simple: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-simple"
 
 
-PHASES = ("plan", "implement", "review", "publish", "merge")
+PHASES = ("plan", "implement", "repair", "review", "publish", "merge")
 
 
 class Scheduler(Strict):

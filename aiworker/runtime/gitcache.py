@@ -193,12 +193,34 @@ class GitCache:
         parts = found.stdout.split() if found.ok else []
         return parts[0] if parts[1:] == [head, base] else None
 
+    def contains(self, index: int, ancestor: str, commit: str) -> bool:
+        """Whether COMMIT has ANCESTOR in its history (or is it)."""
+        return self._git(index, "merge-base", "--is-ancestor", ancestor, commit).ok
+
+    def with_markers(self, index: int, commit: str, paths: list[str]) -> list[str]:
+        """Those of PATHS that still hold conflict markers in COMMIT's tree."""
+        if not paths:
+            return []
+        pattern = "^(<<<<<<<|>>>>>>>)( |$)"
+        found = self._git(index, "grep", "-l", "-E", pattern, commit, "--", *paths)
+        prefix = f"{commit}:"
+        return sorted(line.removeprefix(prefix) for line in found.stdout.splitlines() if line)
+
     def merge_into(
-        self, index: int, head: str, base: str, ref: str, message: str, author: tuple[str, str]
-    ) -> str:
+        self,
+        index: int,
+        head: str,
+        base: str,
+        ref: str,
+        message: str,
+        author: tuple[str, str],
+        *,
+        keep_conflicts: bool = False,
+    ) -> tuple[str, list[str]]:
         """An ordinary merge commit of BASE into HEAD (parents HEAD, BASE), made without a
-        work tree and kept as REF (under refs/aiworker/); MergeConflicts names the files
-        when the two cannot be merged."""
+        work tree and kept as REF (under refs/aiworker/), and the files that conflicted.
+        MergeConflicts names those files when they conflict, unless KEEP_CONFLICTS: then
+        the commit holds them with git's conflict markers, for a repair to resolve."""
         if not ref.startswith("refs/aiworker/"):
             raise GitCacheError(f"{ref} is not an aiworker ref")
         name, email = author
@@ -212,11 +234,12 @@ class GitCache:
             head, base = self.resolve(index, head), self.resolve(index, base)
             merged = self._git(index, "merge-tree", "--write-tree", "--name-only", head, base)
             lines = merged.stdout.split("\n\n", 1)[0].split("\n")
-            if merged.returncode == 1:
+            conflicts = list(dict.fromkeys(lines[1:])) if merged.returncode == 1 else []
+            if conflicts and not keep_conflicts:
                 raise MergeConflicts(
                     f"merging {base} into {head} conflicts in: {', '.join(lines[1:])}"
                 )
-            if not merged.ok or not FULL_HASH.match(lines[0]):
+            if merged.returncode not in (0, 1) or not FULL_HASH.match(lines[0]):
                 raise GitCacheError(
                     f"cannot merge {base} into {head}: {merged.stderr.strip()[:300]}"
                 )
@@ -236,4 +259,4 @@ class GitCache:
                 raise GitCacheError(f"cannot record the merge: {commit.stderr.strip()[:300]}")
             full = commit.stdout.strip()
             self._must(index, "update-ref", ref, full)
-        return full
+        return full, conflicts

@@ -89,6 +89,15 @@ def last_task_event(session: Session, task_id: int) -> Event | None:
     )
 
 
+def last_event_of(session: Session, task_id: int, kind: str) -> Event | None:
+    return session.scalar(
+        select(Event)
+        .where(Event.task_id == task_id, Event.kind == kind)
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+
+
 def list_tasks(
     session: Session, state: str | None, limit: int, after: int = 0
 ) -> Sequence[tuple[Task, Repository]]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -200,19 +200,25 @@ def claim(
 
 
 def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
-    """Claim the oldest ready task in one statement, returning its id.
+    """Claim the oldest waiting task in one statement, returning its id and new state.
 
-    OF_KINDS: only a task of the kinds bound as kind_0..kind_3 whose parent has no other
-    milestone in flight (states bound as in_flight_0..): a plan advances one milestone
-    at a time. The caller holds the write lock (BEGIN IMMEDIATE), so selecting and
-    updating in one statement cannot race.
+    Waiting: ready (it becomes claimed), or repairing with no slot (a repair episode
+    waits for one; it stays repairing, now with the claim). OF_KINDS: only a task of the
+    kinds bound as kind_0..kind_3 whose parent has no other milestone in flight (states
+    bound as in_flight_0..): a plan advances one milestone at a time. The caller holds
+    the write lock (BEGIN IMMEDIATE), so selecting and updating in one statement cannot
+    race.
     """
     candidate = tasks.alias("candidate")
-    conditions: list[ColumnElement[bool]] = [candidate.c.state == "ready"]
+    conditions: list[ColumnElement[bool]] = [
+        (candidate.c.state == "ready")
+        | ((candidate.c.state == "repairing") & candidate.c.claim_slot.is_(None))
+    ]
     if of_kinds:
         sibling = tasks.alias("sibling")
         busy_parent = select(sibling.c.parent_id).where(
             sibling.c.parent_id.is_not(None),
+            sibling.c.id != candidate.c.id,
             sibling.c.state.in_([bindparam(f"in_flight_{n}") for n in range(len(IN_FLIGHT))]),
         )
         conditions += [
@@ -222,16 +228,16 @@ def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
     oldest = select(candidate.c.id).where(*conditions).order_by(candidate.c.id).limit(1)
     statement = (
         update(tasks)
-        .where(tasks.c.id == oldest.scalar_subquery(), tasks.c.state == "ready")
+        .where(tasks.c.id == oldest.scalar_subquery(), tasks.c.claim_slot.is_(None))
         .values(
-            state="claimed",
+            state=case((tasks.c.state == "repairing", "repairing"), else_="claimed"),
             version=tasks.c.version + 1,
             updated_at=bindparam("now"),
             claim_slot=bindparam("slot"),
             claim_token=bindparam("holder"),
             claimed_at=bindparam("now"),
         )
-        .returning(tasks.c.id)
+        .returning(tasks.c.id, tasks.c.state)
     )
     return DriverStatement(statement)
 
@@ -243,8 +249,8 @@ _CLAIM_OF_KINDS = _claim_oldest_statement(of_kinds=True)
 def claim_next(
     db: Database, slot: int, holder_token: str, kinds: Sequence[str] | None = None
 ) -> int | None:
-    """Claim the oldest ready task (of KINDS, when given) for SLOT in a write transaction of
-    its own; return its id, or None when nothing is eligible.
+    """Claim the oldest waiting task (of KINDS, when given) for SLOT in a write transaction
+    of its own; return its id, or None when nothing is eligible.
 
     The statements are compiled before BEGIN IMMEDIATE: the first claim of a process
     would otherwise hold every other writer back for the milliseconds that takes.
@@ -269,13 +275,13 @@ def claim_next(
         rows = statement.execute(connection, params).fetchall()  # drained before COMMIT
         if not rows:
             return None
-        task_id = int(rows[0][0])
+        task_id, state = int(rows[0][0]), str(rows[0][1])
         append_event(
             connection,
             "task.claimed",
             task_id=task_id,
-            from_state="ready",
-            to_state="claimed",
+            from_state="ready" if state == "claimed" else state,
+            to_state=state,
             actor=f"slot-{slot}",
             data={"slot": slot, "holder": holder_token},
         )
@@ -349,23 +355,30 @@ def has_open_attempts(session: Executor) -> bool:
     return found is not None
 
 
-def task_kind(session: Executor, task_id: int) -> str | None:
-    kind = _connection(session).scalar(select(tasks.c.kind).where(tasks.c.id == task_id))
-    return None if kind is None else str(kind)
+def kind_and_state(session: Executor, task_id: int) -> tuple[str, str] | None:
+    row = (
+        _connection(session)
+        .execute(select(tasks.c.kind, tasks.c.state).where(tasks.c.id == task_id))
+        .first()
+    )
+    return None if row is None else (str(row[0]), str(row[1]))
 
 
-def claimed_on(session: Executor, slot: int) -> tuple[int, str] | None:
-    """(id, kind) of the task claimed on SLOT and not yet started."""
+def claimed_on(session: Executor, slot: int) -> tuple[int, str, str] | None:
+    """(id, kind, state) of the task claimed on SLOT and not yet started: claimed, or a
+    repair episode whose claim names no job's process yet."""
     row = (
         _connection(session)
         .execute(
-            select(tasks.c.id, tasks.c.kind).where(
-                tasks.c.claim_slot == slot, tasks.c.state == "claimed"
+            select(tasks.c.id, tasks.c.kind, tasks.c.state).where(
+                tasks.c.claim_slot == slot,
+                (tasks.c.state == "claimed")
+                | ((tasks.c.state == "repairing") & tasks.c.claim_token.not_like("%-pid%")),
             )
         )
         .first()
     )
-    return None if row is None else (int(row[0]), str(row[1]))
+    return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
 
 
 def count_by_state(session: Executor) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 The controller posts `pending`, runs the check through the runner core on a
 fresh checkout of the exact head, writes a receipt, and posts the terminal
-status under the context `aiworker / ci`. Every `pending` is followed by a
+status under the context `aiworker / ci`. A red run starts a repair episode with
+its evidence (tasks/repairs.py) instead of ending the task. Every `pending` is followed by a
 terminal status: a failure of the run's setup posts `error` with the reason
 (the guard does it), and a run whose process died gets its `error` from
 recovery (tasks/recovery.py).
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.delivery.pull import CI_CONTEXT, Delivery, load_delivery, move, pull_at_head
 from aiworker.core.delivery.steps import step_guard
@@ -23,6 +25,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK
 from aiworker.runtime.atomic import write_private_file
@@ -66,6 +69,20 @@ def post_ci_error(env: Environment, delivery: Delivery, head: str, reason: str) 
         state="error",
         context=CI_CONTEXT,
         description=f"aiworker could not finish ./ci/run: {reason}"[:140],
+    )
+
+
+def ci_finding(check: dict[str, Any], head: str) -> Finding:
+    """A red CI as a finding a repair can act on: what ran, how it ended, the digests and
+    the (masked) tails of its output."""
+    return Finding(
+        severity="blocker",
+        message=(
+            f"{' '.join(check['command'])} {check['status']} with exit {check['exit_code']} "
+            f"at {head}; stdout sha256 {check['stdout_sha256']}, stderr sha256 "
+            f"{check['stderr_sha256']}\n--- stdout tail ---\n{check.get('stdout_tail', '')}"
+            f"\n--- stderr tail ---\n{check.get('stderr_tail', '')}"
+        ),
     )
 
 
@@ -125,15 +142,20 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
             )
             pending = False
             guard.finish("succeeded" if report.passed else "failed", f"./ci/run {state}")
-            move(
-                db,
-                task,
-                S.AWAITING_CI,
-                S.AWAITING_REVIEW if report.passed else S.FAILED,
-                "ci.finished",
-                {"state": state, "head": head, "pr": delivery.pr},
-                f"./ci/run {check['status']} at {head[:12]}",
-            )
+            if report.passed:
+                move(
+                    db,
+                    task,
+                    S.AWAITING_CI,
+                    S.AWAITING_REVIEW,
+                    "ci.finished",
+                    {"state": state, "head": head, "pr": delivery.pr},
+                    f"./ci/run {check['status']} at {head[:12]}",
+                )
+            else:
+                request = RepairRequest("ci", head, base, [ci_finding(check, head)])
+                why = f"./ci/run {check['status']} (exit {check['exit_code']}) at {head[:12]}"
+                request_repair(env, db, task, S.AWAITING_CI, request, why)
         follow_up_if_asked(env)
         return CiReport(task.id, delivery.pr, head, state, check, str(evidence))
     finally:

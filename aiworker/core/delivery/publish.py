@@ -43,6 +43,7 @@ class PublishReport(Report):
     branch: str
     head: str
     created: bool
+    state: str = S.AWAITING_CI  # repairing: the base moved and a repair episode took it on
 
 
 def owned_by(pull: PullRequest, task_id: int) -> bool:
@@ -56,7 +57,9 @@ def _preconditions(
     repo: Repository,
     access: ForgeAccess,
     worker: ForgejoClient,
-) -> tuple[Issue, str]:
+) -> tuple[Issue, str] | None:
+    """The issue and default branch to publish against, or None when a base move sent the
+    work to a repair episode instead."""
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
@@ -78,6 +81,8 @@ def _preconditions(
             base_now,
             forge_repo.default_branch,
         )
+        if refreshed is None:
+            return None
         task.head_commit, task.base_commit = refreshed.head, refreshed.base
         task.version = refreshed.version
     assert task.head_commit is not None
@@ -107,7 +112,10 @@ def publish(env: Environment, task_id: int) -> PublishReport:
             raise Conflict(f"task {task_id} is {task.state}; only implemented work is published")
         with step_guard(env, db, task, "publish", {"head": task.head_commit}) as guard:
             report = _publish(env, db, task, repo)
-            guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
+            if report.state == S.REPAIRING:
+                guard.finish("succeeded", "the base moved; a repair episode takes it on")
+            else:
+                guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
         failpoint("publish.after_record")
         follow_up_if_asked(env)
         return report
@@ -119,8 +127,11 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
     assert task.head_commit is not None
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
-    issue, default_branch = _preconditions(env, db, task, repo, access, worker)
     branch = f"aiworker/task-{task.id}"
+    ready = _preconditions(env, db, task, repo, access, worker)
+    if ready is None:
+        return PublishReport(task.id, None, branch, task.head_commit, False, S.REPAIRING)
+    issue, default_branch = ready
     with db.write() as session:
         publication = current_publication(session, task.id)
         if publication is None:

@@ -4,9 +4,12 @@ An ordinary merge commit of the new base into the task's head (parents: the work
 then the base; made in the git cache without a work tree) becomes the new head; the
 quality gate re-runs every required check at it, on the new base; the task records
 the new head and base; publication then goes ahead on those fresh receipts. The
-earlier commits stay the merge's first parent: no work is discarded. A conflicting
-move, or checks that fail after the merge, are refused with their reason (a repair
-episode is what would take them on).
+earlier commits stay the merge's first parent: no work is discarded.
+
+A conflicting move is merged all the same with git's conflict markers left in the
+conflicting files, and a conflict-repair episode starts from that merge
+(tasks/repairs.py); checks that fail on a clean merge start a repair episode from the
+merge too. Publication waits for the repaired work.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from dataclasses import dataclass
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
+from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
-from aiworker.core.delivery.steps import refuse_publication
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.runtime.gitcache import GitCache, MergeConflicts
+from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.receipts import receipts_for
@@ -44,7 +48,8 @@ def refresh_base(
     token: str,
     base_now: str,
     default_branch: str,
-) -> Refreshed:
+) -> Refreshed | None:
+    """The refreshed head and base, or None when a repair episode was requested instead."""
     assert task.head_commit is not None
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
@@ -55,18 +60,27 @@ def refresh_base(
     head = cache.merge_of(repo.index, ref, task.head_commit, base_now)
     if head is None:
         me = worker.current_user()
-        try:
-            head = cache.merge_into(
-                repo.index,
-                task.head_commit,
-                base_now,
-                ref,
-                f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
-                # The forge's no-reply form: a pushed commit never shows the bot's address.
-                (me.full_name or me.login, f"{me.login}@noreply.localhost"),
+        head, conflicts = cache.merge_into(
+            repo.index,
+            task.head_commit,
+            base_now,
+            ref,
+            f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
+            # The forge's no-reply form: a pushed commit never shows the bot's address.
+            (me.full_name or me.login, f"{me.login}@noreply.localhost"),
+            keep_conflicts=True,
+        )
+        if conflicts:
+            findings = [
+                Finding(severity="blocker", message="merge conflict with the new base", path=p)
+                for p in conflicts
+            ]
+            why = (
+                f"the base moved to {base_now[:12]}; merging it conflicts in {', '.join(conflicts)}"
             )
-        except MergeConflicts as exc:
-            refuse_publication(db, task, f"the base moved; {exc}")
+            request = RepairRequest("conflict", head, base_now, findings, conflicts)
+            request_repair(env, db, task, S.IMPLEMENTED, request, why)
+            return None
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
         gate = run_checks(
@@ -83,8 +97,11 @@ def refresh_base(
             f"{c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
         ]
     if failed:
-        reason = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
-        refuse_publication(db, task, f"the base moved; {reason}")
+        why = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
+        findings = [Finding(severity="blocker", message=f"check {f}") for f in failed]
+        request = RepairRequest("base_checks", head, base_now, findings)
+        request_repair(env, db, task, S.IMPLEMENTED, request, f"the base moved; {why}")
+        return None
     with db.write() as session:
         version = advance(
             session,

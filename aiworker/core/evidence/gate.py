@@ -11,6 +11,7 @@ a finding.
 
 from __future__ import annotations
 
+import base64
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from aiworker.store.receipts import add_receipt, receipts_for
 
 PHASE = "validation"
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
+TAIL_CHARS = 2000
 
 
 @dataclass
@@ -129,6 +131,9 @@ def run_checks(
                 "duration_ms": result.duration_ms,
                 "stdout_sha256": result.evidence.stdout.sha256,
                 "stderr_sha256": result.evidence.stderr.sha256,
+                # The streams' (masked) tails, for a repair to read what failed.
+                "stdout_tail": _tail(result.evidence.stdout.tail_base64),
+                "stderr_tail": _tail(result.evidence.stderr.tail_base64),
                 "agent_claimed_pass": claims.get(requirement.check_id),
             }
             if claims.get(requirement.check_id) and not passed:
@@ -155,6 +160,10 @@ def run_checks(
     finally:
         remove_attempt(work)
     return report
+
+
+def _tail(encoded: str) -> str:
+    return base64.b64decode(encoded).decode(errors="replace")[-TAIL_CHARS:]
 
 
 def publication_allowed(

@@ -56,6 +56,7 @@ class Running:
     slot: int
     version: int
     token: str  # the claim token this job set: SLOT-pidPID
+    state: str = S.RUNNING  # the state the phase holds: running, or repairing for a repair
 
 
 def land(
@@ -75,11 +76,11 @@ def land(
             running.version = advance(
                 session,
                 running.task.id,
-                S.RUNNING,
+                running.state,
                 running.version,
                 to_state,
                 reason,
-                actor="implement",
+                actor="implement" if running.state == S.RUNNING else "repair",
                 follow_data_changes=whatever_the_scope,
                 **{**RELEASE, **changes},
             )
@@ -140,7 +141,11 @@ def retained(
     state = now.state if now else "gone"
     reason = f"the task became {state} while the phase ran; its result is retained"
     guard.keep(reason)
-    if now is not None and now.state == S.RUNNING and now.claim_token == running.token:
+    if (
+        now is not None
+        and now.state == running.state == S.RUNNING
+        and now.claim_token == running.token
+    ):
         # Still ours, but poll recorded a new scope meanwhile: the result answers the old one.
         reason = "the issue changed while the phase ran; its result is retained"
         running.version = now.version
@@ -154,7 +159,7 @@ def still_ours(db: Database, running: Running) -> bool:
     """Whether the task is still running as this job left it (not paused, not cancelled)."""
     with db.read() as session:
         now = session.get(Task, running.task.id)
-    return now is not None and now.state == S.RUNNING and now.claim_token == running.token
+    return now is not None and now.state == running.state and now.claim_token == running.token
 
 
 def stopped(db: Database, running: Running, report: ImplementReport) -> ImplementReport:

@@ -15,6 +15,30 @@ def implementation_prompt(issue: Issue) -> str:
     )
 
 
+REPAIR_CAUSES = {
+    "review": "An independent review requested changes.",
+    "ci": "The repository's CI (`./ci/run`) failed at the branch's head.",
+    "conflict": (
+        "The base branch moved and merging it into the work conflicts. The merge is already "
+        "committed with git's conflict markers left in the conflicting files: resolve them "
+        "(keeping both the work's intent and the base's changes) and commit."
+    ),
+    "base_checks": "The base branch moved; after merging it the required checks fail.",
+}
+
+
+def repair_prompt(issue: Issue, cause: str, findings: str) -> str:
+    return (
+        f"# Repair: {issue.title}\n\n{REPAIR_CAUSES[cause]}\n\nFindings to resolve:\n"
+        f"{findings}\n\nThe original request:\n\n{issue.body}\n\nYou are on branch `work` at "
+        "the task's current head; earlier commits stay. Commit your fixes and finish with the "
+        "result document. A finding you dispute: say so in the result (it goes to a fresh "
+        "review); a correction of evidence alone needs no commit. "
+        "`../aiworker/continuation.json` holds the scope, the findings, the evidence and how "
+        "earlier attempts ended.\n"
+    )
+
+
 def review_prompt(pull: PullRequest) -> str:
     return (
         f"Review pull request #{pull.number}: {pull.title}\n\n{pull.body}\n\n"

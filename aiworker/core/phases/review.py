@@ -4,8 +4,9 @@ The review phase runs with its own provider settings on a read-only workspace
 of the exact head, inside the phase guard; its result document decides the
 formal review: blocking findings (major, blocker) or an incomplete review
 request changes, anything else approves. The review is posted on the head
-commit it inspected. A failed review attempt leaves the task awaiting review
-while its budget lasts, then fails it with a comment.
+commit it inspected; requested changes start a repair episode on the same branch
+(tasks/repairs.py), after which a fresh review follows. A failed review attempt
+leaves the task awaiting review while its budget lasts, then fails it with a comment.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.contracts.agent import AgentResult
+from aiworker.contracts.agent import AgentResult, Finding
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
@@ -25,9 +26,12 @@ from aiworker.core.phases.prompts import review_prompt
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
+from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
 from aiworker.runtime.gitcache import GitCache
+from aiworker.store.engine import Database
+from aiworker.store.models import Task
 
 PHASE = "review"
 BLOCKING = ("major", "blocker")
@@ -61,6 +65,19 @@ def review_body(result: AgentResult) -> str:
         )
         lines.append(f"- [{finding.severity}] {finding.message}{where}")
     return "\n".join(lines)
+
+
+def _request_changes(
+    env: Environment, db: Database, task: Task, result: AgentResult, head: str, review: int
+) -> str:
+    """Changes were requested: a repair episode takes the findings on, on the same branch."""
+    findings = list(result.findings)
+    if result.completion != "complete":
+        message = f"the review could not be completed: {result.summary}"
+        findings.append(Finding(severity="blocker", message=message[:20_000]))
+    request = RepairRequest("review", head, task.base_commit or head, findings)
+    why = f"review {review} requested changes at {head[:12]}"
+    return request_repair(env, db, task, S.AWAITING_REVIEW, request, why)
 
 
 def review(env: Environment, task_id: int) -> ReviewReport:
@@ -146,16 +163,19 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                 commit_id=head,
             )
             guard.finish("succeeded", f"posted {event}")
-            to_state = S.APPROVED if event == "APPROVED" else S.FAILED
-            move(
-                db,
-                task,
-                S.AWAITING_REVIEW,
-                to_state,
-                "review.posted",
-                {"event": event, "review": posted.id, "head": head},
-                f"{run.provider} reviewed {head[:12]}: {event}",
-            )
+            if event == "APPROVED":
+                to_state: str = S.APPROVED
+                move(
+                    db,
+                    task,
+                    S.AWAITING_REVIEW,
+                    to_state,
+                    "review.posted",
+                    {"event": event, "review": posted.id, "head": head},
+                    f"{run.provider} reviewed {head[:12]}: {event}",
+                )
+            else:
+                to_state = _request_changes(env, db, task, result, head, posted.id)
             report.event, report.review, report.state = event, posted.id, to_state
             report.findings = [f.model_dump() for f in result.findings]
         follow_up_if_asked(env)

@@ -27,7 +27,7 @@ from aiworker.errors import Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
 from aiworker.store.engine import Database
-from aiworker.store.tasks import claimed_on, task_kind, tasks_in_states
+from aiworker.store.tasks import claimed_on, kind_and_state, tasks_in_states
 
 log = logging.getLogger(__name__)
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
@@ -83,8 +83,8 @@ def run_slot(env: Environment, slot: int) -> None:
         if claimed is None:
             lock.release()
             raise Unavailable(f"nothing is claimed on slot {slot}")
-        task_id, kind = claimed
-        argv = argv_for(env, kind, task_id, slot)
+        task_id, kind, state = claimed
+        argv = argv_for(env, kind, state, task_id, slot)
     finally:
         db.dispose()
     os.environ[FOLLOW_UP] = "1"
@@ -122,16 +122,16 @@ def _record_job(db: Database, task_id: int, slot: int, pid: int) -> None:
 
     with db.read_connection() as connection:
         current = task_state(connection, task_id)
-    if current is None or current[0] != "claimed":
+    if current is None or current[0] not in ("claimed", "repairing"):
         return
     try:
         with db.transaction() as connection:
             advance(
                 connection,
                 task_id,
-                "claimed",
+                current[0],
                 current[1],
-                "claimed",
+                current[0],
                 f"started on slot {slot} as pid {pid}",
                 actor=f"slot-{slot}",
                 kind="job.started",
@@ -146,10 +146,10 @@ def launch(
     env: Environment, db: Database, slot: int, lock: FileLock, task_id: int
 ) -> dict[str, Any]:
     with db.read_connection() as connection:
-        kind = task_kind(connection, task_id)
-    if kind is None:
+        found = kind_and_state(connection, task_id)
+    if found is None:
         raise LookupError(f"task {task_id} vanished after its claim")
-    argv = argv_for(env, kind, task_id, slot)
+    argv = argv_for(env, *found, task_id, slot)
     if env.loaded.config.scheduler.launcher == "systemd":
         # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.
         _systemctl_start(f"aiworker-slot@{slot}.service")

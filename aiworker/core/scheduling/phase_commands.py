@@ -7,7 +7,9 @@ import sys
 from aiworker.core.context import Environment
 
 # Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
-BUILTIN_PHASES: frozenset[str] = frozenset({"implement", "publish", "ci", "review", "merge"})
+BUILTIN_PHASES: frozenset[str] = frozenset(
+    {"implement", "repair", "publish", "ci", "review", "merge"}
+)
 # Delivery steps hold no slot: a PR waiting for CI or review does not block new work.
 DELIVERY_PHASE = {
     "implemented": "publish",
@@ -52,8 +54,10 @@ def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:
     return kinds, skipped
 
 
-def argv_for(env: Environment, kind: str, task_id: int, slot: int) -> list[str]:
-    command = phase_command(env, NEXT_PHASE[kind])
+def argv_for(env: Environment, kind: str, state: str, task_id: int, slot: int) -> list[str]:
+    """The slot job for a claimed task: its kind's next phase, or a repair episode."""
+    phase = "repair" if state == "repairing" else NEXT_PHASE[kind]
+    command = phase_command(env, phase)
     if command is None:
-        raise LookupError(f"no phase command for {kind}")
+        raise LookupError(f"no phase command for {phase}")
     return [*command, "--task", str(task_id), "--slot", str(slot)]

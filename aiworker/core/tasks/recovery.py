@@ -21,6 +21,7 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.scheduling.launcher import task_log
@@ -47,6 +48,9 @@ BEFORE_PHASE = {
     TaskState.PLANNING: TaskState.READY,
     TaskState.REPAIRING: TaskState.REPAIRING,
 }
+# A claim no job took up goes back to waiting: a claimed task to ready, a repair episode
+# to repairing without a slot.
+UNSTARTED = {TaskState.CLAIMED: TaskState.READY, TaskState.REPAIRING: TaskState.REPAIRING}
 # Steps that run without a slot, under the task's own lock, and the state each starts in.
 STEP_STARTS = {
     "publish": TaskState.IMPLEMENTED,
@@ -169,16 +173,17 @@ def recover_slots(
             continue
         launched = launched_pid(row.token)
         fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
-        if row.state == TaskState.CLAIMED and launched is None and fresh:
+        unstarted = row.state in UNSTARTED and launched is None
+        if unstarted and fresh:
             continue
         with db.read() as session:
             pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
         if any(job_alive(pid, row.id) for pid in pids):
             continue
-        if row.state == TaskState.CLAIMED and launched is None:
+        if unstarted:
             # A hand claim nobody took up: given back, nothing was spent. (A job the tick
             # started that died before it began counts below, like any other death.)
-            recovered.append(_release(db, row.id, row.version, row.slot, row.token))
+            recovered.append(_release(db, row, UNSTARTED[TaskState(row.state)]))
             continue
         phase = _phase_of(row.state)
         reason = _abandon(env, db, row.id, None, phase)
@@ -207,16 +212,17 @@ def _phase_of(state: str) -> str:
     return {"planning": "planning", "repairing": "repair"}.get(state, "implementation")
 
 
-def _release(db: Database, task_id: int, version: int, slot: int, holder: str) -> Recovered:
-    reason = f"slot {slot} lock free: holder {holder} is gone"
+def _release(db: Database, row: Any, to_state: TaskState) -> Recovered:
+    task_id = int(row.id)
+    reason = f"slot {row.slot} lock free: holder {row.token} is gone"
     try:
         with db.write() as session:
             advance(
                 session,
                 task_id,
-                TaskState.CLAIMED,
-                version,
-                TaskState.READY,
+                row.state,
+                row.version,
+                to_state,
                 reason,
                 kind="task.claim_recovered",
                 follow_data_changes=True,
@@ -224,7 +230,7 @@ def _release(db: Database, task_id: int, version: int, slot: int, holder: str) -
             )
     except TransitionRefused:
         return Recovered(task_id, None, reason)
-    return Recovered(task_id, TaskState.READY, reason)
+    return Recovered(task_id, to_state, reason)
 
 
 def recover_attempts(env: Environment, db: Database) -> list[Recovered]:

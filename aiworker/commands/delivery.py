@@ -1,0 +1,111 @@
+"""The delivery steps after implementation: `aiworker publish`, `ci`, `review` and `merge`,
+and `cleanup` after delivery."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+
+def publish(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="An implemented task.")],
+) -> None:
+    """Push the task's branch and open or update its PR, once, after re-checking
+    authorisation, scope, the pinned base and the receipts."""
+    from aiworker.core.delivery.publish import publish as run
+
+    inv: Invocation = ctx.obj
+    result = run(inv.environment(), task)
+    report = result.to_json()
+    verb = "opened" if report["created"] else "found"
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: {verb} PR #{report['pr']} from {report['branch']} at "
+            f"{report['head']}",
+            markup=False,
+        ),
+    )
+
+
+def ci(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
+) -> int:
+    """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
+    from aiworker.core.delivery.ci import dispatch_ci
+
+    inv: Invocation = ctx.obj
+    result = dispatch_ci(inv.environment(), task)
+    report = result.to_json()
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: aiworker / ci {report['state']} at {report['head']}",
+            markup=False,
+        ),
+    )
+    return result.exit_code
+
+
+def review(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
+) -> int:
+    """Review the PR head independently as the reviewer identity and post a formal review."""
+    from aiworker.core.phases.review import review as run
+
+    inv: Invocation = ctx.obj
+    result = run(inv.environment(), task)
+    report = result.to_json()
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: review {report['event'] or 'not posted'} "
+            f"on PR #{report['pr']}",
+            markup=False,
+        ),
+    )
+    return result.exit_code
+
+
+def merge(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
+) -> None:
+    """Merge when the review approved and CI passed on the exact head, and record evidence."""
+    from aiworker.core.delivery.merge import merge as run
+
+    inv: Invocation = ctx.obj
+    result = run(inv.environment(), task)
+    report = result.to_json()
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}",
+            markup=False,
+        ),
+    )
+
+
+def cleanup(ctx: typer.Context) -> None:
+    """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
+    merge evidence; record an inventory. A second run changes nothing."""
+    from aiworker.core.maintenance.cleanup import cleanup as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment()).to_json()
+    lines = [f"removed {item['path']} ({item['bytes']} bytes)" for item in report["removed"]]
+    lines += [f"skipped task {item['task']}: {item['reason']}" for item in report["skipped"]]
+    emit(
+        inv.json, report, lambda c: c.print("\n".join(lines) or "nothing to clean up", markup=False)
+    )

@@ -1,0 +1,267 @@
+"""Repair episodes: requested changes, a red CI and a moved base are repaired on the task's
+own branch and end in a merged PR; an exhausted repair budget ends the task with the
+unresolved findings on the issue."""
+
+from __future__ import annotations
+
+import json
+
+from aiworker.runtime.gitcache import GitCache
+from tests.forge_fixtures import git
+from tests.helpers import run_process
+from tests.json_keys import assert_keys
+from tests.test_delivery import REVIEW_BLOCKING, REVIEW_OK, deliver_until
+from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+from tests.test_lifecycle import comments_by_worker, edit_issue
+from tests.test_publish import move_main
+
+MORE_TESTS = (
+    "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+    "    def test_negative(self):\n        self.assertEqual(add(-2, -3), -5)\n"
+)
+
+
+def repair_once(cli, task):
+    """Claim the waiting repair for slot 1 and run its episode."""
+    claim = cli("--json", "claim", "--slot", "1").json()
+    assert (claim["claimed"], claim["task"]) == (True, task), claim
+    assert query_state(cli, task) == "repairing"
+    return run_process("--json", "repair", "--task", str(task), "--slot", "1")
+
+
+def query_state(cli, task):
+    return cli("--json", "task", "show", str(task)).json()["state"]
+
+
+def show_file(forge, commit, path):
+    bare = forge.data / "git" / "team" / "app.git"
+    return git("--git-dir", str(bare), "show", f"{commit}:{path}").stdout
+
+
+def cached_file(state_dir, commit, path):
+    """A file of COMMIT as the controller's git cache holds it (before it is pushed)."""
+    cache = GitCache(state_dir)
+    return git("--git-dir", str(cache.path(1)), "show", f"{commit}:{path}").stdout
+
+
+def is_ancestor(forge, ancestor, commit):
+    bare = forge.data / "git" / "team" / "app.git"
+    return git("--git-dir", str(bare), "merge-base", "--is-ancestor", ancestor, commit, check=False)
+
+
+def test_requested_changes_are_repaired_on_the_same_branch_then_approved_and_merged(
+    forge, claimed, upgraded, cli, state_dir
+):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": [REVIEW_BLOCKING, REVIEW_OK],
+            "repair": {
+                "edits": {"test_calc.py": MORE_TESTS},
+                "keep_inputs": "repair-inputs",
+                "result": result_doc(summary="Added the negative case the review asked for"),
+            },
+        },
+    )
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["event"] == "REQUEST_CHANGES"
+    assert reports["review"].json()["state"] == "repairing"
+    # Waiting for a slot, not failed: nothing was said on the issue.
+    assert query(upgraded, "select state, claim_slot from tasks") == [("repairing", None)]
+    assert comments_by_worker(forge) == []
+
+    repaired = repair_once(cli, task)
+    assert repaired.exit_code == 0, repaired
+    report = repaired.json()
+    assert_keys("repair", report)
+    assert (report["outcome"], report["state"]) == ("implemented", "implemented")
+    head = report["head"]
+    assert head != first["head"]
+    handed = json.loads(cached_file(state_dir, head, "repair-inputs/continuation.json"))
+    assert handed["phase"] == "repair"
+    assert handed["head"] == first["head"]
+    assert [f["message"] for f in handed["findings"]] == ["add() is still wrong"]
+    assert [a["phase"] for a in handed["attempts"]][:2] == ["implementation", "publish"]
+
+    again = deliver_until(task, "publish", "ci", "review", "merge")
+    for step, result in again.items():
+        assert result.exit_code == 0, (step, result)
+    pr = reports["publish"].json()["pr"]
+    assert again["publish"].json()["pr"] == pr  # the same PR, its branch moved forward
+    assert is_ancestor(forge, first["head"], head).returncode == 0
+    reviews = forge.client("worker-bot").reviews("team", "app", pr)
+    assert [(r.state, r.commit_id) for r in reviews] == [
+        ("REQUEST_CHANGES", first["head"]),
+        ("APPROVED", head),
+    ]
+    assert forge.client("worker-bot").pull("team", "app", pr).merged
+    assert "test_negative" in show_file(forge, "main", "test_calc.py")
+    shown = cli("--json", "task", "show", str(task)).json()
+    assert [a["phase"] for a in shown["attempts"]] == [
+        "implementation",
+        "publish",
+        "ci",
+        "review",
+        "repair",
+        "publish",
+        "ci",
+        "review",
+        "merge",
+    ]
+    assert shown["state"] == "done"
+
+
+CI_SPLIT = (
+    '#!/bin/sh\nset -eu\ncd "$(dirname "$0")/.."\n'
+    'if [ "${1:-}" = quick ]; then exec python3 -m unittest -v test_calc; fi\n'
+    "python3 -m unittest -v\n"
+)
+EDGE_RED = (
+    "import unittest\n\nfrom calc import add\n\n\nclass EdgeTest(unittest.TestCase):\n"
+    "    def test_floats(self):\n        self.assertEqual(add(0.1, 0.2), 0.3)\n"
+)
+EDGE_GREEN = EDGE_RED.replace("assertEqual", "assertAlmostEqual")
+
+
+def test_a_red_ci_is_repaired_with_its_evidence_and_merged(
+    forge, claimed, upgraded, cli, state_dir
+):
+    # The issue asks only for a quick check; the repository's full CI runs more.
+    edit_issue(forge, 1, body="Fix add().\n\n```aiworker-checks\nquick: ./ci/run quick\n```\n")
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX, "ci/run.sh": CI_SPLIT, "test_edge.py": EDGE_RED},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_OK,
+            "repair": {
+                "edits": {"test_edge.py": EDGE_GREEN},
+                "keep_inputs": "repair-inputs",
+                "result": result_doc(summary="Compare floats approximately"),
+            },
+        },
+    )
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert first["outcome"] == "implemented", first
+    reports = deliver_until(task, "publish", "ci")
+    assert reports["ci"].exit_code == 1
+    worker = forge.client("worker-bot")
+    assert worker.combined_status("team", "app", first["head"]).state == "failure"
+    assert query(upgraded, "select state, claim_slot from tasks") == [("repairing", None)]
+
+    repaired = repair_once(cli, task)
+    assert repaired.exit_code == 0, repaired
+    head = repaired.json()["head"]
+    handed = json.loads(cached_file(state_dir, head, "repair-inputs/continuation.json"))
+    [finding] = handed["findings"]
+    assert finding["severity"] == "blocker"
+    assert f"./ci/run command_failed with exit 1 at {first['head']}" in finding["message"]
+    assert "stdout sha256" in finding["message"]
+    assert "test_floats" in finding["message"]  # the tail of what failed
+    context = json.loads(cached_file(state_dir, head, "repair-inputs/context.json"))
+    assert context["cause"] == "ci"
+
+    again = deliver_until(task, "publish", "ci", "review", "merge")
+    for step, result in again.items():
+        assert result.exit_code == 0, (step, result)
+    assert worker.combined_status("team", "app", head).state == "success"
+    assert "assertAlmostEqual" in show_file(forge, "main", "test_edge.py")
+
+
+def test_three_repairs_that_are_not_accepted_end_the_task_with_the_findings_commented(
+    forge, claimed, upgraded, cli, state_dir
+):
+    blocked = result_doc(completion="blocked", summary="Could not find it")
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"review": REVIEW_BLOCKING, "repair": {"result": blocked}},
+    )
+    run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    deliver_until(task, "publish", "ci", "review")
+    outcomes = []
+    for _ in range(3):
+        result = repair_once(cli, task)
+        assert result.exit_code == 1, result
+        assert "the agent reported blocked" in result.json()["reason"], result
+        outcomes.append(result.json()["state"])
+    assert outcomes == ["repairing", "repairing", "failed"]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("failed", None)]
+    assert (
+        query(upgraded, "select outcome from attempts where phase = 'repair'")
+        == [("not_accepted",)] * 3
+    )
+    [comment] = comments_by_worker(forge)
+    assert "3 repair episodes did not resolve these findings" in comment
+    assert "- [blocker] add() is still wrong" in comment
+    assert "the agent reported blocked, not complete" in comment
+    # Nothing more is claimed for it.
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
+
+
+def test_a_conflicting_base_move_is_repaired_and_merged(
+    forge, claimed, upgraded, cli, tmp_path, state_dir
+):
+    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_OK,
+            "repair": {
+                "edits": {"calc.py": resolved},
+                "keep_inputs": "repair-inputs",
+                "result": result_doc(summary="Resolved the conflict in calc.py"),
+            },
+        },
+    )
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    base = move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 0, published
+    assert (published.json()["pr"], published.json()["state"]) == (None, "repairing")
+    assert forge.client("worker-bot").pulls("team", "app", state="all") == []
+
+    repaired = repair_once(cli, task)
+    assert repaired.exit_code == 0, repaired
+    head = repaired.json()["head"]
+    context = json.loads(cached_file(state_dir, head, "repair-inputs/context.json"))
+    assert (context["cause"], context["conflicts"], context["base"]) == (
+        "conflict",
+        ["calc.py"],
+        base,
+    )
+    reports = deliver_until(task, "publish", "ci", "review", "merge")
+    for step, result in reports.items():
+        assert result.exit_code == 0, (step, result)
+    assert reports["publish"].json()["head"] == head
+    # The earlier work and the new base are both in the merged history.
+    assert is_ancestor(forge, first["head"], head).returncode == 0
+    assert is_ancestor(forge, base, head).returncode == 0
+    assert show_file(forge, "main", "calc.py") == resolved
+
+
+def test_a_repair_that_leaves_conflict_markers_is_not_accepted(
+    forge, claimed, upgraded, cli, tmp_path
+):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"repair": {"edits": {"notes.txt": "looked at it\n"}, "result": result_doc()}},
+    )
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    run_process("--json", "publish", "--task", str(task))
+    result = repair_once(cli, task)
+    assert result.exit_code == 1, result
+    assert "conflict markers remain in calc.py" in result.json()["reason"]
+    assert query(upgraded, "select state, claim_slot, head_commit from tasks") == [
+        ("repairing", None, first["head"])
+    ]
