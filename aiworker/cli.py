@@ -29,12 +29,14 @@ COMMANDS = {
     "sandbox": ("sandbox", "app", True),
     "providers": ("providers", "app", True),
     "task": ("task", "app", True),
+    "plan": ("phases", "plan", False),
     "implement": ("phases", "implement", False),
     "repair": ("phases", "repair", False),
     "publish": ("delivery", "publish", False),
     "ci": ("delivery", "ci", False),
     "review": ("delivery", "review", False),
     "merge": ("delivery", "merge", False),
+    "milestones": ("delivery", "milestones", False),
     "cleanup": ("delivery", "cleanup", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")

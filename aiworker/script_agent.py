@@ -4,7 +4,8 @@ and print the scenario's result document, exactly where a model's CLI would work
 Usage: python -m aiworker.script_agent SCENARIO [PHASE]
 A scenario may hold per-phase variants under "phases" (e.g. "review": {...}); a list of
 variants is played in order, one per run of that phase for the task (counted from the
-earlier attempts the host lists in continuation.json), the last one repeating.
+earlier attempts the host lists in continuation.json), the last one repeating; a variant
+{"by_milestone": {"1": {...}, "2": {...}}} is chosen by the milestone being done.
 A scenario "failure" makes it stop after committing, with that failure's message.
 """
 
@@ -31,6 +32,8 @@ def main() -> int:
     scenario = (scenario.get("phases") or {}).get(phase, scenario)
     if isinstance(scenario, list):
         scenario = scenario[min(_earlier_runs(phase), len(scenario) - 1)]
+    if "by_milestone" in scenario:
+        scenario = scenario["by_milestone"][str(_milestone())]
     edits = dict(scenario.get("edits") or {})
     # A scenario may keep what the phase was handed (its inputs) in the commit, so a
     # rehearsal shows exactly that.
@@ -82,6 +85,15 @@ def main() -> int:
         return 1
     sys.stdout.write(json.dumps({"type": "result", "result": scenario.get("result")}) + "\n")
     return 0
+
+
+def _milestone() -> int | None:
+    """Which milestone of its plan the phase is doing (context.json), if any."""
+    try:
+        context = json.loads(Path("..", "aiworker", "context.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (context.get("milestone") or {}).get("position")
 
 
 def _earlier_runs(phase: str) -> int:

@@ -16,6 +16,8 @@ KEYS: dict[str, frozenset[str] | str] = {
     "claim": frozenset({"claimed", "slot", "task", "holder", "reason", "recovered"}),
     "implement": IMPLEMENT_KEYS,
     "repair": IMPLEMENT_KEYS,
+    "plan": IMPLEMENT_KEYS | {"milestones"},
+    "milestones": frozenset({"task", "state", "approval", "accepted", "started", "reason"}),
     "publish": frozenset({"task", "pr", "branch", "head", "created", "state"}),
     "ci": frozenset({"task", "pr", "head", "state", "check", "evidence"}),
     "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from aiworker.store.engine import Database
-from aiworker.store.models import Event, Task
+from aiworker.store.models import Event
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
@@ -173,21 +173,14 @@ def test_pause_resume_and_the_maintenance_gate(scheduled, state_dir):
         holder.stdout.close()
 
 
-def test_missing_phases_are_skipped_with_a_reason(upgraded, tmp_path, monkeypatch):
-    db = Database(f"sqlite:///{upgraded}")
-    with db.write() as session:
-        repo = ensure_repository(session, 1, "team", "app")
-        create_task(session, repo.id, "plan", issue_number=1)
-    db.dispose()
-    result = run_process("--json", "scheduler", "tick")
-    assert result.exit_code == 0, result
-    report = result.json()
-    assert report["started"] == []
-    assert report["skipped"] == {"plan": "phase 'plan' is not available in this version"}
-    db = Database(f"sqlite:///{upgraded}")
-    with db.read() as session:
-        assert session.scalars(select(Task.state)).all() == ["ready"]
-    db.dispose()
+def test_every_kind_of_work_has_its_phase(tmp_path):
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.scheduling.phase_commands import runnable_kinds
+
+    env = Environment(tmp_path / "state", load_config(tmp_path / "absent.toml", required=False))
+    kinds, skipped = runnable_kinds(env)
+    assert (sorted(kinds), skipped) == (["feature", "issue", "milestone", "plan"], {})
 
 
 def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):

@@ -109,3 +109,26 @@ def cleanup(ctx: typer.Context) -> None:
     emit(
         inv.json, report, lambda c: c.print("\n".join(lines) or "nothing to clean up", markup=False)
     )
+
+
+def milestones(
+    ctx: typer.Context,
+    task: Annotated[
+        int, typer.Option("--task", min=1, help="A plan awaiting approval or running.")
+    ],
+) -> None:
+    """Move a plan forward: read its approval, accept implemented milestones, start the next,
+    run the combined checks once all are in."""
+    from aiworker.core.delivery.milestones import advance_plan
+
+    inv: Invocation = ctx.obj
+    report = advance_plan(inv.environment(), task).to_json()
+    started = f"; started milestone task {report['started']}" if report["started"] else ""
+    emit(
+        inv.json,
+        report,
+        lambda c: c.print(
+            f"plan {report['task']}: {report['state']} ({report['approval']}){started}",
+            markup=False,
+        ),
+    )

@@ -25,6 +25,19 @@ def implement(
     return _attempt_report(inv, result)
 
 
+def plan(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Option("--task", min=1, help="The claimed plan task.")],
+    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
+) -> int:
+    """Plan a plan-labelled issue: the planner proposes bounded milestones, the host checks
+    them and posts the plan on the issue to await approval (exit 75: no provider now)."""
+    from aiworker.core.phases.plan import plan as run
+
+    inv: Invocation = ctx.obj
+    return _attempt_report(inv, run(inv.environment(), task, slot))
+
+
 def repair(
     ctx: typer.Context,
     task: Annotated[int, typer.Option("--task", min=1, help="The repairing task.")],

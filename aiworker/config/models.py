@@ -160,9 +160,18 @@ class Labels(Strict):
     feature: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-feature"
     # Marks work small enough for simple_implementation settings and the local model.
     simple: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-simple"
+    # A writer applies it to a plan issue to approve the posted plan.
+    approved: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-approved"
 
 
-PHASES = ("plan", "implement", "repair", "review", "publish", "merge")
+class Planning(Strict):
+    # The most milestones a plan may propose; a plan with more is not accepted.
+    max_milestones: Annotated[int, Field(ge=1, le=32)] = 8
+    # A writer's comment that is exactly this (case and surrounding space aside) approves.
+    approve_command: Annotated[str, Field(min_length=2, max_length=100)] = "/aiworker approve"
+
+
+PHASES = ("plan", "implement", "repair", "review", "publish", "merge", "milestones")
 
 
 class Scheduler(Strict):
@@ -221,6 +230,7 @@ class Config(Strict):
     weekly_reserve_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
     database: Database = Database()
     labels: Labels = Labels()
+    planning: Planning = Planning()
     scheduler: Scheduler = Scheduler()
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()

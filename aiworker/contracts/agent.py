@@ -48,6 +48,29 @@ class QuotaSignal(Contract):
     note: Text = ""
 
 
+class MilestoneCheck(Contract):
+    """A check the host re-runs at the milestone's head: `./ci/run ARGS` under CHECK_ID."""
+
+    check_id: CheckId
+    command: Annotated[
+        list[Annotated[str, StringConstraints(max_length=500)]], Field(min_length=1, max_length=32)
+    ]
+
+
+class MilestoneSpec(Contract):
+    """One milestone of a plan (planning results only); bounded in every field."""
+
+    title: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    scope: Annotated[str, StringConstraints(min_length=1, max_length=8_000)]
+    acceptance_criteria: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=1_000)]],
+        Field(min_length=1, max_length=20),
+    ]
+    validation: Annotated[list[MilestoneCheck], Field(max_length=16)] = []
+    # Small enough for the simple_implementation settings and the local model.
+    simple: bool = False
+
+
 class AgentResult(Contract):
     contract: Literal["ait.agent.result.v1"]
     completion: Literal["complete", "blocked", "needs_input", "failed"]
@@ -59,3 +82,5 @@ class AgentResult(Contract):
     validation: list[ValidationAttempt] = []
     scope: ScopeSignal = ScopeSignal()
     quota: QuotaSignal = QuotaSignal()
+    # A planning result's milestones, in order (the host bounds their number: planning).
+    milestones: Annotated[list[MilestoneSpec], Field(max_length=32)] = []

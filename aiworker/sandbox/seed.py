@@ -38,7 +38,12 @@ PROJECT = {
     ),
     "ci/run.sh": '#!/bin/sh\nset -eu\ncd "$(dirname "$0")/.."\npython3 -m unittest -v\n',
 }
-LABELS = (("aiworker", "0e8a16"), ("aiworker-plan", "1d76db"), ("bug", "d73a4a"))
+LABELS = (
+    ("aiworker", "0e8a16"),
+    ("aiworker-plan", "1d76db"),
+    ("aiworker-approved", "5319e7"),
+    ("bug", "d73a4a"),
+)
 
 
 def seed(data_dir: Path) -> dict[str, Any]:

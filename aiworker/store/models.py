@@ -70,6 +70,7 @@ class Task(Base):
         claimed_at: Mapped[datetime | None]
         created_at: Mapped[datetime]
         updated_at: Mapped[datetime]
+        spec: Mapped[dict[str, Any] | None]
 
 
 class Attempt(Base):

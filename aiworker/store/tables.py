@@ -101,6 +101,8 @@ tasks = Table(
     _at("claimed_at", required=False),
     _at("created_at"),
     _at("updated_at"),
+    # A plan: its proposed milestones and approval; a milestone: its own specification.
+    Column("spec", JSON),
     UniqueConstraint("repository_id", "kind", "issue_number"),
     Index("ix_tasks_state_id", "state", "id"),
     Index("ix_tasks_claim_slot", "claim_slot"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -42,6 +43,7 @@ def create_task(
     parent_id: int | None = None,
     actor: str | None = None,
     scope_fingerprint: str | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> Task:
     if kind not in TASK_KINDS:
         raise ValueError(f"unknown task kind {kind!r}")
@@ -55,6 +57,7 @@ def create_task(
         state=state,
         parent_id=parent_id,
         scope_fingerprint=scope_fingerprint,
+        spec=spec,
     )
     session.add(task)
     session.flush()
@@ -109,6 +112,11 @@ def list_tasks(
     if state is not None:
         query = query.where(Task.state == state)
     return [(t, r) for t, r in session.execute(query.order_by(Task.id).limit(limit))]
+
+
+def children_of(session: Session, parent_id: int) -> Sequence[Task]:
+    """A plan's milestones, in order."""
+    return session.scalars(select(Task).where(Task.parent_id == parent_id).order_by(Task.id)).all()
 
 
 def events_of(session: Session, task_id: int) -> Sequence[Event]:

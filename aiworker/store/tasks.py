@@ -55,6 +55,7 @@ _MUTABLE = frozenset(
         "claim_slot",
         "claim_token",
         "claimed_at",
+        "spec",
     }
 )
 _EVENT_COLUMNS = ("task_id", "kind", "from_state", "to_state", "actor", "data", "created_at")
@@ -310,13 +311,14 @@ def task_state(session: Writer, task_id: int) -> tuple[str, int] | None:
     return None if row is None else (str(row[0]), int(row[1]))
 
 
-def tasks_in_states(session: Executor, states: Sequence[str]) -> list[tuple[int, str]]:
+def tasks_in_states(session: Executor, states: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(id, state, kind) of every task in STATES, by id."""
     rows = _connection(session).execute(
-        select(tasks.c.id, tasks.c.state)
+        select(tasks.c.id, tasks.c.state, tasks.c.kind)
         .where(tasks.c.state.in_(list(states)))
         .order_by(tasks.c.id)
     )
-    return [(int(task_id), str(state)) for task_id, state in rows]
+    return [(int(task_id), str(state), str(kind)) for task_id, state, kind in rows]
 
 
 def states_of(session: Executor, task_ids: Sequence[int]) -> dict[int, tuple[str, datetime]]:

@@ -25,6 +25,7 @@ from aiworker.core.intake.scope import fingerprint, requirements_from_issue
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.milestones import accepted_milestones
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.failpoints import failpoint
@@ -64,7 +65,7 @@ def _preconditions(
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
-    if fingerprint(issue) != task.scope_fingerprint:
+    if fingerprint(issue, env.loaded.config.labels.approved) != task.scope_fingerprint:
         refuse_publication(db, task, "the issue's requirements changed since the work was scoped")
     forge_repo = worker.repository(repo.owner, repo.name)
     base_now = worker.branch(repo.owner, repo.name, forge_repo.default_branch).commit.id
@@ -156,7 +157,16 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
         )
     with db.write() as session:
         advance_publication(session, publication_id, "pushed")
-    pull, created = _open_or_update(worker, repo, task, issue, branch, default_branch, marker)
+    details = accepted_milestones(db, task.id)
+    pull, created = _open_or_update(
+        worker,
+        repo,
+        task,
+        issue,
+        branch,
+        default_branch,
+        marker + ("\n\n" + details if details else ""),
+    )
     failpoint("publish.after_request")
     with db.write() as session:
         advance_publication(session, publication_id, "opened", pull.number)

@@ -243,7 +243,7 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
                             candidate.kind,
                             candidate.issue.number,
                             candidate.issue.title,
-                            fingerprint(candidate.issue),
+                            fingerprint(candidate.issue, config.labels.approved),
                             known.get(key),
                             candidate.decision.actor,
                         )

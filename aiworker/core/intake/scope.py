@@ -34,15 +34,16 @@ class Requirement:
     expected_exit_code: int = 0
 
 
-def fingerprint(issue: Issue) -> str:
-    """What the requirements are: title, body, labels and eligible images."""
+def fingerprint(issue: Issue, approval_label: str = "") -> str:
+    """What the requirements are: title, body, labels and eligible images. The plan
+    approval label (APPROVAL_LABEL) approves a scope; it is not part of it."""
     images = sorted(
         (a.name, a.size, a.uuid) for a in issue.assets if a.name.lower().endswith(IMAGE_SUFFIXES)
     )
     document = {
         "title": issue.title,
         "body": issue.body,
-        "labels": sorted(issue.label_names),
+        "labels": sorted(n for n in issue.label_names if n != approval_label),
         "images": images,
     }
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()

@@ -12,16 +12,16 @@ meanwhile, that decision stands and the result is retained with the reason.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
+from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.images import IssueImages, fetch_images
-from aiworker.core.intake.scope import check_inputs, fingerprint, requirements_from_issue
+from aiworker.core.intake.images import fetch_images
+from aiworker.core.intake.scope import Requirement, check_inputs, fingerprint
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -36,10 +36,15 @@ from aiworker.core.phases.implement_outcomes import (
     still_ours,
     stopped,
 )
-from aiworker.core.phases.prompts import implementation_prompt
+from aiworker.core.phases.prompts import (
+    implementation_context,
+    implementation_prompt,
+    milestone_prompt,
+)
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.milestones import milestone_of, requirements_of
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
@@ -113,24 +118,35 @@ def _implement(
     task, repo, slot = running.task, running.repo, running.slot
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
-    issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+    parent = _plan_of(db, task)
+    issue = worker.issue(repo.owner, repo.name, (parent or task).issue_number or 0)
     forge_repo = worker.repository(repo.owner, repo.name)
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
-    base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")
+    # A milestone starts where its plan's branch is: after the milestones before it.
+    start = (
+        parent.head_commit or parent.base_commit
+        if parent is not None
+        else f"refs/remotes/origin/{forge_repo.default_branch}"
+    )
+    base = cache.pin(repo.index, slot, "base", start or "")
     report = ImplementReport(task.id, "running", base=base)
     problems = check_inputs(issue, cache, repo.index, base)
     if problems:
         return needs_input(env, db, running, report, problems)
-    if fingerprint(issue) != task.scope_fingerprint:
-        reason = "the issue changed since it was scoped; the next poll records the new scope"
-        return ended(db, running, report, S.READY, "ready", reason)
+    wait = _not_now(env, task, parent, issue)
+    if wait:
+        return ended(db, running, report, S.READY, "ready", wait)
     exhausted = budget_spent(env, db, task.id, PHASE)
     if exhausted:
         guard.recover(exhausted)
         report.outcome, report.reason, report.state = "failed", "budget spent", S.FAILED
         return report
-    simple = env.loaded.config.labels.simple in issue.label_names
+    simple = (
+        milestone_of(task).simple
+        if parent is not None
+        else env.loaded.config.labels.simple in issue.label_names
+    )
     with db.read() as session:
         tried = providers_tried_at(session, task.id, base)
     admission = admit(env, db, PHASE, simple=simple, tried_here=tried)
@@ -154,8 +170,10 @@ def _implement(
         bundle=bundle,
         ref=f"refs/aiworker/slot-{slot}/base",
         inputs={
-            "prompt.md": implementation_prompt(issue),
-            "context.json": _context(repo, issue.number, base, images),
+            "prompt.md": _prompt(task, issue),
+            "context.json": implementation_context(
+                repo, issue.number, base, images, task if parent is not None else None
+            ),
             "continuation.json": continuation_json(
                 db,
                 cache,
@@ -170,21 +188,32 @@ def _implement(
         recorded={"base": base, "simple": simple},
     )
     report.provider, report.attempt = run.provider, run.attempt
-    return _conclude(env, db, guard, running, cache, issue.body, report, run)
+    requirements = requirements_of(task, issue.body)
+    return _conclude(env, db, guard, running, cache, requirements, report, run)
 
 
-def _context(repo: Repository, issue: int, base: str, images: IssueImages) -> str:
-    """What the phase is told besides the prompt: where it is, and the issue's images
-    (files beside this one) with those it was not given and why."""
-    return json.dumps(
-        {
-            "repository": f"{repo.owner}/{repo.name}",
-            "issue": issue,
-            "base": base,
-            "images": images.accepted,
-            "images_not_given": images.rejected,
-        }
-    )
+def _not_now(env: Environment, task: Task, parent: Task | None, issue: Issue) -> str | None:
+    """Why the task must wait instead of running now (nothing is spent), or None."""
+    if parent is not None and parent.state != S.MILESTONES:
+        return f"its plan is {parent.state}; the milestone waits for it"
+    if fingerprint(issue, env.loaded.config.labels.approved) != task.scope_fingerprint:
+        return "the issue changed since it was scoped; the next poll records the new scope"
+    return None
+
+
+def _prompt(task: Task, issue: Issue) -> str:
+    if task.kind != "milestone":
+        return implementation_prompt(issue)
+    spec = task.spec or {}
+    return milestone_prompt(issue, milestone_of(task), spec["position"], spec["total"])
+
+
+def _plan_of(db: Database, task: Task) -> Task | None:
+    """A milestone's plan (None for any other task)."""
+    if task.kind != "milestone" or task.parent_id is None:
+        return None
+    with db.read() as session:
+        return session.get(Task, task.parent_id)
 
 
 def _conclude(
@@ -193,7 +222,7 @@ def _conclude(
     guard: PhaseGuard,
     running: Running,
     cache: GitCache,
-    body: str,
+    requirements: list[Requirement],
     report: ImplementReport,
     run: ModelRun,
 ) -> ImplementReport:
@@ -233,7 +262,7 @@ def _conclude(
         slot=slot,
         task_id=running.task.id,
         scope=running.task.scope_fingerprint,
-        requirements=requirements_from_issue(body),
+        requirements=requirements,
         claimed=run.result,
     )
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from aiworker.adapters.forgejo.models import Issue, PullRequest
+from aiworker.contracts.agent import MilestoneSpec
+from aiworker.core.intake.images import IssueImages
+from aiworker.store.models import Repository, Task
 
 
 def implementation_prompt(issue: Issue) -> str:
@@ -24,6 +29,7 @@ REPAIR_CAUSES = {
         "(keeping both the work's intent and the base's changes) and commit."
     ),
     "base_checks": "The base branch moved; after merging it the required checks fail.",
+    "checks": "Every milestone is in, but the plan's combined checks fail at the branch's head.",
 }
 
 
@@ -39,8 +45,51 @@ def repair_prompt(issue: Issue, cause: str, findings: str) -> str:
     )
 
 
+def plan_prompt(issue: Issue, limit: int) -> str:
+    return (
+        f"# Plan: {issue.title}\n\n{issue.body}\n\nYou are at the detached head of the "
+        "repository's base; change nothing. Split this work into at most "
+        f"{limit} milestones that can be done one after another on one branch, each small "
+        "enough for one session, in the result document's `milestones`: a title, its scope, "
+        "acceptance criteria, the checks that prove it (`./ci/run ARGS` under a check id) "
+        "and `simple` when a small local model could do it. Nothing runs until a person "
+        "approves the plan.\n"
+    )
+
+
+def milestone_prompt(issue: Issue, milestone: MilestoneSpec, number: int, total: int) -> str:
+    criteria = "\n".join(f"- {c}" for c in milestone.acceptance_criteria)
+    return (
+        f"# Milestone {number} of {total}: {milestone.title}\n\n{milestone.scope}\n\n"
+        f"Acceptance criteria:\n{criteria}\n\nThis milestone is part of a plan for:\n\n"
+        f"# {issue.title}\n\n{issue.body}\n\nDo this milestone only. Work on branch `work`, "
+        "which holds the earlier milestones; commit your changes; finish with the result "
+        "document, reporting each criterion. `../aiworker/continuation.json` is what earlier "
+        "phases left.\n"
+    )
+
+
 def review_prompt(pull: PullRequest) -> str:
     return (
         f"Review pull request #{pull.number}: {pull.title}\n\n{pull.body}\n\n"
         "Inspect the source at this head; report findings; do not change files.\n"
+    )
+
+
+def implementation_context(
+    repo: Repository, issue: int, base: str, images: IssueImages, milestone: Task | None
+) -> str:
+    """What the phase is told besides the prompt: where it is, which milestone of its plan
+    it is doing, and the issue's images (files beside this one) with those it was not
+    given and why."""
+    spec = milestone.spec or {} if milestone is not None else {}
+    return json.dumps(
+        {
+            "repository": f"{repo.owner}/{repo.name}",
+            "issue": issue,
+            "base": base,
+            "milestone": {"position": spec["position"], "total": spec["total"]} if spec else None,
+            "images": images.accepted,
+            "images_not_given": images.rejected,
+        }
     )

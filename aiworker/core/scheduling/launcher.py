@@ -92,12 +92,15 @@ def run_slot(env: Environment, slot: int) -> None:
 
 
 def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]:
-    """Start publish, ci, review or merge for each task waiting on one; a per-task lock,
+    """Start publish, ci, review or merge for each task waiting on one (and the plan step
+    for a plan awaiting approval or running its milestones); a per-task lock,
     handed to the step's process, keeps two ticks from running a task's step twice."""
     with db.read_connection() as connection:
         waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
     started = []
-    for task_id, state in waiting:
+    for task_id, state, kind in waiting:
+        if kind == "milestone":
+            continue  # its plan's step accepts it into the plan's branch
         lock = env.locks.lock(f"task-{task_id}")
         if not lock.try_acquire():
             continue

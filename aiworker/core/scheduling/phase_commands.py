@@ -8,10 +8,12 @@ from aiworker.core.context import Environment
 
 # Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
 BUILTIN_PHASES: frozenset[str] = frozenset(
-    {"implement", "repair", "publish", "ci", "review", "merge"}
+    {"plan", "implement", "repair", "publish", "ci", "review", "merge", "milestones"}
 )
 # Delivery steps hold no slot: a PR waiting for CI or review does not block new work.
 DELIVERY_PHASE = {
+    "awaiting_plan_approval": "milestones",
+    "milestones": "milestones",
     "implemented": "publish",
     "awaiting_ci": "ci",
     "awaiting_review": "review",

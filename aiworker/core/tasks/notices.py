@@ -24,6 +24,8 @@ def comment_on_issue(env: Environment, db: Database, task_id: int, body: str) ->
     with db.read() as session:
         task = session.get(Task, task_id)
         repo = session.get(Repository, task.repository_id) if task else None
+        if task is not None and task.issue_number is None and task.parent_id is not None:
+            task = session.get(Task, task.parent_id)  # a milestone speaks on its plan's issue
     if task is None or repo is None or task.issue_number is None:
         return False
     try:

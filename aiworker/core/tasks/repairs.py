@@ -28,8 +28,9 @@ from aiworker.store.task_records import last_event_of
 PHASE = "repair"
 REQUESTED = "repair.requested"
 # review: REQUEST_CHANGES; ci: a failing ./ci/run; conflict: the moved base does not merge;
-# base_checks: it merges, but the checks fail on the merge.
-CAUSES = ("review", "ci", "conflict", "base_checks")
+# base_checks: it merges, but the checks fail on the merge; checks: a plan's combined
+# checks fail once every milestone is in.
+CAUSES = ("review", "ci", "conflict", "base_checks", "checks")
 MAX_FINDINGS = 50
 
 

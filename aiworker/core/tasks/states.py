@@ -62,7 +62,8 @@ _LEAVE = {S.PAUSED, S.CANCELLED}  # every active state may be paused or cancelle
 EDGES: dict[TaskState, frozenset[TaskState]] = {
     S.NEW: frozenset({S.READY, *_LEAVE}),
     # ready -> ready: poll records a changed scope.
-    S.READY: frozenset({S.READY, S.CLAIMED, S.NEEDS_INPUT, *_LEAVE}),
+    # ready -> new: a milestone held back while its plan awaits approval again.
+    S.READY: frozenset({S.READY, S.CLAIMED, S.NEEDS_INPUT, S.NEW, *_LEAVE}),
     # claimed -> ready: released (no provider now, a dead holder); -> failed: budget spent.
     S.CLAIMED: frozenset(
         {S.CLAIMED, S.READY, S.RUNNING, S.PLANNING, S.REPAIRING, S.NEEDS_INPUT, S.FAILED, *_LEAVE}
@@ -75,9 +76,16 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     S.AWAITING_PLAN_APPROVAL: frozenset(
         {S.AWAITING_PLAN_APPROVAL, S.MILESTONES, S.READY, S.FAILED, *_LEAVE}
     ),
-    S.MILESTONES: frozenset({S.MILESTONES, S.IMPLEMENTED, S.FAILED, *_LEAVE}),
-    # implemented -> repairing: the base moved and the work must be brought forward.
-    S.IMPLEMENTED: frozenset({S.IMPLEMENTED, S.AWAITING_CI, S.REPAIRING, S.FAILED, *_LEAVE}),
+    # milestones -> awaiting_plan_approval: the scope changed or the approval was withdrawn;
+    # -> repairing: the combined checks fail once every milestone is in.
+    S.MILESTONES: frozenset(
+        {S.MILESTONES, S.IMPLEMENTED, S.AWAITING_PLAN_APPROVAL, S.REPAIRING, S.FAILED, *_LEAVE}
+    ),
+    # implemented -> repairing: the base moved and the work must be brought forward;
+    # -> done: a milestone accepted into its plan's branch.
+    S.IMPLEMENTED: frozenset(
+        {S.IMPLEMENTED, S.AWAITING_CI, S.REPAIRING, S.DONE, S.FAILED, *_LEAVE}
+    ),
     # awaiting_ci -> awaiting_ci: a CI run died and is retried within its budget.
     S.AWAITING_CI: frozenset({S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.FAILED, *_LEAVE}),
     S.AWAITING_REVIEW: frozenset({S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING, S.FAILED, *_LEAVE}),

@@ -1,0 +1,222 @@
+"""`aiworker plan --task ID --slot N`: the planner proposes milestones for a plan issue.
+
+The planning phase runs with its own provider settings (never the simple-only local
+route) in a workspace at the pinned base, whose commits are ignored. Its result
+must carry bounded milestones (contracts/agent.py MilestoneSpec; at most
+planning.max_milestones, checks that run ./ci/run); the host validates them and the
+planner identity posts the plan on the issue. The task then awaits approval
+(intake/approval.py; core/delivery/milestones.py acts on it). An invalid plan or a
+failed run is retried within the planning budget; questions move the task to
+needs_input with the questions commented.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from aiworker.contracts.agent import AgentResult
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.approval import last_item
+from aiworker.core.phases.continuation import continuation_json
+from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.implement_outcomes import ImplementReport
+from aiworker.core.phases.prompts import plan_prompt
+from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.milestones import plan_comment, plan_problems
+from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import EXIT_OK, Conflict, InvalidInput
+from aiworker.runtime.gitcache import GitCache
+from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
+
+PHASE = "planning"
+
+
+@dataclass
+class PlanReport(ImplementReport):
+    milestones: int = 0  # how many the posted plan proposes
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.outcome == "planned" else super().exit_code
+
+
+def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        if task is None:
+            raise InvalidInput(f"no task {task_id}")
+        repo = session.get(Repository, task.repository_id)
+        assert repo is not None
+    if task.kind != "plan" or task.state != S.CLAIMED or task.claim_slot != slot:
+        raise Conflict(
+            f"task {task_id} is a {task.kind} task {task.state} on slot {task.claim_slot}, "
+            f"not a plan claimed on slot {slot}"
+        )
+    return task, repo
+
+
+def plan(env: Environment, task_id: int, slot: int) -> ImplementReport:
+    db = env.open_database()
+    try:
+        task, repo = _load(db, task_id, slot)
+        lock = hold_job_lock(env, f"slot-{slot}")
+        try:
+            with db.write() as session:
+                task.version = advance(
+                    session,
+                    task.id,
+                    S.CLAIMED,
+                    task.version,
+                    S.PLANNING,
+                    f"planning on slot {slot}",
+                    actor=PHASE,
+                    follow_data_changes=True,
+                    claim_token=f"{slot}-pid{os.getpid()}",
+                )
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        report = PlanReport(task.id, "running")
+
+        def recover(reason: str) -> None:
+            landed = land_after_failure(
+                env, db, task.id, S.PLANNING, task.version, PHASE, reason, retry_state=S.READY
+            )
+            report.state = landed or "unchanged"
+
+        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
+            _plan(env, db, guard, task, repo, slot, report)
+        if report.outcome != "unavailable":
+            follow_up_if_asked(env)
+        return report
+    finally:
+        db.dispose()
+
+
+def _plan(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    task: Task,
+    repo: Repository,
+    slot: int,
+    report: PlanReport,
+) -> None:
+    config = env.loaded.config
+    access = ForgeAccess(env.loaded)
+    planner = access.required("planner")
+    issue = planner.issue(repo.owner, repo.name, task.issue_number or 0)
+    forge_repo = planner.repository(repo.owner, repo.name)
+    cache = GitCache(env.state_dir)
+    cache.fetch(repo.index, forge_repo.clone_url, access.token("planner"))
+    base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")
+    report.base = base
+    exhausted = budget_spent(env, db, task.id, PHASE)
+    if exhausted:
+        guard.recover(exhausted)
+        report.outcome, report.reason = "failed", "budget spent"
+        return
+    admission = admit(env, db, PHASE)
+    report.decisions = admission.decisions
+    if admission.provider is None:
+        report.outcome, report.reason = "unavailable", "no provider is eligible for planning now"
+        _move(db, task, S.READY, report.reason, report)
+        return
+    limit = config.planning.max_milestones
+    run = run_model_phase(
+        env,
+        db,
+        guard,
+        admission,
+        bundle=cache.bundle_out(
+            repo.index, slot, workspaces_dir(env) / f"task-{task.id}-plan.bundle"
+        ),
+        ref=f"refs/aiworker/slot-{slot}/base",
+        inputs={
+            "prompt.md": plan_prompt(issue, limit),
+            "context.json": json.dumps(
+                {"repository": f"{repo.owner}/{repo.name}", "issue": issue.number, "base": base}
+            ),
+            "continuation.json": continuation_json(
+                db, cache, task=task, repo=repo, phase=PHASE, issue=issue, base=base
+            ),
+        },
+        recorded={"base": base},
+    )
+    report.provider, report.attempt = run.provider, run.attempt
+    result: AgentResult | None = run.result
+    asks = result is not None and bool(result.questions or result.completion == "needs_input")
+    problems = [] if result is None or asks else plan_problems(result.milestones, limit)
+    if result is not None and not asks and result.completion != "complete":
+        problems.insert(0, f"the planner reported {result.completion}")
+    if result is None or problems:
+        failure = run.failure or "invalid"
+        reason = run.reason or "not a plan: " + "; ".join(problems)
+        guard.finish(failure, reason[:1000], refunded=failure == "quota_exhausted")
+        report.outcome, report.reason = failure, reason[:1000]
+        guard.recover(f"{failure}: {reason}")
+        return
+    if asks:
+        questions = list(result.questions) or [result.summary]
+        guard.finish("needs_input", "; ".join(questions)[:1000])
+        report.outcome, report.reason = "needs_input", "; ".join(questions)[:1000]
+        if _move(db, task, S.NEEDS_INPUT, report.reason, report):
+            comment_on_issue(
+                env,
+                db,
+                task.id,
+                "aiworker needs answers before it can plan this issue:\n"
+                + "\n".join(f"- {q}" for q in questions)
+                + "\n\nEditing the issue makes it eligible again.",
+            )
+        return
+    body = plan_comment(
+        task.id, result.milestones, config.labels.approved, config.planning.approve_command
+    )
+    posted = planner.create_comment(repo.owner, repo.name, issue.number, body)
+    guard.finish("succeeded", f"posted a plan of {len(result.milestones)} milestones")
+    timeline = planner.timeline(repo.owner, repo.name, issue.number)
+    spec = {
+        "milestones": [m.model_dump() for m in result.milestones],
+        "fingerprint": task.scope_fingerprint,
+        "comment": posted.id,
+        "approval_after": max(posted.id, last_item(timeline)),
+    }
+    report.outcome, report.milestones = "planned", len(result.milestones)
+    reason = f"posted a plan of {len(result.milestones)} milestones; awaiting approval"
+    _move(db, task, S.AWAITING_PLAN_APPROVAL, reason, report, base_commit=base, spec=spec)
+
+
+def _move(
+    db: Database, task: Task, to_state: str, reason: str, report: PlanReport, **changes: object
+) -> bool:
+    """The phase's last move, releasing the slot; a task paused or cancelled meanwhile keeps
+    that state (False)."""
+    try:
+        with db.write() as session:
+            task.version = advance(
+                session,
+                task.id,
+                S.PLANNING,
+                task.version,
+                to_state,
+                reason,
+                actor=PHASE,
+                kind="plan.posted" if to_state == S.AWAITING_PLAN_APPROVAL else "task.transition",
+                follow_data_changes=to_state != S.AWAITING_PLAN_APPROVAL,
+                **{**RELEASE, **changes},
+            )
+    except TransitionRefused as exc:
+        report.state = exc.refusal.actual_state or "gone"
+        return False
+    report.reason, report.state = reason, to_state
+    return True

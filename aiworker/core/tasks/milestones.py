@@ -1,0 +1,103 @@
+"""Plans and their milestones: what the host accepts from a planning result, the plan as
+it is posted on the issue, and the checks each milestone (and the whole plan) must pass.
+
+A plan task's `spec` holds its proposed milestones, the scope fingerprint they answer,
+the plan comment and, once a writer approved it, who and for which fingerprint. A
+milestone task's `spec` holds its own milestone (title, scope, acceptance criteria,
+validation checks, the simple flag) and its position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiworker.contracts.agent import MilestoneSpec
+from aiworker.contracts.runner import ENTRYPOINT_SELECTOR
+from aiworker.core.intake.scope import Requirement, requirements_from_issue
+from aiworker.store.engine import Database
+from aiworker.store.models import Task
+from aiworker.store.task_records import children_of
+
+PLAN_MARK = "<!-- aiworker:plan task={task} -->"
+
+
+def plan_problems(milestones: Sequence[MilestoneSpec], limit: int) -> list[str]:
+    """Why the host does not accept these milestones as a plan; empty when it does."""
+    problems = []
+    if not milestones:
+        problems.append("the plan proposes no milestones")
+    if len(milestones) > limit:
+        problems.append(f"the plan proposes {len(milestones)} milestones; at most {limit}")
+    for number, milestone in enumerate(milestones, 1):
+        ids = [check.check_id for check in milestone.validation]
+        if len(set(ids)) != len(ids):
+            problems.append(f"milestone {number}: each check id may appear once")
+        for check in milestone.validation:
+            if check.command[0] != ENTRYPOINT_SELECTOR:
+                problems.append(
+                    f"milestone {number}: check {check.check_id} must run {ENTRYPOINT_SELECTOR}"
+                )
+    return problems
+
+
+def plan_comment(
+    task_id: int, milestones: Sequence[MilestoneSpec], label: str, command: str
+) -> str:
+    lines = [f"aiworker proposes this plan in {len(milestones)} milestones:", ""]
+    for number, milestone in enumerate(milestones, 1):
+        simple = " (simple)" if milestone.simple else ""
+        lines.append(f"### {number}. {milestone.title}{simple}")
+        lines.append(milestone.scope)
+        lines += [f"- [ ] {criterion}" for criterion in milestone.acceptance_criteria]
+        for check in milestone.validation:
+            lines.append(f"- check `{check.check_id}`: `{' '.join(check.command)}`")
+        lines.append("")
+    lines.append(
+        f"Nothing runs until a user with write permission approves: apply the `{label}` "
+        f"label or comment `{command}`. Editing the issue afterwards pauses the plan until "
+        "it is approved again."
+    )
+    lines.append(PLAN_MARK.format(task=task_id))
+    return "\n".join(lines)
+
+
+def milestone_of(task: Task) -> MilestoneSpec:
+    spec = task.spec or {}
+    return MilestoneSpec.model_validate(spec["milestone"])
+
+
+def requirements_of(task: Task, issue_body: str) -> list[Requirement]:
+    """The checks TASK must pass: a milestone's own (or ./ci/run), else the issue's."""
+    if task.kind != "milestone":
+        return requirements_from_issue(issue_body)
+    checks = milestone_of(task).validation
+    return [Requirement(c.check_id, tuple(c.command)) for c in checks] or [
+        Requirement("ci", (ENTRYPOINT_SELECTOR,))
+    ]
+
+
+def combined_requirements(children: Sequence[Task], issue_body: str) -> list[Requirement]:
+    """The whole plan's checks: the issue's and every milestone's, each once. A milestone
+    check whose id another command already uses is kept under `mN.ID`."""
+    found: dict[str, Requirement] = {r.check_id: r for r in requirements_from_issue(issue_body)}
+    for number, child in enumerate(children, 1):
+        for requirement in requirements_of(child, ""):
+            known = found.get(requirement.check_id)
+            if known is None:
+                found[requirement.check_id] = requirement
+            elif known.argv != requirement.argv:
+                renamed = f"m{number}.{requirement.check_id}"[:64]
+                found[renamed] = Requirement(renamed, requirement.argv)
+    return list(found.values())
+
+
+def accepted_milestones(db: Database, plan_id: int) -> str:
+    """The plan's milestones as its PR names them: each one's head, on which its own checks
+    passed (empty for a task that is not a plan)."""
+    with db.read() as session:
+        children = list(children_of(session, plan_id))
+    lines = [
+        f"{n}. {milestone_of(c).title}: accepted at {c.head_commit} on {c.base_commit}"
+        for n, c in enumerate(children, 1)
+    ]
+    return "Milestones, each checked at its own head:\n" + "\n".join(lines) if lines else ""

@@ -1,0 +1,182 @@
+"""Planning: a plan issue gets a posted plan, nothing runs before a writer approves it, its
+milestones run one at a time on one branch and end in one reviewed, merged PR."""
+
+from __future__ import annotations
+
+import json
+
+from tests.delivery_fixtures import write_scenario
+from tests.helpers import configure, run_process
+from tests.json_keys import assert_keys
+from tests.test_delivery import REVIEW_OK, deliver_until
+from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+from tests.test_lifecycle import edit_issue
+from tests.test_repair import MORE_TESTS, show_file
+
+MILESTONES = [
+    {
+        "title": "Make add() return the sum",
+        "scope": "calc.add returns a + b.",
+        "acceptance_criteria": ["add(2, 3) == 5"],
+        "validation": [{"check_id": "unit", "command": ["./ci/run"]}],
+    },
+    {
+        "title": "Cover negative numbers",
+        "scope": "A test for negative operands.",
+        "acceptance_criteria": ["test_negative passes"],
+        "simple": True,
+    },
+]
+SCENARIO = {
+    "result": result_doc(),
+    "phases": {
+        "planning": {"result": result_doc(summary="Two steps", milestones=MILESTONES)},
+        "implementation": {
+            "by_milestone": {
+                "1": {"edits": {"calc.py": FIX}, "result": result_doc()},
+                "2": {"edits": {"test_calc.py": MORE_TESTS}, "result": result_doc()},
+            }
+        },
+        "review": REVIEW_OK,
+    },
+}
+
+
+def comments(forge, login):
+    return [
+        c.body for c in forge.client("alice").comments("team", "app", 1) if c.user.login == login
+    ]
+
+
+def step(cli, task=1):
+    result = cli("--json", "milestones", "--task", str(task))
+    assert result.exit_code == 0, result
+    assert_keys("milestones", result.json())
+    return result.json()
+
+
+def claim_and_run(cli, phase, expected_task):
+    claim = cli("--json", "claim", "--slot", "1").json()
+    assert (claim["claimed"], claim["task"]) == (True, expected_task), claim
+    result = run_process("--json", phase, "--task", str(expected_task), "--slot", "1")
+    assert result.exit_code == 0, result
+    return result.json()
+
+
+def planned(forge, upgraded, tmp_path, monkeypatch, cli):
+    config = configure(tmp_path, forge, monkeypatch)
+    write_scenario(tmp_path / "scenario.json", **SCENARIO)
+    config.write_text(SCRIPT_ONLY + "\n" + config.read_text())
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
+    assert cli("poll").exit_code == 0
+    assert query(upgraded, "select id, kind, state from tasks") == [(1, "plan", "ready")]
+    report = claim_and_run(cli, "plan", 1)
+    assert_keys("plan", report)
+    assert (report["outcome"], report["milestones"], report["state"]) == (
+        "planned",
+        2,
+        "awaiting_plan_approval",
+    )
+    return report
+
+
+def test_an_approved_plan_runs_its_milestones_in_order_to_one_merged_pr(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    plan = planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    [posted] = comments(forge, "planner-bot")
+    assert "### 1. Make add() return the sum" in posted
+    assert "### 2. Cover negative numbers (simple)" in posted
+    assert "`/aiworker approve`" in posted
+    # Nothing runs before a writer approves: not on its own, not for a read-only user.
+    assert step(cli)["approval"] == "no approval by a writer yet"
+    forge.client("reader").create_comment("team", "app", 1, "/aiworker approve")
+    waiting = step(cli)
+    assert waiting["state"] == "awaiting_plan_approval"
+    assert "ignored: commented /aiworker approve by reader (read)" in waiting["approval"]
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
+
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    approved = step(cli)
+    assert (approved["state"], approved["started"]) == ("milestones", 2)
+    assert "labelled aiworker-approved by alice (write)" in approved["approval"]
+    assert query(upgraded, "select id, kind, parent_id, state from tasks where id > 1") == [
+        (2, "milestone", 1, "ready"),
+        (3, "milestone", 1, "new"),
+    ]
+    first = claim_and_run(cli, "implement", 2)
+    assert first["base"] == plan["base"]
+    after_first = step(cli)
+    assert (after_first["accepted"], after_first["started"]) == ([2], 3)
+    second = claim_and_run(cli, "implement", 3)
+    assert second["base"] == first["head"]  # the second starts where the first ended
+    done = step(cli)
+    assert (done["accepted"], done["state"]) == ([3], "implemented")
+    assert query(upgraded, "select head_commit, base_commit from tasks where id = 1") == [
+        (second["head"], plan["base"])
+    ]
+    # Every milestone's own checks passed at its own head; the combined checks at the end.
+    receipts = query(upgraded, "select task_id, check_id, head_commit, outcome from receipts")
+    assert (2, "unit", first["head"], "pass") in receipts
+    assert (3, "ci", second["head"], "pass") in receipts
+    assert {(t, c) for t, c, h, o in receipts if t == 1 and h == second["head"]} == {
+        (1, "ci"),
+        (1, "unit"),
+    }
+
+    reports = deliver_until(1, "publish", "ci", "review", "merge", cli=cli)
+    for name, result in reports.items():
+        assert result.exit_code == 0, (name, result)
+    pull = forge.client("alice").pull("team", "app", reports["publish"].json()["pr"])
+    assert pull.merged
+    assert f"accepted at {first['head']}" in pull.body
+    assert f"accepted at {second['head']}" in pull.body
+    assert "test_negative" in show_file(forge, "main", "test_calc.py")
+    assert "a + b" in show_file(forge, "main", "calc.py")
+    assert query(upgraded, "select id, state from tasks order by id") == [
+        (1, "done"),
+        (2, "done"),
+        (3, "done"),
+    ]
+    simple = query(upgraded, "select settings from attempts where task_id = 3")
+    assert json.loads(simple[0][0])["simple"] is True
+
+
+def test_a_changed_scope_pauses_an_approved_plan_until_it_is_approved_again(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    assert step(cli)["state"] == "milestones"
+    edit_issue(forge, 1, body="Fix add(), and keep it fast.")
+    assert cli("poll").exit_code == 0
+    paused = step(cli)
+    assert paused["state"] == "awaiting_plan_approval"
+    assert "the issue changed after the plan was approved" in paused["reason"]
+    # The milestone that was about to start waits too.
+    assert query(upgraded, "select state from tasks where id = 2") == [("new",)]
+    assert "The plan is paused" in comments(forge, "worker-bot")[-1]
+    # The earlier approval does not count again; a new one does.
+    assert step(cli)["state"] == "awaiting_plan_approval"
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    resumed = step(cli)
+    assert (resumed["state"], resumed["started"]) == ("milestones", 2)
+    assert query(upgraded, "select count(*) from tasks where kind = 'milestone'") == [(2,)]
+
+
+def test_a_plan_that_breaks_the_bounds_is_not_posted(forge, upgraded, tmp_path, monkeypatch, cli):
+    config = configure(tmp_path, forge, monkeypatch)
+    bad = [dict(MILESTONES[0], validation=[{"check_id": "x", "command": ["make", "test"]}])]
+    scenario = {"phases": {"planning": {"result": result_doc(milestones=bad * 2)}}}
+    write_scenario(tmp_path / "scenario.json", **scenario)
+    config.write_text(SCRIPT_ONLY + "\n[planning]\nmax_milestones = 1\n" + config.read_text())
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
+    assert cli("poll").exit_code == 0
+    cli("--json", "claim", "--slot", "1")
+    result = run_process("--json", "plan", "--task", "1", "--slot", "1")
+    assert result.exit_code == 1
+    reason = result.json()["reason"]
+    assert "the plan proposes 2 milestones; at most 1" in reason
+    assert "milestone 1: check x must run ./ci/run" in reason
+    assert result.json()["state"] == "ready"  # retried within the planning budget
+    assert comments(forge, "planner-bot") == []
