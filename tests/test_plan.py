@@ -138,6 +138,11 @@ def test_an_approved_plan_runs_its_milestones_in_order_to_one_merged_pr(
         (2, "done"),
         (3, "done"),
     ]
+    [(evidence,)] = query(upgraded, "select body from receipts where phase = 'merge'")
+    assert json.loads(evidence)["milestones"] == [
+        {"task": 2, "head": first["head"]},
+        {"task": 3, "head": second["head"]},
+    ]
     simple = query(upgraded, "select settings from attempts where task_id = 3")
     assert json.loads(simple[0][0])["simple"] is True
 

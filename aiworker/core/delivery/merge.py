@@ -3,7 +3,9 @@
 Merging needs an APPROVED review by the reviewer identity on the head, a
 successful `aiworker / ci` status on the head, authorisation that still holds,
 and a PR head that has not moved; Forgejo's head_commit_id guard closes the
-last window. The merge commit is recorded as evidence.
+last window. A plan or a legacy feature, reviewed as a whole, also needs passing
+combined validation receipts (the issue's checks and every milestone's) at the
+head. The merge commit is recorded as evidence, with every milestone's head.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from aiworker.core.delivery.pull import (
     record,
 )
 from aiworker.core.delivery.steps import step_guard
+from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.report import Report
+from aiworker.core.tasks.milestones import combined_requirements
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
+from aiworker.store.task_records import children_of
 
 
 @dataclass
@@ -53,7 +58,7 @@ def merge(env: Environment, task_id: int) -> MergeReport:
         db.dispose()
 
 
-def _refusals(env: Environment, access: ForgeAccess, delivery: Delivery) -> list[str]:
+def _refusals(env: Environment, db: Database, access: ForgeAccess, delivery: Delivery) -> list[str]:
     """Why the PR may not be merged now; empty when it may."""
     task, repo = delivery.task, delivery.repo
     head = task.head_commit
@@ -76,6 +81,21 @@ def _refusals(env: Environment, access: ForgeAccess, delivery: Delivery) -> list
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         reasons.append(f"authorisation no longer holds: {decision.reason}")
+    if task.kind in ("feature", "plan"):
+        # Reviewed as a whole: combined validation receipts must hold at the final head.
+        with db.read() as session:
+            children = list(children_of(session, task.id))
+        assert task.base_commit is not None
+        allowed, why = publication_allowed(
+            db,
+            task.id,
+            head=str(head),
+            base=task.base_commit,
+            scope=task.scope_fingerprint,
+            requirements=combined_requirements(children, issue.body),
+        )
+        if not allowed:
+            reasons.append(f"no combined validation: {why}")
     return reasons
 
 
@@ -88,7 +108,7 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
     reviewer = access.required("reviewer")
     pull = pull_at_head(reviewer, delivery)
     if not pull.merged:  # merged already: a run that died after the request
-        reasons = _refusals(env, access, delivery)
+        reasons = _refusals(env, db, access, delivery)
         if reasons:
             record(db, task, "merge.refused", {"reasons": reasons})
             raise Conflict(f"task {task.id} is not mergeable: " + "; ".join(reasons))
@@ -102,6 +122,10 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
         "merge_commit": pull.merge_commit_sha,
         "merged_at": merged_at,
     }
+    with db.read() as session:
+        milestones = [(c.id, c.head_commit) for c in children_of(session, task.id)]
+    if milestones:
+        evidence["milestones"] = [{"task": t, "head": h} for t, h in milestones]
     with db.write() as session:
         add_receipt(
             session,
