@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from aiworker.demo_plan import run_plan_scenario
 from aiworker.runtime.processes import run_command, spawn_detached
 
 DEMO = Path(".demo").absolute()
@@ -26,10 +27,16 @@ ROLES = {
 }
 
 
-def aiworker(*args: str) -> str:
+def aiworker(*args: str, wait_for_lock: bool = False) -> str:
+    """Run one aiworker command; WAIT_FOR_LOCK: while a job the scheduler started holds
+    the lock it needs, try again (for up to 30 s)."""
     argv = [sys.executable, "-m", "aiworker", "--state-dir", str(DEMO / "state")]
     argv += ["--config", str(DEMO / "config.toml"), *args]
+    deadline = time.monotonic() + 30
     result = run_command(argv, timeout=120)
+    while wait_for_lock and "still running" in result.stderr and time.monotonic() < deadline:
+        time.sleep(0.2)
+        result = run_command(argv, timeout=120)
     if not result.ok:
         sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"demo step failed: aiworker {' '.join(args)} (exit {result.returncode})")
@@ -201,6 +208,8 @@ def main() -> None:
 
         step("The task's whole history")
         say(aiworker("task", "show", "1"))
+
+        run_plan_scenario(DEMO, aiworker, step, say, url, tokens)
 
         step("Status and doctor")
         say(aiworker("status"))

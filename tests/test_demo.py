@@ -27,3 +27,14 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "status aiworker / ci: success" in done.stdout
     assert "review by reviewer-bot: APPROVED" in done.stdout
     assert (tmp_path / ".demo" / "backup.db").exists()
+    # The second scenario: a plan through approval, two milestones, a repair, one merge.
+    out = done.stdout
+    assert "awaiting_plan_approval (ignored: commented /aiworker approve by reader (read))" in out
+    assert "plan approved: labelled aiworker-approved by alice (write)" in out
+    assert "task 4 (milestone): implemented -> done  accepted into plan 2" in out
+    first_done = out.index("task 3 (milestone): implemented -> done")
+    assert first_done < out.index("task 4 (milestone): new -> ready")
+    assert "task 2 (plan): awaiting_review -> repairing  review" in out
+    assert "task 2 (plan): approved -> done  merged as" in out
+    assert "PR #4 'Please add subtraction': merged=True" in out
+    assert out.count("review by reviewer-bot: REQUEST_CHANGES") == 1

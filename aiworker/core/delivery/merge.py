@@ -26,7 +26,7 @@ from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.report import Report
-from aiworker.core.tasks.milestones import combined_requirements
+from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
@@ -83,8 +83,6 @@ def _refusals(env: Environment, db: Database, access: ForgeAccess, delivery: Del
         reasons.append(f"authorisation no longer holds: {decision.reason}")
     if task.kind in ("feature", "plan"):
         # Reviewed as a whole: combined validation receipts must hold at the final head.
-        with db.read() as session:
-            children = list(children_of(session, task.id))
         assert task.base_commit is not None
         allowed, why = publication_allowed(
             db,
@@ -92,7 +90,7 @@ def _refusals(env: Environment, db: Database, access: ForgeAccess, delivery: Del
             head=str(head),
             base=task.base_commit,
             scope=task.scope_fingerprint,
-            requirements=combined_requirements(children, issue.body),
+            requirements=checks_of(db, task, issue.body),
         )
         if not allowed:
             reasons.append(f"no combined validation: {why}")

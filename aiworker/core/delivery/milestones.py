@@ -32,7 +32,7 @@ from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.lifecycle import advance
-from aiworker.core.tasks.milestones import combined_requirements, requirements_of
+from aiworker.core.tasks.milestones import checks_of, requirements_of
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
@@ -136,7 +136,7 @@ def _milestones(env: Environment, db: Database, plan: Plan, report: PlanStepRepo
                 )
             report.started = child.id
             return
-    _finish(env, db, plan, children, report)
+    _finish(env, db, plan, report)
 
 
 def _accept(db: Database, task: Task, child: Task, report: PlanStepReport) -> bool:
@@ -190,9 +190,7 @@ def _accept(db: Database, task: Task, child: Task, report: PlanStepReport) -> bo
     return True
 
 
-def _finish(
-    env: Environment, db: Database, plan: Plan, children: list[Task], report: PlanStepReport
-) -> None:
+def _finish(env: Environment, db: Database, plan: Plan, report: PlanStepReport) -> None:
     """Every milestone is in: the combined checks at the final head decide."""
     task, repo = plan.task, plan.repo
     head, base = task.head_commit, task.base_commit
@@ -206,7 +204,7 @@ def _finish(
         base=base,
         task_id=task.id,
         scope=task.scope_fingerprint,
-        requirements=combined_requirements(children, plan.issue.body),
+        requirements=checks_of(db, task, plan.issue.body),
     )
     failed = [
         f"check {c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]

@@ -21,11 +21,11 @@ from aiworker.core.delivery.steps import refuse_publication, step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.discovery import still_authorized
-from aiworker.core.intake.scope import fingerprint, requirements_from_issue
+from aiworker.core.intake.scope import fingerprint
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.lifecycle import advance
-from aiworker.core.tasks.milestones import accepted_milestones
+from aiworker.core.tasks.milestones import accepted_milestones, checks_of
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.failpoints import failpoint
@@ -94,7 +94,7 @@ def _preconditions(
         head=task.head_commit,
         base=task.base_commit,
         scope=task.scope_fingerprint,
-        requirements=requirements_from_issue(issue.body),
+        requirements=checks_of(db, task, issue.body),
     )
     if not allowed:
         refuse_publication(db, task, reason)
@@ -193,14 +193,17 @@ def _open_or_update(
     base: str,
     marker: str,
 ) -> tuple[PullRequest, bool]:
-    """The task's PR, found by its marker, or a new one; never a second."""
-    for pull in worker.pulls(repo.owner, repo.name, state="all"):
-        if owned_by(pull, task.id) and pull.state == "open":
-            return pull, False
+    """The task's PR, found by its marker, or a new one; never a second. A PR found again
+    after a repair or a base refresh gets its body updated to name the new head."""
     body = (
         f"Resolves #{issue.number}.\n\nImplemented by aiworker; every required check "
         f"passed at {task.head_commit} on base {task.base_commit}.\n\n{marker}\n"
     )
+    for pull in worker.pulls(repo.owner, repo.name, state="all"):
+        if owned_by(pull, task.id) and pull.state == "open":
+            if pull.body.strip() != body.strip():
+                pull = worker.update_pull(repo.owner, repo.name, pull.number, body=body)
+            return pull, False
     failpoint("publish.before_request")
     pull = worker.create_pull(
         repo.owner, repo.name, head=branch, base=base, title=issue.title, body=body

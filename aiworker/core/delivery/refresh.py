@@ -21,8 +21,8 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.gate import run_checks
-from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.runtime.gitcache import GitCache
@@ -54,7 +54,7 @@ def refresh_base(
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
     ref = f"refs/aiworker/task-{task.id}/refreshed"
-    requirements = requirements_from_issue(issue.body)
+    requirements = checks_of(db, task, issue.body)
     # A retry after a crash (or after a refusal) takes the merge made before: its receipts
     # still hold, so neither the merge nor the checks are repeated for the same move.
     head = cache.merge_of(repo.index, ref, task.head_commit, base_now)

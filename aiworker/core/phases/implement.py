@@ -44,7 +44,7 @@ from aiworker.core.phases.prompts import (
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.lifecycle import advance
-from aiworker.core.tasks.milestones import milestone_of, requirements_of
+from aiworker.core.tasks.milestones import checks_of, milestone_of
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
@@ -188,7 +188,7 @@ def _implement(
         recorded={"base": base, "simple": simple},
     )
     report.provider, report.attempt = run.provider, run.attempt
-    requirements = requirements_of(task, issue.body)
+    requirements = checks_of(db, task, issue.body)
     return _conclude(env, db, guard, running, cache, requirements, report, run)
 
 

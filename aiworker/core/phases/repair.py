@@ -27,7 +27,6 @@ from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.scope import requirements_from_issue
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -36,6 +35,7 @@ from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import (
     PHASE,
     RepairRequest,
@@ -224,7 +224,7 @@ def _conclude(
         base=request.base,
         task_id=running.task.id,
         scope=running.task.scope_fingerprint,
-        requirements=requirements_from_issue(body),
+        requirements=checks_of(db, running.task, body),
         claimed=run.result,
     )
     report.head = head

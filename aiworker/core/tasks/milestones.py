@@ -91,6 +91,16 @@ def combined_requirements(children: Sequence[Task], issue_body: str) -> list[Req
     return list(found.values())
 
 
+def checks_of(db: Database, task: Task, issue_body: str) -> list[Requirement]:
+    """Every check TASK's work must pass wherever it is checked (gate, repair, base refresh,
+    publication, merge): a plan's combined checks, a milestone's own, else the issue's."""
+    if task.kind == "plan":
+        with db.read() as session:
+            children = list(children_of(session, task.id))
+        return combined_requirements(children, issue_body)
+    return requirements_of(task, issue_body)
+
+
 def accepted_milestones(db: Database, plan_id: int) -> str:
     """The plan's milestones as its PR names them: each one's head, on which its own checks
     passed (empty for a task that is not a plan)."""
