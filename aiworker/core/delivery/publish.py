@@ -199,11 +199,11 @@ def _open_or_update(
         f"Resolves #{issue.number}.\n\nImplemented by aiworker; every required check "
         f"passed at {task.head_commit} on base {task.base_commit}.\n\n{marker}\n"
     )
-    for pull in worker.pulls(repo.owner, repo.name, state="all"):
-        if owned_by(pull, task.id) and pull.state == "open":
-            if pull.body.strip() != body.strip():
-                pull = worker.update_pull(repo.owner, repo.name, pull.number, body=body)
-            return pull, False
+    for found in worker.pulls(repo.owner, repo.name, state="all"):
+        if owned_by(found, task.id) and found.state == "open":
+            if found.body.strip() == body.strip():
+                return found, False
+            return worker.update_pull(repo.owner, repo.name, found.number, body=body), False
     failpoint("publish.before_request")
     pull = worker.create_pull(
         repo.owner, repo.name, head=branch, base=base, title=issue.title, body=body
