@@ -132,3 +132,93 @@ def test_requirements_from_the_issue():
     ):
         with pytest.raises(InvalidInput):
             requirements_from_issue(bad)
+
+
+MEASURED_RUN = (
+    '#!/bin/sh\nset -eu\ncd "$(dirname "$0")/.."\n'
+    'echo "aiworker-measurement speed_ms $(cat speed.txt)"\npython3 -m unittest -v\n'
+)
+
+
+@pytest.fixture
+def measured(upgraded, state_dir, tmp_path):
+    """A project whose ./ci/run reports speed_ms from speed.txt (100 at the base)."""
+    origin = tmp_path / "measured.git"
+    create_project(
+        BareRepo(origin),
+        {**PROJECT, "calc.py": "def add(a, b):\n    return a + b\n", "ci/run.sh": MEASURED_RUN}
+        | {"speed.txt": "100\n"},
+    )
+    cache = GitCache(state_dir)
+    cache.fetch(1, str(origin), None)
+    base = cache.pin(1, 1, "base", "refs/remotes/origin/main")
+
+    def gate(speed, *thresholds):
+        work = tmp_path / f"ws-{speed}-{len(thresholds)}"
+        bundle = cache.bundle_out(1, 1, tmp_path / "m.bundle")
+        git("init", "-q", str(work))
+        git("fetch", "-q", str(bundle), "refs/aiworker/slot-1/base:refs/heads/base", cwd=work)
+        git("checkout", "-q", "-b", "work", "base", cwd=work)
+        if speed is None:
+            (work / "ci" / "run.sh").write_text(PROJECT["ci/run.sh"])
+        else:
+            (work / "speed.txt").write_text(f"{speed}\n")
+        git("commit", "-qam", "agent change", cwd=work)
+        out = tmp_path / f"r-{speed}.bundle"
+        git("bundle", "create", "-q", str(out), "base..work", cwd=work)
+        cache.import_result(1, 1, out, "refs/heads/work")
+        block = "\n".join(["perf: ./ci/run", *thresholds])
+        requirements = requirements_from_issue(f"```aiworker-checks\n{block}\n```\n")
+        db = Database(f"sqlite:///{upgraded}")
+        try:
+            report = run_gate(
+                db, cache, index=1, slot=1, task_id=None, scope=SCOPE, requirements=requirements
+            )
+        finally:
+            db.dispose()
+        return report, base
+
+    return gate
+
+
+def test_thresholds_are_declared_on_a_check_of_the_block():
+    [perf] = requirements_from_issue(
+        "```aiworker-checks\nperf: ./ci/run bench\n"
+        "perf measures startup_ms <= 1.10x baseline (passing)\n"
+        "perf measures rss_mb >= 2 (advisory)\n```"
+    )
+    assert [t.text() for t in perf.thresholds] == [
+        "startup_ms <= 1.1x baseline (passing)",
+        "rss_mb >= 2 (advisory)",
+    ]
+    with pytest.raises(InvalidInput, match="line 1: no check 'perf' declared above"):
+        requirements_from_issue("```aiworker-checks\nperf measures x <= 1 (passing)\n```")
+
+
+def test_a_relative_threshold_compares_the_head_with_the_base_measured_by_the_host(measured):
+    report, base = measured(105, "perf measures speed_ms <= 1.10x baseline (passing)")
+    assert report.passed, report
+    assert report.base == base  # the baseline is measured at the pinned base
+    [check] = report.checks
+    assert check["measurements"] == {"head": {"speed_ms": 105.0}, "baseline": {"speed_ms": 100.0}}
+    [outcome] = check["thresholds"]
+    assert (outcome["outcome"], outcome["bound"]) == ("met", pytest.approx(110.0))
+
+
+def test_a_missed_passing_threshold_fails_the_check(measured):
+    report, _ = measured(130, "perf measures speed_ms <= 1.10x baseline (passing)")
+    assert not report.passed
+    assert report.checks[0]["exit_code"] == 0  # the command itself passed
+    assert report.findings == [
+        "check perf: threshold missed: speed_ms is 130, not <= 110 "
+        "(speed_ms <= 1.1x baseline (passing))"
+    ]
+
+
+def test_an_advisory_threshold_is_recorded_but_needs_complete_measurements(measured):
+    missed, _ = measured(130, "perf measures speed_ms <= 120 (advisory)")
+    assert missed.passed
+    assert missed.checks[0]["thresholds"][0]["outcome"] == "missed"
+    unreported, _ = measured(None, "perf measures speed_ms <= 120 (advisory)")
+    assert not unreported.passed
+    assert unreported.findings == ["check perf: measurement speed_ms was not reported at the head"]

@@ -265,3 +265,28 @@ def test_a_repair_that_leaves_conflict_markers_is_not_accepted(
     assert query(upgraded, "select state, claim_slot, head_commit from tasks") == [
         ("repairing", None, first["head"])
     ]
+
+
+def test_a_result_that_misses_a_passing_threshold_is_not_published(forge, claimed, upgraded, cli):
+    edit_issue(
+        forge,
+        1,
+        body="Fix add().\n\n```aiworker-checks\nci: ./ci/run\n"
+        "ci measures speed_ms <= 100 (passing)\n```\n",
+    )
+    slow = (
+        '#!/bin/sh\nset -eu\ncd "$(dirname "$0")/.."\necho "aiworker-measurement speed_ms 250"\n'
+        "python3 -m unittest -v\n"
+    )
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX, "ci/run.sh": slow}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    report = result.json()
+    assert report["gate"]["passed"] is False
+    assert report["gate"]["findings"] == [
+        "check ci: threshold missed: speed_ms is 250, not <= 100 (speed_ms <= 100 (passing))"
+    ]
+    assert query(upgraded, "select state from tasks") == [("failed",)]
+    refused = run_process("--json", "publish", "--task", str(task))
+    assert refused.exit_code == 1
+    assert forge.client("worker-bot").pulls("team", "app", state="all") == []

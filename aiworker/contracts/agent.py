@@ -48,10 +48,21 @@ class QuotaSignal(Contract):
     note: Text = ""
 
 
+class MilestoneThreshold(Contract):
+    """A measurement the check must report and its bound (evidence/measurements.py)."""
+
+    name: CheckId
+    op: Literal["<=", ">="]
+    value: float
+    relative: bool = False  # VALUE times the same measurement at the base
+    obligation: Literal["passing", "advisory"] = "passing"
+
+
 class MilestoneCheck(Contract):
     """A check the host re-runs at the milestone's head: `./ci/run ARGS` under CHECK_ID."""
 
     check_id: CheckId
+    thresholds: Annotated[list[MilestoneThreshold], Field(max_length=16)] = []
     command: Annotated[
         list[Annotated[str, StringConstraints(max_length=500)]], Field(min_length=1, max_length=32)
     ]

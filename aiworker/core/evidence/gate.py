@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.contracts.runner import JobRequest
+from aiworker.contracts.runner import JobRequest, JobResult
+from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.runtime.attempts import default_attempt_root, remove_attempt
@@ -107,19 +108,7 @@ def run_checks(
         checkout = work / "checkout"
         _checkout(cache, index, head, checkout)
         for requirement in requirements:
-            request = JobRequest.model_validate(
-                {
-                    "contract": "ait.runner.native-job.v3",
-                    "label": f"gate {requirement.check_id}",
-                    "source": {"kind": "local_directory", "path": str(checkout)},
-                    "command": {"argv": list(requirement.argv)},
-                    "timeout_ms": timeout_ms,
-                    "suite_id": requirement.check_id,
-                }
-            )
-            result = execute_request(
-                request, RunnerSettings(source_root=work, attempt_root=default_attempt_root())
-            )
+            result = _run(work, checkout, requirement, timeout_ms)
             passed = (
                 result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
             )
@@ -143,6 +132,10 @@ def run_checks(
                 )
                 report.findings.append(finding)
                 body["finding"] = finding
+            if requirement.thresholds:
+                missed = _measure(cache, index, base, work, requirement, result, body, timeout_ms)
+                report.findings += missed
+                passed = passed and not missed
             with db.write() as session:
                 add_receipt(
                     session,
@@ -162,8 +155,52 @@ def run_checks(
     return report
 
 
-def _tail(encoded: str) -> str:
-    return base64.b64decode(encoded).decode(errors="replace")[-TAIL_CHARS:]
+def _run(work: Path, checkout: Path, requirement: Requirement, timeout_ms: int) -> JobResult:
+    request = JobRequest.model_validate(
+        {
+            "contract": "ait.runner.native-job.v3",
+            "label": f"gate {requirement.check_id}",
+            "source": {"kind": "local_directory", "path": str(checkout)},
+            "command": {"argv": list(requirement.argv)},
+            "timeout_ms": timeout_ms,
+            "suite_id": requirement.check_id,
+        }
+    )
+    return execute_request(
+        request, RunnerSettings(source_root=work, attempt_root=default_attempt_root())
+    )
+
+
+def _measure(
+    cache: GitCache,
+    index: int,
+    base: str,
+    work: Path,
+    requirement: Requirement,
+    result: JobResult,
+    body: dict[str, Any],
+    timeout_ms: int,
+) -> list[str]:
+    """Judge REQUIREMENT's thresholds on the head's measurements and, where a bound is
+    relative, the base's (the same check run at the base by the host); recorded in BODY.
+    Returns why the check fails because of them."""
+    head = reported(_tail(result.evidence.stdout.tail_base64, limit=None))
+    baseline = None
+    if any(t.relative for t in requirement.thresholds):
+        checkout = work / "baseline"
+        if not checkout.exists():
+            _checkout(cache, index, base, checkout)
+        ran = _run(work, checkout, requirement, timeout_ms)
+        baseline = reported(_tail(ran.evidence.stdout.tail_base64, limit=None))
+    outcomes, failures = judge(requirement.thresholds, head, baseline)
+    body["measurements"] = {"head": head, "baseline": baseline}
+    body["thresholds"] = outcomes
+    return [f"check {requirement.check_id}: {failure}" for failure in failures]
+
+
+def _tail(encoded: str, limit: int | None = TAIL_CHARS) -> str:
+    text = base64.b64decode(encoded).decode(errors="replace")
+    return text if limit is None else text[-limit:]
 
 
 def publication_allowed(

@@ -13,10 +13,11 @@ import hashlib
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.runner import ENTRYPOINT_SELECTOR
+from aiworker.core.evidence.measurements import Threshold, threshold_line
 from aiworker.errors import InvalidInput
 from aiworker.runtime.gitcache import GitCache
 
@@ -32,6 +33,7 @@ class Requirement:
     check_id: str
     argv: tuple[str, ...]
     expected_exit_code: int = 0
+    thresholds: tuple[Threshold, ...] = ()  # evidence/measurements.py
 
 
 def fingerprint(issue: Issue, approval_label: str = "") -> str:
@@ -54,9 +56,13 @@ def requirements_from_issue(body: str) -> list[Requirement]:
     found = BLOCK.search(body or "")
     if not found:
         return [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
-    requirements = []
+    requirements: list[Requirement] = []
     for number, line in enumerate(found.group(1).splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        measured = threshold_line(line)
+        if measured is not None:
+            requirements = _with_threshold(requirements, *measured, number)
             continue
         check_id, sep, command = line.partition(":")
         try:
@@ -71,6 +77,17 @@ def requirements_from_issue(body: str) -> list[Requirement]:
     if len({r.check_id for r in requirements}) != len(requirements):
         raise InvalidInput("aiworker-checks: each check id may appear once")
     return requirements or [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
+
+
+def _with_threshold(
+    requirements: list[Requirement], check_id: str, threshold: Threshold, number: int
+) -> list[Requirement]:
+    for n, requirement in enumerate(requirements):
+        if requirement.check_id == check_id:
+            thresholds = (*requirement.thresholds, threshold)
+            requirements[n] = replace(requirement, thresholds=thresholds)
+            return requirements
+    raise InvalidInput(f"aiworker-checks line {number}: no check {check_id!r} declared above")
 
 
 def check_inputs(issue: Issue, cache: GitCache, index: int, base: str) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from aiworker.contracts.agent import MilestoneSpec
 from aiworker.contracts.runner import ENTRYPOINT_SELECTOR
+from aiworker.core.evidence.measurements import Threshold
 from aiworker.core.intake.scope import Requirement, requirements_from_issue
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
@@ -71,9 +72,14 @@ def requirements_of(task: Task, issue_body: str) -> list[Requirement]:
     if task.kind != "milestone":
         return requirements_from_issue(issue_body)
     checks = milestone_of(task).validation
-    return [Requirement(c.check_id, tuple(c.command)) for c in checks] or [
-        Requirement("ci", (ENTRYPOINT_SELECTOR,))
-    ]
+    return [
+        Requirement(
+            c.check_id,
+            tuple(c.command),
+            thresholds=tuple(Threshold(**t.model_dump()) for t in c.thresholds),
+        )
+        for c in checks
+    ] or [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
 
 
 def combined_requirements(children: Sequence[Task], issue_body: str) -> list[Requirement]:
