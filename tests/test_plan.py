@@ -185,3 +185,22 @@ def test_a_plan_that_breaks_the_bounds_is_not_posted(forge, upgraded, tmp_path, 
     assert "milestone 1: check x must run ./ci/run" in reason
     assert result.json()["state"] == "ready"  # retried within the planning budget
     assert comments(forge, "planner-bot") == []
+
+
+def test_a_plan_paused_by_a_withdrawn_label_resumes_where_it_was(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    assert step(cli)["state"] == "milestones"
+    alice = forge.client("alice")
+    alice.remove_label("team", "app", 1, "aiworker-plan")
+    assert cli("poll").exit_code == 0
+    assert query(upgraded, "select state from tasks where id = 1") == [("paused",)]
+    alice.add_labels("team", "app", 1, ["aiworker-plan"])
+    assert cli("poll").exit_code == 0
+    # Not planned again: the approved plan goes on, its milestones made once.
+    assert query(upgraded, "select state from tasks where id = 1") == [("milestones",)]
+    assert step(cli)["state"] == "milestones"
+    assert query(upgraded, "select count(*) from tasks where kind = 'milestone'") == [(2,)]
+    assert len(comments(forge, "planner-bot")) == 1

@@ -55,9 +55,13 @@ def record_discovered(
 
 
 # Work past implementation resumes where it was paused: every step re-verifies what it
-# relies on (authorisation, scope, base, receipts, the PR head) before it acts.
+# relies on (authorisation, scope, base, receipts, the PR head, a plan's approval) before
+# it acts; a repair episode waits for a slot again with its request.
 RESUMABLE = frozenset(
     {
+        TaskState.AWAITING_PLAN_APPROVAL,
+        TaskState.MILESTONES,
+        TaskState.REPAIRING,
         TaskState.IMPLEMENTED,
         TaskState.AWAITING_CI,
         TaskState.AWAITING_REVIEW,

@@ -96,11 +96,15 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     # needs_input -> ready: the issue was fixed (a new scope) or an operator retried it.
     S.NEEDS_INPUT: frozenset({S.NEEDS_INPUT, S.READY, *_LEAVE}),
     # paused -> the state it was paused in, once authorised again, for work past
-    # implementation (each step re-verifies its evidence); -> ready for anything earlier.
+    # implementation (each step re-verifies its evidence), a plan past planning (its step
+    # re-reads the approval) and a repair episode; -> ready for anything earlier.
     S.PAUSED: frozenset(
         {
             S.PAUSED,
             S.READY,
+            S.AWAITING_PLAN_APPROVAL,
+            S.MILESTONES,
+            S.REPAIRING,
             S.IMPLEMENTED,
             S.AWAITING_CI,
             S.AWAITING_REVIEW,
