@@ -161,12 +161,23 @@ def test_a_changed_scope_pauses_an_approved_plan_until_it_is_approved_again(
     # The milestone that was about to start waits too.
     assert query(upgraded, "select state from tasks where id = 2") == [("new",)]
     assert "The plan is paused" in comments(forge, "worker-bot")[-1]
-    # The earlier approval does not count again; a new one does.
+    # The earlier approval does not count again; nothing of the plan can be claimed.
     assert step(cli)["state"] == "awaiting_plan_approval"
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
+    # An approval followed by another edit before the plan saw it is not enough: it may
+    # have been given for the earlier text.
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    edit_issue(forge, 1, body="Fix add(), keep it fast, and say so in the changelog.")
+    again = step(cli)
+    assert again["state"] == "awaiting_plan_approval"
+    assert "a writer must approve again" in again["reason"]
     forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
     resumed = step(cli)
     assert (resumed["state"], resumed["started"]) == ("milestones", 2)
     assert query(upgraded, "select count(*) from tasks where kind = 'milestone'") == [(2,)]
+    # The milestone runs for the newly approved scope (it is not sent back to wait).
+    assert cli("poll").exit_code == 0
+    assert claim_and_run(cli, "implement", 2)["outcome"] == "implemented"
 
 
 def test_a_plan_that_breaks_the_bounds_is_not_posted(forge, upgraded, tmp_path, monkeypatch, cli):

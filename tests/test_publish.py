@@ -112,7 +112,7 @@ def test_a_moved_base_is_merged_into_the_work_and_checked_again(
             "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
             "    def test_add(self):\n        self.assertEqual(add(2, 2), 5)\n",
             "base_checks",
-            "the checks fail: ci exited 1",
+            "the checks fail: check ci exited 1",
         ),
     ],
     ids=["conflict", "checks-fail-after-merge"],

@@ -160,11 +160,10 @@ def seed_plan(db: Database) -> dict[str, int]:
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
         ids = {"issue": create_task(session, repo.id, "issue", issue_number=1).id}
-        plan = create_task(session, repo.id, "plan", issue_number=2, state="running")
-        for number, name in ((3, "m1"), (4, "m2")):
-            ids[name] = create_task(
-                session, repo.id, "milestone", issue_number=number, parent_id=plan.id
-            ).id
+        plan = create_task(session, repo.id, "plan", issue_number=2, state="milestones")
+        ids["plan"] = plan.id
+        for name in ("m1", "m2"):
+            ids[name] = create_task(session, repo.id, "milestone", parent_id=plan.id).id
         ids["feature"] = create_task(session, repo.id, "feature", issue_number=5).id
     return ids
 
@@ -192,6 +191,13 @@ def test_claim_next_takes_the_oldest_task_of_the_given_kinds(upgraded):
 def test_a_plan_advances_one_milestone_at_a_time(upgraded):
     db = Database(f"sqlite:///{upgraded}")
     ids = seed_plan(db)
+    # Nothing of a plan that does not run its milestones (awaiting approval again) starts.
+    for state in ("awaiting_plan_approval", "milestones"):
+        with db.write() as session:
+            plan = session.get(Task, ids["plan"])
+            assert compare_and_update(session, plan.id, plan.version, plan.state, state)
+        if state != "milestones":
+            assert claim_next(db, 1, "h1", ["milestone"]) is None
     assert claim_next(db, 1, "h1", ["milestone"]) == ids["m1"]
     # m1 is in flight: its sibling waits, whichever state of flight m1 is in.
     for state in ("running", "awaiting_ci", "awaiting_review"):

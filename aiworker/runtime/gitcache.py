@@ -220,7 +220,8 @@ class GitCache:
         """An ordinary merge commit of BASE into HEAD (parents HEAD, BASE), made without a
         work tree and kept as REF (under refs/aiworker/), and the files that conflicted.
         MergeConflicts names those files when they conflict, unless KEEP_CONFLICTS: then
-        the commit holds them with git's conflict markers, for a repair to resolve."""
+        the commit holds them with git's conflict markers, for a repair to resolve, and is
+        kept as REF-conflicted (so REF only ever names a clean merge: merge_of)."""
         if not ref.startswith("refs/aiworker/"):
             raise GitCacheError(f"{ref} is not an aiworker ref")
         name, email = author
@@ -258,5 +259,5 @@ class GitCache:
             if not commit.ok:
                 raise GitCacheError(f"cannot record the merge: {commit.stderr.strip()[:300]}")
             full = commit.stdout.strip()
-            self._must(index, "update-ref", ref, full)
+            self._must(index, "update-ref", f"{ref}-conflicted" if conflicts else ref, full)
         return full, conflicts

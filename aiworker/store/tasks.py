@@ -204,16 +204,20 @@ def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
     """Claim the oldest waiting task in one statement, returning its id and new state.
 
     Waiting: ready (it becomes claimed), or repairing with no slot (a repair episode
-    waits for one; it stays repairing, now with the claim). OF_KINDS: only a task of the
-    kinds bound as kind_0..kind_3 whose parent has no other milestone in flight (states
-    bound as in_flight_0..): a plan advances one milestone at a time. The caller holds
-    the write lock (BEGIN IMMEDIATE), so selecting and updating in one statement cannot
-    race.
+    waits for one; it stays repairing, now with the claim). A milestone only while its plan
+    runs its milestones (not while it awaits approval again, nor once it ended). OF_KINDS:
+    only a task of the kinds bound as kind_0..kind_3 whose parent has no other milestone
+    in flight (states bound as in_flight_0..): a plan advances one milestone at a time.
+    The caller holds the write lock (BEGIN IMMEDIATE), so selecting and updating in one
+    statement cannot race.
     """
     candidate = tasks.alias("candidate")
+    plan = tasks.alias("plan")
+    running_plans = select(plan.c.id).where(plan.c.state == "milestones")
     conditions: list[ColumnElement[bool]] = [
         (candidate.c.state == "ready")
-        | ((candidate.c.state == "repairing") & candidate.c.claim_slot.is_(None))
+        | ((candidate.c.state == "repairing") & candidate.c.claim_slot.is_(None)),
+        candidate.c.parent_id.is_(None) | candidate.c.parent_id.in_(running_plans),
     ]
     if of_kinds:
         sibling = tasks.alias("sibling")

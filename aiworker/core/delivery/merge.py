@@ -26,13 +26,12 @@ from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.report import Report
-from aiworker.core.tasks.milestones import checks_of
+from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
-from aiworker.store.task_records import children_of
 
 
 @dataclass
@@ -120,8 +119,7 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
         "merge_commit": pull.merge_commit_sha,
         "merged_at": merged_at,
     }
-    with db.read() as session:
-        milestones = [(c.id, c.head_commit) for c in children_of(session, task.id)]
+    milestones = [(c.id, c.head_commit) for c in plan_milestones(db, task)]
     if milestones:
         evidence["milestones"] = [{"task": t, "head": h} for t, h in milestones]
     with db.write() as session:

@@ -30,9 +30,15 @@ from aiworker.core.evidence.gate import publication_allowed, run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
+from aiworker.core.intake.scope import fingerprint
 from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.lifecycle import advance
-from aiworker.core.tasks.milestones import checks_of, requirements_of
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.milestones import (
+    checks_of,
+    plan_milestones,
+    requirements_of,
+    supersede_milestones,
+)
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
@@ -40,7 +46,6 @@ from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.task_records import children_of
 
 WORKING = frozenset({S.READY, S.CLAIMED, S.RUNNING, S.REPAIRING, S.PAUSED, S.NEEDS_INPUT})
 
@@ -86,34 +91,36 @@ def _step(env: Environment, db: Database, task: Task, repo: Repository) -> PlanS
         command=config.planning.approve_command,
         after=int(spec.get("approval_after", 0)),
     )
-    plan = Plan(task, repo, issue, timeline, approval)
+    scope = fingerprint(issue, config.labels.approved)
+    plan = Plan(task, repo, issue, timeline, approval, scope)
     report = PlanStepReport(task.id, task.state, approval=approval.reason)
-    if task.state == S.AWAITING_PLAN_APPROVAL:
-        if not approve(env, db, plan, report):
+    try:
+        if task.state == S.AWAITING_PLAN_APPROVAL:
+            if not approve(env, db, plan, report):
+                return report
+        elif spec.get("approved", {}).get("fingerprint") != scope or not approval.approved:
+            why = (
+                "the issue changed after the plan was approved"
+                if spec.get("approved", {}).get("fingerprint") != scope
+                else f"the approval no longer holds ({approval.reason})"
+            )
+            pause(env, db, plan, why, report)
             return report
-    elif (
-        spec.get("approved", {}).get("fingerprint") != task.scope_fingerprint
-        or not approval.approved
-    ):
-        why = (
-            "the issue changed after the plan was approved"
-            if spec.get("approved", {}).get("fingerprint") != task.scope_fingerprint
-            else f"the approval no longer holds ({approval.reason})"
-        )
-        pause(env, db, plan, why, report)
-        return report
-    _milestones(env, db, plan, report)
+        _milestones(env, db, plan, report)
+    except TransitionRefused as exc:
+        # A task moved meanwhile (paused, cancelled, a milestone's job): the next step
+        # decides again from what is recorded then.
+        report.reason = exc.message
     return report
 
 
 def _milestones(env: Environment, db: Database, plan: Plan, report: PlanStepReport) -> None:
     task = plan.task
-    with db.read() as session:
-        children = list(children_of(session, task.id))
-    for child in children:
+    for child in plan_milestones(db, task):
         if child.state in (S.FAILED, S.CANCELLED):
             reason = f"milestone {child.id} ({child.title}) is {child.state}"
             if move_plan(db, task, S.MILESTONES, S.FAILED, reason, report):
+                supersede_milestones(db, task.id)  # nothing of a failed plan starts later
                 comment_on_issue(env, db, task.id, f"aiworker stopped this plan: {reason}.")
             return
         if child.state == S.IMPLEMENTED:
@@ -206,9 +213,7 @@ def _finish(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
         scope=task.scope_fingerprint,
         requirements=checks_of(db, task, plan.issue.body),
     )
-    failed = [
-        f"check {c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
-    ]
+    failed = gate.failures()
     if failed:
         request = RepairRequest(
             "checks", head, base, [Finding(severity="blocker", message=f) for f in failed]

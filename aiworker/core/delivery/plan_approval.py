@@ -37,6 +37,7 @@ class Plan:
     issue: Issue
     timeline: list[TimelineComment]
     approval: Approval
+    scope: str  # the issue's requirements fingerprint, read now
 
 
 def approve(env: Environment, db: Database, plan: Plan, report: PlanStepReport) -> bool:
@@ -44,9 +45,18 @@ def approve(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
     task = plan.task
     spec = dict(task.spec or {})
     children_made = bool(spec.get("children"))
-    if spec.get("fingerprint") != task.scope_fingerprint and not children_made:
+    if spec.get("fingerprint") != plan.scope and not children_made:
         reason = "the issue changed after the plan was posted; planning again"
         move_plan(db, task, S.AWAITING_PLAN_APPROVAL, S.READY, reason, report, spec=None)
+        return False
+    if spec.get("fingerprint") != plan.scope:
+        # Changed while it waited: an approval given before this was seen may have been for
+        # the earlier scope, so only one given from now on counts.
+        spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
+        why = "the issue changed while the plan awaited approval; a writer must approve again"
+        move_plan(
+            db, task, S.AWAITING_PLAN_APPROVAL, S.AWAITING_PLAN_APPROVAL, why, report, spec=spec
+        )
         return False
     if not plan.approval.approved:
         report.reason = "waiting for a writer's approval"
@@ -55,9 +65,13 @@ def approve(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
     spec["approved"] = {
         "by": plan.approval.actor,
         "item": plan.approval.item,
-        "fingerprint": task.scope_fingerprint,
+        "fingerprint": plan.scope,
     }
     with db.write() as session:
+        for child in children_of(session, task.id):
+            if child.state == S.NEEDS_INPUT and child.id in spec.get("children", []):
+                # The issue changed for it (the plan was approved again for the new scope).
+                advance(session, child.id, S.NEEDS_INPUT, child.version, S.READY, "approved again")
         if not children_made:
             spec["children"] = [
                 create_task(
@@ -67,7 +81,7 @@ def approve(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
                     title=m.title[:200],
                     state=S.NEW,
                     parent_id=task.id,
-                    scope_fingerprint=task.scope_fingerprint,
+                    scope_fingerprint=plan.scope,
                     spec={"milestone": m.model_dump(), "position": n, "total": len(milestones)},
                 ).id
                 for n, m in enumerate(milestones, 1)
@@ -101,7 +115,7 @@ def pause(env: Environment, db: Database, plan: Plan, why: str, report: PlanStep
     task = plan.task
     spec = dict(task.spec or {})
     spec.pop("approved", None)
-    spec["approval_after"] = last_item(plan.timeline)
+    spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
     with db.write() as session:
         for child in children_of(session, task.id):
             if child.state == S.READY:

@@ -65,8 +65,11 @@ def _preconditions(
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
-    if fingerprint(issue, env.loaded.config.labels.approved) != task.scope_fingerprint:
+    scope = fingerprint(issue, env.loaded.config.labels.approved)
+    if scope != task.scope_fingerprint:
         refuse_publication(db, task, "the issue's requirements changed since the work was scoped")
+    if task.kind == "plan" and (task.spec or {}).get("approved", {}).get("fingerprint") != scope:
+        refuse_publication(db, task, "the plan's scope changed after it was approved")
     forge_repo = worker.repository(repo.owner, repo.name)
     base_now = worker.branch(repo.owner, repo.name, forge_repo.default_branch).commit.id
     if base_now != task.base_commit:
@@ -157,7 +160,7 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
         )
     with db.write() as session:
         advance_publication(session, publication_id, "pushed")
-    details = accepted_milestones(db, task.id)
+    details = accepted_milestones(db, task)
     pull, created = _open_or_update(
         worker,
         repo,

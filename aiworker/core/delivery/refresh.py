@@ -93,12 +93,10 @@ def refresh_base(
             scope=task.scope_fingerprint,
             requirements=requirements,
         )
-        failed = [
-            f"{c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
-        ]
+        failed = gate.failures()
     if failed:
         why = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
-        findings = [Finding(severity="blocker", message=f"check {f}") for f in failed]
+        findings = [Finding(severity="blocker", message=f) for f in failed]
         request = RepairRequest("base_checks", head, base_now, findings)
         request_repair(env, db, task, S.IMPLEMENTED, request, f"the base moved; {why}")
         return None
@@ -136,7 +134,7 @@ def _known_failures(
     if set(checks) - set(latest):
         return None
     return [
-        f"{check} exited {r.body.get('exit_code')}"
+        f"check {check} exited {r.body.get('exit_code')}"
         for check, r in latest.items()
         if r.outcome != "pass"
     ]

@@ -25,6 +25,7 @@ from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.runtime.attempts import default_attempt_root, remove_attempt
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.runtime.processes import run_command
+from aiworker.secrets import redact
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt, receipts_for
 
@@ -40,6 +41,16 @@ class GateReport:
     passed: bool
     checks: list[dict[str, Any]] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+
+    def failures(self) -> list[str]:
+        """One sentence per check that did not pass (a missed threshold among its findings)."""
+        return [
+            f"check {c['check_id']} exited {c['exit_code']}"
+            if c["exit_code"] != c["expected_exit_code"] or c["status"] == "timed_out"
+            else f"check {c['check_id']} missed its measurement thresholds"
+            for c in self.checks
+            if not c["passed"]
+        ]
 
 
 def _checkout(cache: GitCache, index: int, head: str, target: Path) -> None:
@@ -199,7 +210,7 @@ def _measure(
 
 
 def _tail(encoded: str, limit: int | None = TAIL_CHARS) -> str:
-    text = base64.b64decode(encoded).decode(errors="replace")
+    text = redact(base64.b64decode(encoded).decode(errors="replace"))
     return text if limit is None else text[-limit:]
 
 

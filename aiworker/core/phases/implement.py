@@ -194,9 +194,13 @@ def _implement(
 
 def _not_now(env: Environment, task: Task, parent: Task | None, issue: Issue) -> str | None:
     """Why the task must wait instead of running now (nothing is spent), or None."""
-    if parent is not None and parent.state != S.MILESTONES:
-        return f"its plan is {parent.state}; the milestone waits for it"
-    if fingerprint(issue, env.loaded.config.labels.approved) != task.scope_fingerprint:
+    scope = fingerprint(issue, env.loaded.config.labels.approved)
+    if parent is not None:
+        if parent.state != S.MILESTONES:
+            return f"its plan is {parent.state}; the milestone waits for it"
+        if (parent.spec or {}).get("approved", {}).get("fingerprint") != scope:
+            return "the issue changed after its plan was approved; the plan waits for approval"
+    elif scope != task.scope_fingerprint:
         return "the issue changed since it was scoped; the next poll records the new scope"
     return None
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.approval import last_item
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -28,7 +27,7 @@ from aiworker.core.phases.prompts import plan_prompt
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
-from aiworker.core.tasks.milestones import plan_comment, plan_problems
+from aiworker.core.tasks.milestones import plan_comment, plan_problems, supersede_milestones
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_OK, Conflict, InvalidInput
@@ -184,13 +183,14 @@ def _plan(
     )
     posted = planner.create_comment(repo.owner, repo.name, issue.number, body)
     guard.finish("succeeded", f"posted a plan of {len(result.milestones)} milestones")
-    timeline = planner.timeline(repo.owner, repo.name, issue.number)
     spec = {
         "milestones": [m.model_dump() for m in result.milestones],
         "fingerprint": task.scope_fingerprint,
         "comment": posted.id,
-        "approval_after": max(posted.id, last_item(timeline)),
+        # Timeline items share one sequence: only an approval after the plan counts.
+        "approval_after": posted.id,
     }
+    supersede_milestones(db, task.id)
     report.outcome, report.milestones = "planned", len(result.milestones)
     reason = f"posted a plan of {len(result.milestones)} milestones; awaiting approval"
     _move(db, task, S.AWAITING_PLAN_APPROVAL, reason, report, base_commit=base, spec=spec)
@@ -212,7 +212,9 @@ def _move(
                 reason,
                 actor=PHASE,
                 kind="plan.posted" if to_state == S.AWAITING_PLAN_APPROVAL else "task.transition",
-                follow_data_changes=to_state != S.AWAITING_PLAN_APPROVAL,
+                # A scope recorded meanwhile: the plan keeps the fingerprint it answered, and
+                # the plan step plans again when the issue no longer matches it.
+                follow_data_changes=True,
                 **{**RELEASE, **changes},
             )
     except TransitionRefused as exc:

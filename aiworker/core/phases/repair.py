@@ -229,10 +229,7 @@ def _conclude(
     )
     report.head = head
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
-    failing = [
-        f"check {c['check_id']} exited {c['exit_code']}" for c in gate.checks if not c["passed"]
-    ]
-    refused += failing + refusals(run.result)
+    refused += gate.failures() + refusals(run.result)
     if refused:
         guard.finish("not_accepted", "; ".join(refused)[:1000])
         new = [Finding(severity="blocker", message=r[:20_000]) for r in refused]
@@ -252,7 +249,8 @@ def _conclude(
 
 def _land(db: Database, running: Running, to_state: str, reason: str, **changes: str) -> bool:
     """The episode's last move, releasing the slot; False when the task moved on meanwhile
-    (paused, cancelled): that decision stands."""
+    (paused, cancelled): that decision stands. A scope poll recorded meanwhile does not
+    stop it: the work is kept, and publication re-checks the scope itself."""
     try:
         with db.write() as session:
             running.version = advance(
@@ -264,6 +262,7 @@ def _land(db: Database, running: Running, to_state: str, reason: str, **changes:
                 reason,
                 actor=PHASE,
                 kind="repair.finished" if to_state == S.IMPLEMENTED else "task.transition",
+                follow_data_changes=True,
                 **{**RELEASE, **changes},
             )
     except TransitionRefused:

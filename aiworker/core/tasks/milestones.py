@@ -15,6 +15,9 @@ from aiworker.contracts.agent import MilestoneSpec
 from aiworker.contracts.runner import ENTRYPOINT_SELECTOR
 from aiworker.core.evidence.measurements import Threshold
 from aiworker.core.intake.scope import Requirement, requirements_from_issue
+from aiworker.core.tasks.budgets import RELEASE
+from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.states import TERMINAL, TaskState, allowed
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.task_records import children_of
@@ -97,21 +100,45 @@ def combined_requirements(children: Sequence[Task], issue_body: str) -> list[Req
     return list(found.values())
 
 
+def plan_milestones(db: Database, plan: Task) -> list[Task]:
+    """The milestones of PLAN's approved plan, in order (an earlier, superseded plan's are
+    not among them)."""
+    ids = [int(i) for i in (plan.spec or {}).get("children", [])]
+    with db.read() as session:
+        found = {child.id: child for child in children_of(session, plan.id)}
+    return [found[i] for i in ids if i in found]
+
+
 def checks_of(db: Database, task: Task, issue_body: str) -> list[Requirement]:
     """Every check TASK's work must pass wherever it is checked (gate, repair, base refresh,
     publication, merge): a plan's combined checks, a milestone's own, else the issue's."""
     if task.kind == "plan":
-        with db.read() as session:
-            children = list(children_of(session, task.id))
-        return combined_requirements(children, issue_body)
+        return combined_requirements(plan_milestones(db, task), issue_body)
     return requirements_of(task, issue_body)
 
 
-def accepted_milestones(db: Database, plan_id: int) -> str:
+def supersede_milestones(db: Database, plan_id: int) -> None:
+    """A new plan replaces the old one, or the plan failed: its milestones that have not
+    ended are cancelled."""
+    with db.write() as session:
+        for child in children_of(session, plan_id):
+            if child.state not in TERMINAL and allowed(child.state, TaskState.CANCELLED):
+                advance(
+                    session,
+                    child.id,
+                    child.state,
+                    child.version,
+                    TaskState.CANCELLED,
+                    "superseded by a new plan",
+                    kind="milestone.superseded",
+                    **RELEASE,
+                )
+
+
+def accepted_milestones(db: Database, plan: Task) -> str:
     """The plan's milestones as its PR names them: each one's head, on which its own checks
     passed (empty for a task that is not a plan)."""
-    with db.read() as session:
-        children = list(children_of(session, plan_id))
+    children = plan_milestones(db, plan) if plan.kind == "plan" else []
     lines = [
         f"{n}. {milestone_of(c).title}: accepted at {c.head_commit} on {c.base_commit}"
         for n, c in enumerate(children, 1)

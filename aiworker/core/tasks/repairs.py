@@ -21,6 +21,7 @@ from aiworker.core.tasks.budgets import RELEASE, attempts_summary, spent
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
+from aiworker.secrets import redact
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.task_records import last_event_of
@@ -68,12 +69,19 @@ def latest_request(db: Database, task_id: int) -> RepairRequest | None:
         return None if event is None else RepairRequest.from_data(dict(event.data))
 
 
-def finding_lines(findings: Sequence[Finding]) -> str:
+def finding_lines(findings: Sequence[Finding], *, limit: int = 20, length: int = 2_000) -> str:
+    """The findings as a list a person reads: at most LIMIT, each cut to LENGTH characters,
+    secrets masked."""
     lines = []
-    for finding in findings:
+    for finding in findings[:limit]:
         where = finding.path + (f":{finding.line}" if finding.line else "") if finding.path else ""
-        lines.append(f"- [{finding.severity}] {finding.message}" + (f" ({where})" if where else ""))
-    return "\n".join(lines) or "- (no findings were recorded)"
+        message = (
+            finding.message if len(finding.message) <= length else finding.message[:length] + " ..."
+        )
+        lines.append(f"- [{finding.severity}] {message}" + (f" ({where})" if where else ""))
+    if len(findings) > limit:
+        lines.append(f"- and {len(findings) - limit} more")
+    return redact("\n".join(lines)) or "- (no findings were recorded)"
 
 
 def request_repair(
@@ -105,7 +113,7 @@ def request_repair(
             db,
             task.id,
             f"aiworker stopped working on this: {allowed} repair episodes did not resolve "
-            f"these findings ({why}):\n{finding_lines(request.findings)}\n\n"
+            f"these findings ({redact(why)}):\n{finding_lines(request.findings, length=500)}\n\n"
             f"Attempts:\n{attempts_summary(db, task.id)}\n\n"
             "An operator can run `aiworker task retry` once the cause is fixed.",
         )
