@@ -27,6 +27,7 @@ COMMANDS = {
     "scheduler": ("scheduler", "app", True),
     "runner": ("runner", "app", True),
     "sandbox": ("sandbox", "app", True),
+    "web": ("web", "app", True),
     "providers": ("providers", "app", True),
     "task": ("task", "app", True),
     "plan": ("phases", "plan", False),

@@ -45,6 +45,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "runner schema": "a JSON Schema document (the contract itself)",
     "runner execute": "an ait.runner.native-result.v1 document (tests/test_runner_execute.py)",
     "sandbox serve": "serves until interrupted; prints its address, no document",
+    "web serve": "serves until interrupted; prints its address, no document",
     "sandbox seed": frozenset({"users", "repositories"}),
     "providers status": frozenset({"suspended", "phases", "providers"}),
     "providers check": frozenset({"suspended", "phases", "providers"}),

@@ -34,6 +34,16 @@ from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
 REPORTED_PHASES = ("planning", "implementation", "review")
+# Every provider class, for its capability metadata (phases, editable settings).
+PROVIDER_CLASSES = (
+    CodexProvider,
+    ClaudeProvider,
+    KimiProvider,
+    DeepSeekProvider,
+    OpenCodeProvider,
+    LlamaProvider,
+    ScriptProvider,
+)
 
 
 def _path(loaded: LoadedConfig, value: str) -> Path:

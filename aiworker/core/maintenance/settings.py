@@ -1,0 +1,112 @@
+"""Settings an operator may change from the web plane, and saving them like `config set`.
+
+Which keys are editable comes from the configuration's own shape for the scheduler's
+knobs, and from each provider's capability metadata (`editable_settings`) for provider
+settings per phase; installation and identity fields (the forge, its tokens, the
+repositories, the database, provider options such as homes and scenarios) are read
+only here. A change names dotted keys with JSON values; the whole resulting document
+is validated before anything is written, the revision must still be the one read, and
+the file is replaced atomically as a private file under the configuration's lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tomli_w
+
+from aiworker.config.loader import LoadedConfig, parse_toml
+from aiworker.config.models import Phases
+from aiworker.config.persist import save_config_bytes
+from aiworker.core.maintenance.configuration import describe_config
+from aiworker.core.report import Report
+from aiworker.errors import InvalidInput
+
+GENERAL = (
+    "shares",
+    "check_interval",
+    "providers",
+    "reserve_percent",
+    "weekly_reserve_percent",
+    "budgets.implementation",
+    "budgets.repair",
+    "budgets.planning",
+    "budgets.review",
+    "budgets.delivery",
+    "planning.max_milestones",
+    "housekeeping.retention_days",
+)
+READ_ONLY = ("forge", "repositories", "database", "provider_options", "labels", "scheduler")
+MAX_CHANGES = 64
+
+
+@dataclass
+class Capabilities(Report):
+    general: list[str]
+    providers: dict[str, list[str]]  # provider -> the settings it lets an operator change
+    phases: list[str]
+    read_only: list[str]
+
+    def editable(self) -> set[str]:
+        keys = set(self.general)
+        for provider, settings in self.providers.items():
+            for phase in self.phases:
+                keys |= {f"phases.{phase}.providers.{provider}.{s}" for s in settings}
+        return keys
+
+
+def capabilities() -> Capabilities:
+    from aiworker.core.providers.registry import PROVIDER_CLASSES
+
+    return Capabilities(
+        general=list(GENERAL),
+        providers={c.name: list(c.editable_settings) for c in PROVIDER_CLASSES},
+        phases=list(Phases.model_fields),
+        read_only=list(READ_ONLY),
+    )
+
+
+@dataclass
+class SettingsReport(Report):
+    revision: str
+    config: dict[str, Any]
+    tokens: dict[str, dict[str, Any]]
+
+
+def read_settings(loaded: LoadedConfig) -> SettingsReport:
+    described = describe_config(loaded)
+    return SettingsReport(described.revision, described.config, described.tokens)
+
+
+def save_settings(loaded: LoadedConfig, revision: str, values: dict[str, Any]) -> str:
+    """Apply VALUES (dotted key -> JSON value; None removes the key) to the file read at
+    REVISION; returns the new revision. Nothing is written unless every key is editable
+    and the whole result is a valid configuration."""
+    if not values:
+        raise InvalidInput("no values to save")
+    if len(values) > MAX_CHANGES:
+        raise InvalidInput(f"at most {MAX_CHANGES} values may be saved at once")
+    editable = capabilities().editable()
+    refused = sorted(key for key in values if key not in editable)
+    if refused:
+        raise InvalidInput(f"not editable here: {', '.join(refused)[:500]}")
+    data = loaded.path.read_bytes() if loaded.path.exists() else b""
+    document: dict[str, Any] = parse_toml(data, str(loaded.path)) if data else {}
+    for key, value in values.items():
+        *tables, name = key.split(".")
+        table = document
+        for part in tables:
+            child = table.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise InvalidInput(f"{key}: {part!r} is not a table in the configuration")
+            table = child
+        if value is None:
+            table.pop(name, None)
+        else:
+            table[name] = value
+    try:
+        encoded = tomli_w.dumps(document).encode("utf-8")
+    except TypeError as exc:
+        raise InvalidInput(f"a value cannot be saved: {exc}") from None
+    return save_config_bytes(loaded.path, encoded, revision)

@@ -1,0 +1,158 @@
+"""The versioned operator API (`/api/v1/...`): the same records as the CLI, read from the
+database and local files only, and the scheduler's own controls as actions."""
+
+# No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
+
+import os
+import secrets
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from aiworker.core.context import Environment
+from aiworker.errors import Conflict, InvalidInput
+from aiworker.secrets import redact
+from aiworker.web.protection import CSRF_COOKIE
+
+LOG_TAIL_MAX = 64 * 1024
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SettingsChange(Strict):
+    revision: Annotated[str, Field(min_length=1, max_length=128)]
+    values: dict[Annotated[str, Field(max_length=200)], Any]
+
+
+class PauseRequest(Strict):
+    reason: Annotated[str, Field(max_length=500)] = ""
+
+
+class StopSlotRequest(Strict):
+    slot: Annotated[int, Field(ge=1, le=3)]
+    confirm: bool
+
+
+class Session(BaseModel):
+    csrf_token: str
+
+
+def build_router(environment: Callable[[], Environment]) -> APIRouter:
+    """The API over ENVIRONMENT, which is read afresh for every request (a saved setting
+    shows at once)."""
+    router = APIRouter(prefix="/api/v1")
+    Env = Annotated[Environment, Depends(environment)]
+
+    @router.get("/session", response_model=Session)
+    def session(response: Response) -> dict[str, str]:
+        token = secrets.token_urlsafe(32)
+        response.set_cookie(
+            CSRF_COOKIE, token, httponly=True, samesite="strict", path="/", secure=False
+        )
+        response.headers["cache-control"] = "no-store"
+        return {"csrf_token": token}
+
+    @router.get("/status")
+    def status(env: Env) -> dict[str, Any]:
+        from aiworker.core.scheduling.overview import collect_status
+        from aiworker.core.scheduling.state import SchedulerState
+
+        state = SchedulerState.load(env.state_dir)
+        return {
+            **collect_status(env).to_json(),
+            "paused": state.paused,
+            "paused_reason": state.paused_reason,
+            "next_check": state.next_deadline,
+            "check_requested": state.check_requested,
+        }
+
+    @router.get("/tasks")
+    def tasks(
+        env: Env,
+        state: Annotated[str | None, Query(max_length=32)] = None,
+        after: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    ) -> dict[str, Any]:
+        from aiworker.core.tasks.inspect import list_task_rows
+
+        return list_task_rows(env, state, limit, after).to_json()
+
+    @router.get("/tasks/{task_id}")
+    def task(env: Env, task_id: int) -> dict[str, Any]:
+        from aiworker.core.tasks.inspect import show_task
+
+        return show_task(env, task_id).to_json()
+
+    @router.get("/tasks/{task_id}/logs")
+    def logs(
+        env: Env, task_id: int, limit: Annotated[int, Query(ge=1, le=LOG_TAIL_MAX)] = 8192
+    ) -> dict[str, Any]:
+        path = env.state_dir / "logs" / f"task-{task_id}.log"
+        try:
+            with path.open("rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                handle.seek(max(0, size - limit))
+                tail = handle.read(limit).decode(errors="replace")
+        except FileNotFoundError:
+            size, tail = 0, ""
+        return {"task": task_id, "bytes": size, "tail": redact(tail)}
+
+    @router.get("/settings")
+    def settings(env: Env) -> dict[str, Any]:
+        from aiworker.core.maintenance.settings import read_settings
+
+        return read_settings(env.loaded).to_json()
+
+    @router.put("/settings")
+    def save(env: Env, change: SettingsChange) -> dict[str, Any]:
+        from aiworker.core.maintenance.settings import save_settings
+
+        return {"revision": save_settings(env.loaded, change.revision, change.values)}
+
+    @router.get("/capabilities")
+    def capabilities() -> dict[str, Any]:
+        from aiworker.core.maintenance.settings import capabilities as read
+
+        return read().to_json()
+
+    @router.post("/actions/start-now")
+    def start_now(env: Env) -> dict[str, Any]:
+        from aiworker.core.scheduling.launcher import request_follow_up
+
+        return request_follow_up(env).to_json()
+
+    @router.post("/actions/pause")
+    def pause(env: Env, request: Annotated[PauseRequest | None, Body()] = None) -> dict[str, Any]:
+        from aiworker.core.scheduling.state import update_state
+
+        reason = request.reason if request is not None else ""
+        update_state(env, paused=True, paused_reason=reason)
+        return {"paused": True, "reason": reason}
+
+    @router.post("/actions/resume")
+    def resume(env: Env) -> dict[str, Any]:
+        from aiworker.core.scheduling.state import update_state
+
+        update_state(env, paused=False, paused_reason="")
+        return {"paused": False}
+
+    @router.post("/actions/stop-slot")
+    def stop_slot(env: Env, request: StopSlotRequest) -> dict[str, Any]:
+        if not request.confirm:
+            raise InvalidInput("stopping a slot's job needs confirm: true")
+        if request.slot > env.loaded.config.shares:
+            raise InvalidInput(f"slot must be between 1 and shares ({env.loaded.config.shares})")
+        lock = env.locks.slot(request.slot)
+        pid = lock.holder_pid() if lock.is_locked() else None
+        if pid is None:
+            raise Conflict(f"slot {request.slot} runs no job")
+        # The job's guard closes its attempt and lands its task; recovery covers the rest.
+        os.kill(pid, signal.SIGTERM)
+        return {"slot": request.slot, "stopped": pid}
+
+    return router

@@ -1,0 +1,88 @@
+"""`aiworker web serve`: bind, build the application for exactly that address, run it.
+
+Loopback by default. A non-loopback address needs an explicit flag and is announced
+with the warning that an authenticated HTTPS reverse proxy must sit in front: the
+operator API itself has no login. The configuration is read afresh for every request,
+so a setting saved from the page or with `config set` shows at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.errors import InvalidInput, Unavailable
+
+DEFAULT_LISTEN = "127.0.0.1:8765"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidInput(f"--listen {listen!r}: expected ADDRESS:PORT, e.g. {DEFAULT_LISTEN}")
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise InvalidInput(f"--listen {listen!r}: {host!r} is not an IP address") from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def allowed_hosts(host: str, port: int) -> set[str]:
+    """The Host headers this server answers to: its own address (and, on loopback, the
+    other loopback names a local browser uses)."""
+    names = {host}
+    if is_loopback(host):
+        names |= {"localhost", "127.0.0.1"} if ":" not in host else {"localhost"}
+    return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names}
+
+
+def serve(
+    config_path: Path, config_required: bool, state_dir: Path, listen: str, allow_remote: bool
+) -> None:
+    import uvicorn
+
+    from aiworker.config.loader import load_config
+    from aiworker.web.app import create_app
+
+    host, port = parse_listen(listen)
+    if not is_loopback(host) and not allow_remote:
+        raise InvalidInput(
+            f"{host} is not a loopback address; pass --allow-remote to bind it, behind an "
+            "authenticated HTTPS reverse proxy"
+        )
+
+    def environment() -> Environment:
+        loaded = load_config(config_path, required=config_required)
+        return Environment(state_dir.absolute(), loaded)
+
+    environment()  # a broken configuration is reported now, not on the first request
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1" if host == "localhost" else host, port))
+    except OSError as exc:
+        sock.close()
+        raise Unavailable(f"cannot listen on {listen}: {exc.strerror}") from None
+    sock.listen(2048)  # connections made once the address is printed wait for the server
+    port = sock.getsockname()[1]
+    app = create_app(environment, allowed_hosts(host, port))
+    shown = f"[{host}]" if ":" in host else host
+    sys.stdout.write(f"aiworker web at http://{shown}:{port}/\n")
+    if not is_loopback(host):
+        sys.stdout.write(
+            "warning: listening beyond loopback; an authenticated HTTPS reverse proxy must "
+            "sit in front of this server\n"
+        )
+    sys.stdout.flush()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,212 @@
+"""The operator API over real HTTP against a running `aiworker web serve`: request protection
+refuses forged hosts, foreign origins and missing CSRF tokens without changing anything;
+settings are saved like `config set`; actions reach the scheduler; no secret is served."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from tests.helpers import run_process
+
+CANARY = "canary-token-5f1d0c2b9e"
+
+
+@pytest.fixture
+def web(upgraded, state_dir, tmp_path, monkeypatch):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'shares = 2\n[forge]\nurl = "http://127.0.0.1:9"\n'
+        '[forge.identities.worker]\ntoken_env = "AIWORKER_TEST_WEB_TOKEN"\n'
+    )
+    os.chmod(config, 0o600)
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    monkeypatch.setenv("AIWORKER_TEST_WEB_TOKEN", CANARY)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "web", "serve", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("aiworker web at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].strip().rstrip("/")
+        yield url, config
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+
+
+def session(url):
+    """A browser-like client: the CSRF cookie and header from GET /api/v1/session."""
+    client = requests.Session()
+    token = client.get(f"{url}/api/v1/session", timeout=10).json()["csrf_token"]
+    client.headers["X-CSRF-Token"] = token
+    return client
+
+
+def paused():
+    return run_process("--json", "scheduler", "status").json()["paused"]
+
+
+def test_request_protection_refuses_and_changes_nothing(web):
+    url, _ = web
+    client = session(url)
+    forged = client.post(f"{url}/api/v1/actions/pause", headers={"Host": "evil.example"})
+    assert (forged.status_code, forged.json()["error"]["code"]) == (421, "forbidden_host")
+    read = requests.get(f"{url}/api/v1/status", headers={"Host": "attacker:80"}, timeout=10)
+    assert read.status_code == 421
+    foreign = client.post(f"{url}/api/v1/actions/pause", headers={"Origin": "http://evil.example"})
+    assert (foreign.status_code, foreign.json()["error"]["code"]) == (403, "forbidden_origin")
+    bare = requests.post(f"{url}/api/v1/actions/pause", timeout=10)
+    assert (bare.status_code, bare.json()["error"]["code"]) == (403, "csrf")
+    wrong = requests.post(
+        f"{url}/api/v1/actions/pause",
+        headers={"X-CSRF-Token": "guess"},
+        cookies={"aiworker_csrf": "other"},
+        timeout=10,
+    )
+    assert wrong.status_code == 403
+    huge = client.post(f"{url}/api/v1/actions/pause", data=b"{" + b" " * 70_000 + b"}")
+    assert (huge.status_code, huge.json()["error"]["code"]) == (413, "too_large")
+    assert paused() is False
+    # The page's own origin is accepted.
+    own = client.post(f"{url}/api/v1/actions/pause", headers={"Origin": url}, json={})
+    assert own.status_code == 200, own.text
+    assert paused() is True
+
+
+def test_actions_go_through_the_scheduler_controls(web):
+    url, _ = web
+    client = session(url)
+    result = client.post(f"{url}/api/v1/actions/pause", json={"reason": "maintenance window"})
+    assert result.json() == {"paused": True, "reason": "maintenance window"}
+    status = client.get(f"{url}/api/v1/status").json()
+    assert (status["paused"], status["paused_reason"]) == (True, "maintenance window")
+    assert client.post(f"{url}/api/v1/actions/resume").json() == {"paused": False}
+    assert paused() is False
+    unconfirmed = client.post(f"{url}/api/v1/actions/stop-slot", json={"slot": 1, "confirm": False})
+    assert (unconfirmed.status_code, unconfirmed.json()["error"]["code"]) == (400, "invalid_input")
+    idle = client.post(f"{url}/api/v1/actions/stop-slot", json={"slot": 1, "confirm": True})
+    assert (idle.status_code, idle.json()["error"]["message"]) == (409, "slot 1 runs no job")
+    outside = client.post(f"{url}/api/v1/actions/stop-slot", json={"slot": 3, "confirm": True})
+    assert outside.status_code == 400
+
+
+def test_settings_are_saved_atomically_with_the_revision_check(web):
+    url, config = web
+    client = session(url)
+    settings = client.get(f"{url}/api/v1/settings").json()
+    revision = settings["revision"]
+    assert settings["config"]["shares"] == 2
+    before = config.read_bytes()
+    refusals = [
+        ({"revision": "0" * 64, "values": {"shares": 3}}, 409, "conflict"),
+        ({"revision": revision, "values": {"shares": 9}}, 400, "config_invalid"),
+        ({"revision": revision, "values": {"forge.url": "http://x"}}, 400, "invalid_input"),
+        ({"revision": revision, "values": {"shares": 3}, "extra": 1}, 400, "invalid_input"),
+        ({"revision": revision, "values": {"budgets.repair": "many"}}, 400, "config_invalid"),
+    ]
+    for body, status, code in refusals:
+        refused = client.put(f"{url}/api/v1/settings", json=body)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (status, code), body
+        assert config.read_bytes() == before  # nothing is half-written
+    assert (
+        "shares"
+        in client.put(
+            f"{url}/api/v1/settings", json={"revision": revision, "values": {"shares": 9}}
+        ).json()["error"]["details"][0]
+    )
+    saved = client.put(
+        f"{url}/api/v1/settings",
+        json={
+            "revision": revision,
+            "values": {"shares": 3, "phases.review.providers.codex.model": "gpt-5-codex"},
+        },
+    )
+    assert saved.status_code == 200, saved.text
+    assert saved.json()["revision"] != revision
+    assert config.stat().st_mode & 0o777 == 0o600
+    shown = run_process("--json", "config", "show").json()
+    assert shown["config"]["shares"] == 3
+    assert shown["config"]["phases"]["review"]["providers"]["codex"]["model"] == "gpt-5-codex"
+    assert client.get(f"{url}/api/v1/settings").json()["revision"] == saved.json()["revision"]
+
+
+def test_reads_match_the_cli_and_never_show_a_secret(web, state_dir):
+    url, _ = web
+    client = requests.Session()
+    served = [
+        client.get(f"{url}{path}", timeout=10)
+        for path in ("/api/v1/status", "/api/v1/settings", "/api/v1/capabilities", "/")
+    ]
+    assert all(r.status_code == 200 for r in served)
+    assert all(CANARY not in r.text for r in served)
+    tokens = served[1].json()["tokens"]
+    assert tokens["worker"] == {
+        "source": "env:AIWORKER_TEST_WEB_TOKEN",
+        "present": True,
+        "state": "present",
+    }
+    logs = state_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    (logs / "task-7.log").write_text(f"started\nAuthorization: token {CANARY}\nended\n")
+    tail = client.get(f"{url}/api/v1/tasks/7/logs", timeout=10).json()
+    assert "ended" in tail["tail"]
+    assert CANARY not in tail["tail"]
+    missing = client.get(f"{url}/api/v1/tasks/999", timeout=10)
+    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "no task 999")
+    caps = served[2].json()
+    assert caps["providers"]["script"] == ["enabled"]
+    assert "forge" in caps["read_only"]
+    document = client.get(f"{url}/api/v1/openapi.json", timeout=10).json()
+    assert document["openapi"].startswith("3.")
+    for path in (
+        "/api/v1/session",
+        "/api/v1/status",
+        "/api/v1/tasks",
+        "/api/v1/tasks/{task_id}",
+        "/api/v1/tasks/{task_id}/logs",
+        "/api/v1/settings",
+        "/api/v1/capabilities",
+        "/api/v1/actions/start-now",
+        "/api/v1/actions/pause",
+        "/api/v1/actions/resume",
+        "/api/v1/actions/stop-slot",
+    ):
+        assert path in document["paths"], path
+
+
+def test_tasks_are_served_as_the_cli_shows_them(web, upgraded):
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    url, _ = web
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session_:
+        repo = ensure_repository(session_, 1, "team", "app")
+        for number in range(1, 8):
+            create_task(session_, repo.id, "issue", issue_number=number, title=f"issue {number}")
+    db.dispose()
+    first = requests.get(f"{url}/api/v1/tasks?limit=5", timeout=10).json()
+    assert [t["id"] for t in first["tasks"]] == [1, 2, 3, 4, 5]
+    rest = requests.get(f"{url}/api/v1/tasks?limit=5&after={first['next_after']}", timeout=10)
+    assert [t["id"] for t in rest.json()["tasks"]] == [6, 7]
+    shown = requests.get(f"{url}/api/v1/tasks/3", timeout=10).json()
+    assert shown == run_process("--json", "task", "show", "3").json()
+    bad = requests.get(f"{url}/api/v1/tasks?state=sleeping", timeout=10)
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_input")
+
+
+def test_a_non_loopback_address_needs_an_explicit_flag():
+    refused = run_process("--json", "web", "serve", "--listen", "0.0.0.0:0")
+    assert refused.exit_code == 2
+    assert "--allow-remote" in refused.json()["error"]["message"]
+    malformed = run_process("--json", "web", "serve", "--listen", "somewhere")
+    assert malformed.exit_code == 2
