@@ -30,16 +30,22 @@ HARDENING = (
 )
 # systemd-analyze security --offline: exposure 0.0 (locked down) to 10.0 (exposed); the
 # units as first written (no hardening) scored 9.6.
-MOST_EXPOSURE = {"aiworker-scheduler.service": 3.0, "aiworker-slot@1.service": 5.0}
+MOST_EXPOSURE = {
+    "aiworker-scheduler.service": 3.0,
+    "aiworker-slot@1.service": 5.0,
+    "aiworker-web.service": 3.0,
+}
 
 needs_analyze = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None, reason="systemd-analyze missing"
 )
 
 
-def install(target: Path, state_dir: Path | None = None) -> subprocess.CompletedProcess:
+def install(
+    target: Path, state_dir: Path | None = None, *extra: str
+) -> subprocess.CompletedProcess:
     env = {"AIWORKER_STATE_DIR": str(state_dir)} if state_dir else {}
-    return run_process("--json", "scheduler", "install", "--dir", str(target), env=env)
+    return run_process("--json", "scheduler", "install", "--dir", str(target), *extra, env=env)
 
 
 def analyze(*args: str) -> subprocess.CompletedProcess:
@@ -59,11 +65,13 @@ def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, sta
     result = install(target)
     assert result.exit_code == 0, result
     written = sorted(p.name for p in target.iterdir())
-    assert written == sorted(p.name for p in (ROOT / "contrib" / "systemd").iterdir())
+    shipped = sorted(p.name for p in (ROOT / "contrib" / "systemd").iterdir())
+    # The web unit is written only when asked for (install --web).
+    assert written == [n for n in shipped if n != "aiworker-web.service"]
     for name in written:
         template = (ROOT / "contrib" / "systemd" / name).read_text()
         pattern = re.escape(template)
-        for placeholder in ("PYTHON", "CONFIG", "STATE_DIR", "WRITABLE", "INTERVAL"):
+        for placeholder in ("PYTHON", "CONFIG", "STATE_DIR", "WRITABLE", "INTERVAL", "LISTEN"):
             pattern = pattern.replace(re.escape(f"@{placeholder}@"), ".+?")
         assert re.fullmatch(pattern, (target / name).read_text(), re.DOTALL), name
     scheduler = (target / "aiworker-scheduler.service").read_text()
@@ -77,15 +85,32 @@ def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, sta
         assert re.search(r"^SyslogIdentifier=aiworker-", text, re.MULTILINE), name
     slot = (target / "aiworker-slot@.service").read_text().splitlines()
     assert {"MemoryMax=8G", "TasksMax=4096", "MemorySwapMax=0"} <= set(slot)
-    # The web unit's command does not exist yet, so no unit is written for it.
-    assert "aiworker-web.service" not in written
+
+
+def test_the_web_unit_is_written_when_asked_and_only_for_loopback(tmp_path, state_dir):
+    target = tmp_path / "units"
+    result = install(target, state_dir, "--web", "127.0.0.1:8765")
+    assert result.exit_code == 0, result
+    web = (target / "aiworker-web.service").read_text()
+    assert f'ExecStart="{sys.executable}" -m aiworker web serve --listen "127.0.0.1:8765"' in web
+    for setting in HARDENING[:-1]:
+        assert setting in web.splitlines(), setting
+    assert "IPAddressAllow=localhost" in web.splitlines()
+    # The command the unit runs exists and serves.
+    assert run_process("web", "serve", "--help").exit_code == 0
+    refused = run_process(
+        "--json", "scheduler", "install", "--dir", str(tmp_path / "other"), "--web", "0.0.0.0:80"
+    )
+    assert refused.exit_code == 2
+    assert "loopback address only" in refused.json()["error"]["message"]
+    assert not (tmp_path / "other").exists()
 
 
 @needs_analyze
 @pytest.mark.parametrize("mode", [(), ("--user",)], ids=["system", "user"])
 def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
     target = tmp_path / "units"
-    assert install(target).exit_code == 0
+    assert install(target, None, "--web", "127.0.0.1:8765").exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
     units = [
         str(target / n)
@@ -93,6 +118,7 @@ def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
             "aiworker-scheduler.service",
             "aiworker-scheduler.timer",
             "aiworker-slot@1.service",
+            "aiworker-web.service",
         )
     ]
     verified = analyze("verify", *mode, *units)
@@ -104,7 +130,7 @@ def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
 @pytest.mark.parametrize("unit", sorted(MOST_EXPOSURE))
 def test_systemd_analyze_security_scores_the_hardening(tmp_path, state_dir, unit):
     target = tmp_path / "units"
-    assert install(target).exit_code == 0
+    assert install(target, None, "--web", "127.0.0.1:8765").exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
     limit = MOST_EXPOSURE[unit]
     scored = analyze(

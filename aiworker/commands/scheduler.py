@@ -121,6 +121,10 @@ def install(
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Write the units here instead.")
     ] = None,
+    web: Annotated[
+        str | None,
+        typer.Option("--web", help="Also write aiworker-web.service, serving on ADDRESS:PORT."),
+    ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to enable."""
     from aiworker.core.providers.registry import provider_homes
@@ -138,6 +142,7 @@ def install(
         env.state_dir,
         env.loaded.config.check_interval,
         provider_homes(env),
+        web,
     )
     result = {"written": [str(p) for p in written], "next_steps": list(NEXT_STEPS)}
     lines = [*(f"wrote {p}" for p in written), "then run:", *(f"  {s}" for s in NEXT_STEPS)]

@@ -8,32 +8,13 @@ so a setting saved from the page or with `config set` shows at once.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import sys
 from pathlib import Path
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput, Unavailable
-
-DEFAULT_LISTEN = "127.0.0.1:8765"
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidInput(f"--listen {listen!r}: expected ADDRESS:PORT, e.g. {DEFAULT_LISTEN}")
-    if host != "localhost":
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise InvalidInput(f"--listen {listen!r}: {host!r} is not an IP address") from None
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+from aiworker.runtime.listen import is_loopback, parse_listen
 
 
 def allowed_hosts(host: str, port: int) -> set[str]:

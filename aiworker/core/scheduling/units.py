@@ -17,6 +17,7 @@ from pathlib import Path
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory, write_private_file
 from aiworker.runtime.cgroups import own_cgroup
+from aiworker.runtime.listen import is_loopback, parse_listen
 
 NEXT_STEPS = (
     "aiworker config set scheduler.launcher systemd",
@@ -24,6 +25,7 @@ NEXT_STEPS = (
     "systemctl --user enable --now aiworker-scheduler.timer",
 )
 UNITS = ("aiworker-scheduler.service", "aiworker-scheduler.timer", "aiworker-slot@.service")
+WEB_UNIT = "aiworker-web.service"  # written only when asked (install --web ADDRESS:PORT)
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -42,10 +44,14 @@ def escape(value: str, what: str) -> str:
 
 
 def render_units(
-    config_path: Path, state_dir: Path, interval: int, homes: list[Path] | None = None
+    config_path: Path,
+    state_dir: Path,
+    interval: int,
+    homes: list[Path] | None = None,
+    web: str | None = None,
 ) -> dict[str, str]:
     """The units with this installation's values; HOMES (provider homes outside the
-    state directory) are writable too."""
+    state directory) are writable too; WEB (a loopback ADDRESS:PORT) adds the web unit."""
     outside = [h for h in homes or [] if h != state_dir and state_dir not in h.parents]
     writable = [state_dir, *dict.fromkeys(outside)]
     values = {
@@ -55,9 +61,11 @@ def render_units(
         "STATE_DIR": escape(str(state_dir), "the state directory"),
         "WRITABLE": " ".join(f'"{escape(str(p), "a writable path")}"' for p in writable),
         "INTERVAL": str(int(interval)),
+        "CONFIG_DIR": escape(str(config_path.parent), "the configuration's folder"),
+        "LISTEN": escape(web or "", "the web address"),
     }
     rendered = {}
-    for name in UNITS:
+    for name in (*UNITS, WEB_UNIT) if web else UNITS:
         text = (template_dir() / name).read_text()
         for key, value in values.items():
             text = text.replace(f"@{key}@", value)
@@ -74,9 +82,16 @@ def user_unit_dir() -> Path:
 
 
 def install_units(
-    target: Path, config_path: Path, state_dir: Path, interval: int, homes: list[Path]
+    target: Path,
+    config_path: Path,
+    state_dir: Path,
+    interval: int,
+    homes: list[Path],
+    web: str | None = None,
 ) -> list[Path]:
-    units = render_units(config_path, state_dir, interval, homes)
+    if web is not None and not is_loopback(parse_listen(web)[0]):
+        raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
+    units = render_units(config_path, state_dir, interval, homes, web)
     for home in homes:  # they must exist when a unit starts, to be made writable in it
         private_directory(home)
     target.mkdir(parents=True, exist_ok=True)
