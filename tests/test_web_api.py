@@ -210,3 +210,37 @@ def test_a_non_loopback_address_needs_an_explicit_flag():
     assert "--allow-remote" in refused.json()["error"]["message"]
     malformed = run_process("--json", "web", "serve", "--listen", "somewhere")
     assert malformed.exit_code == 2
+
+
+def test_providers_are_shown_from_stored_readings_with_their_age(web, upgraded, monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from aiworker.store.engine import Database
+    from aiworker.store.models import ProviderObservation
+
+    url, config = web
+    config.write_text('providers = ["codex", "script"]\n' + config.read_text())
+    db = Database(f"sqlite:///{upgraded}")
+    now = datetime.now(UTC)
+    with db.write() as session_:
+        for provider, age, used in (("codex", 3600, 40.0), ("script", 5, 10.0)):
+            session_.add(
+                ProviderObservation(
+                    provider=provider,
+                    window="5h",
+                    used_percent=used,
+                    resets_at=None,
+                    observed_at=now - timedelta(seconds=age),
+                    valid=True,
+                    source="test",
+                    reason="eligible",
+                )
+            )
+    db.dispose()
+    shown = requests.get(f"{url}/api/v1/providers", timeout=10).json()
+    readings = {r["provider"]: r for r in shown["readings"]}
+    assert readings["codex"]["stale"] is True
+    assert readings["codex"]["age_s"] >= 3600
+    assert (readings["script"]["stale"], readings["script"]["used_percent"]) == (False, 10.0)
+    events = requests.get(f"{url}/api/v1/events?limit=5", timeout=10).json()
+    assert events == {"events": [], "next_before": None}

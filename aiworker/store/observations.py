@@ -80,3 +80,19 @@ def consecutive_failures(
         count += 1
         last = last or observed_at
     return count, last
+
+
+def latest_observations(session: Session, providers: list[str]) -> list[ProviderObservation]:
+    """The newest observation of each (provider, window) of PROVIDERS, by provider and window."""
+    newest = (
+        select(func.max(ProviderObservation.id))
+        .where(ProviderObservation.provider.in_(providers))
+        .group_by(ProviderObservation.provider, ProviderObservation.window)
+    )
+    return list(
+        session.scalars(
+            select(ProviderObservation)
+            .where(ProviderObservation.id.in_(newest))
+            .order_by(ProviderObservation.provider, ProviderObservation.window)
+        )
+    )

@@ -119,6 +119,14 @@ def children_of(session: Session, parent_id: int) -> Sequence[Task]:
     return session.scalars(select(Task).where(Task.parent_id == parent_id).order_by(Task.id)).all()
 
 
+def recent_events(session: Session, limit: int, before: int | None = None) -> Sequence[Event]:
+    """The newest events first (older than event BEFORE, when given)."""
+    query = select(Event).order_by(Event.id.desc()).limit(limit)
+    if before is not None:
+        query = query.where(Event.id < before)
+    return session.scalars(query).all()
+
+
 def events_of(session: Session, task_id: int) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()
 

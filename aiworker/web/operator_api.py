@@ -102,6 +102,29 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
             size, tail = 0, ""
         return {"task": task_id, "bytes": size, "tail": redact(tail)}
 
+    @router.get("/providers")
+    def providers(env: Env) -> dict[str, Any]:
+        from aiworker.core.providers.readings import stored_readings
+
+        return stored_readings(env).to_json()
+
+    @router.get("/events")
+    def events(
+        env: Env,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        before: Annotated[int | None, Query(ge=1)] = None,
+    ) -> dict[str, Any]:
+        from aiworker.core.tasks.inspect import recent
+
+        return recent(env, limit, before)
+
+    _changes(router, Env)
+    return router
+
+
+def _changes(router: APIRouter, Env: Any) -> None:
+    """Settings and the scheduler's controls."""
+
     @router.get("/settings")
     def settings(env: Env) -> dict[str, Any]:
         from aiworker.core.maintenance.settings import read_settings
@@ -154,5 +177,3 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
         # The job's guard closes its attempt and lands its task; recovery covers the rest.
         os.kill(pid, signal.SIGTERM)
         return {"slot": request.slot, "stopped": pid}
-
-    return router

@@ -20,7 +20,7 @@ from aiworker.store.budgets import budgets_of
 from aiworker.store.models import Repository
 from aiworker.store.publications import publications_of
 from aiworker.store.receipts import receipts_of
-from aiworker.store.task_records import events_of, list_tasks, task_row
+from aiworker.store.task_records import events_of, list_tasks, recent_events, task_row
 
 LIST_LIMIT = 500
 
@@ -170,3 +170,27 @@ def show_task(env: Environment, task_id: int) -> TaskShowReport:
 def _budgets(env: Environment, used: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     limits = env.loaded.config.budgets
     return {phase: {**row, "limit": limits.limit(phase)} for phase, row in used.items()}
+
+
+def recent(env: Environment, limit: int, before: int | None = None) -> dict[str, Any]:
+    """The newest events of every task, newest first (secrets were never recorded)."""
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            rows = recent_events(session, limit, before)
+            events = [
+                {
+                    "id": e.id,
+                    "at": _when(e.created_at),
+                    "task": e.task_id,
+                    "kind": e.kind,
+                    "from": e.from_state,
+                    "to": e.to_state,
+                    "actor": e.actor,
+                    "reason": (e.data or {}).get("reason"),
+                }
+                for e in rows
+            ]
+    finally:
+        db.dispose()
+    return {"events": events, "next_before": events[-1]["id"] if len(events) == limit else None}
