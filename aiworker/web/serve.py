@@ -47,7 +47,9 @@ def serve(
 
     environment()  # a broken configuration is reported now, not on the first request
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (with proto 0 it
+    # does not, and a kept-alive request waits 40 ms for the delayed ACK).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1" if host == "localhost" else host, port))
