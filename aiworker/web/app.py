@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from aiworker.core.context import Environment
@@ -66,5 +66,9 @@ def create_app(environment: Callable[[], Environment], hosts: set[str]) -> Prote
                 "x-content-type-options": "nosniff",
             },
         )
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)  # no icon; answered so a browser logs no error
 
     return Protection(app, hosts)
