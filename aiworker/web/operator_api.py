@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiworker.core.context import Environment
@@ -18,6 +18,8 @@ from aiworker.secrets import redact
 from aiworker.web.protection import CSRF_COOKIE
 
 LOG_TAIL_MAX = 64 * 1024
+# Ids are SQLite integers: anything beyond is refused as input, not failed on.
+TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 class Strict(BaseModel):
@@ -42,10 +44,36 @@ class Session(BaseModel):
     csrf_token: str
 
 
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: list[str] | None = None
+
+
+class ErrorDocument(BaseModel):
+    """The CLI's error shape, which every refusal uses."""
+
+    error: ErrorBody
+
+
+def _refusal(why: str) -> dict[str, Any]:
+    return {"model": ErrorDocument, "description": why}
+
+
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: _refusal("invalid input, named"),
+    403: _refusal("a change without a permitted Origin or the CSRF token"),
+    409: _refusal("a conflict: a stale revision, an idle slot"),
+    413: _refusal("the body is too large"),
+    421: _refusal("the Host is not this server's address"),
+    503: _refusal("something this needs is unavailable now"),
+}
+
+
 def build_router(environment: Callable[[], Environment]) -> APIRouter:
     """The API over ENVIRONMENT, which is read afresh for every request (a saved setting
     shows at once)."""
-    router = APIRouter(prefix="/api/v1")
+    router = APIRouter(prefix="/api/v1", responses=REFUSALS)
     Env = Annotated[Environment, Depends(environment)]
 
     @router.get("/session", response_model=Session)
@@ -75,7 +103,7 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
     def tasks(
         env: Env,
         state: Annotated[str | None, Query(max_length=32)] = None,
-        after: Annotated[int, Query(ge=0)] = 0,
+        after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
     ) -> dict[str, Any]:
         from aiworker.core.tasks.inspect import list_task_rows
@@ -83,14 +111,14 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
         return list_task_rows(env, state, limit, after).to_json()
 
     @router.get("/tasks/{task_id}")
-    def task(env: Env, task_id: int) -> dict[str, Any]:
+    def task(env: Env, task_id: TaskId) -> dict[str, Any]:
         from aiworker.core.tasks.inspect import show_task
 
         return show_task(env, task_id).to_json()
 
     @router.get("/tasks/{task_id}/logs")
     def logs(
-        env: Env, task_id: int, limit: Annotated[int, Query(ge=1, le=LOG_TAIL_MAX)] = 8192
+        env: Env, task_id: TaskId, limit: Annotated[int, Query(ge=1, le=LOG_TAIL_MAX)] = 8192
     ) -> dict[str, Any]:
         path = env.state_dir / "logs" / f"task-{task_id}.log"
         try:
@@ -112,7 +140,7 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
     def events(
         env: Env,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        before: Annotated[int | None, Query(ge=1)] = None,
+        before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     ) -> dict[str, Any]:
         from aiworker.core.tasks.inspect import recent
 
