@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -14,6 +15,25 @@ import requests
 from tests.helpers import run_process
 
 CANARY = "canary-token-5f1d0c2b9e"
+
+
+@contextmanager
+def serving():
+    """`aiworker web serve` on a free loopback port, with this process's environment."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "web", "serve", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("aiworker web at http://127.0.0.1:"), line
+        yield line.split(" at ", 1)[1].strip().rstrip("/")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
 
 
 @pytest.fixture
@@ -26,21 +46,8 @@ def web(upgraded, state_dir, tmp_path, monkeypatch):
     os.chmod(config, 0o600)
     monkeypatch.setenv("AIWORKER_CONFIG", str(config))
     monkeypatch.setenv("AIWORKER_TEST_WEB_TOKEN", CANARY)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "aiworker", "web", "serve", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("aiworker web at http://127.0.0.1:"), line
-        url = line.split(" at ", 1)[1].strip().rstrip("/")
+    with serving() as url:
         yield url, config
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        process.stdout.close()
 
 
 def session(url):

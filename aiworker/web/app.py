@@ -13,12 +13,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from aiworker.core.context import Environment
-from aiworker.errors import AiworkerError, Conflict, InvalidInput, Unavailable
+from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
 from aiworker.secrets import redact
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import Protection
 
-STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (Unavailable, 503))
+STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (LockHeld, 409), (Unavailable, 503))
 
 
 def _error(status: int, code: str, message: str, details: list[str] | None = None) -> JSONResponse:

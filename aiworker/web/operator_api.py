@@ -31,6 +31,13 @@ class SettingsChange(Strict):
     values: dict[Annotated[str, Field(max_length=200)], Any]
 
 
+class AccessRepair(Strict):
+    revision: Annotated[str, Field(min_length=1, max_length=128)]
+    # The owner's or an admin's token, for this call only: never stored, masked if said.
+    admin_token: Annotated[str, Field(min_length=8, max_length=512)]
+    repositories: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=1000)] | None = None
+
+
 class PauseRequest(Strict):
     reason: Annotated[str, Field(max_length=500)] = ""
 
@@ -161,9 +168,23 @@ def _changes(router: APIRouter, Env: Any) -> None:
 
     @router.put("/settings")
     def save(env: Env, change: SettingsChange) -> dict[str, Any]:
-        from aiworker.core.maintenance.settings import save_settings
+        from aiworker.core.maintenance.settings import added_repositories, save_settings
 
-        return {"revision": save_settings(env.loaded, change.revision, change.values)}
+        added = added_repositories(env.loaded, change.values)
+        revision = save_settings(env.loaded, change.revision, change.values)
+        return {"revision": revision, "added_repositories": added}
+
+    @router.post("/access/check")
+    def check_access(env: Env) -> dict[str, Any]:
+        from aiworker.core.maintenance.access import check_access as check
+
+        return check(env).to_json()
+
+    @router.post("/access/repair")
+    def repair_access(env: Env, request: AccessRepair) -> dict[str, Any]:
+        from aiworker.core.maintenance.access import repair_access as repair
+
+        return repair(env, request.revision, request.admin_token, request.repositories).to_json()
 
     @router.get("/capabilities")
     def capabilities() -> dict[str, Any]:

@@ -24,6 +24,7 @@ from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 
 GENERAL = (
+    "repositories",  # new entries are provisioned with an access repair for them only
     "shares",
     "check_interval",
     "providers",
@@ -37,7 +38,7 @@ GENERAL = (
     "planning.max_milestones",
     "housekeeping.retention_days",
 )
-READ_ONLY = ("forge", "repositories", "database", "provider_options", "labels", "scheduler")
+READ_ONLY = ("forge", "database", "provider_options", "labels", "scheduler")
 MAX_CHANGES = 64
 
 
@@ -77,6 +78,18 @@ class SettingsReport(Report):
 def read_settings(loaded: LoadedConfig) -> SettingsReport:
     described = describe_config(loaded)
     return SettingsReport(described.revision, described.config, described.tokens)
+
+
+def added_repositories(loaded: LoadedConfig, values: dict[str, Any]) -> list[int]:
+    """The indexes of repositories VALUES adds (what an access repair then provisions)."""
+    given = values.get("repositories")
+    if not isinstance(given, list):
+        return []
+    known = {r.index for r in loaded.config.repositories}
+    return sorted(
+        {e["index"] for e in given if isinstance(e, dict) and isinstance(e.get("index"), int)}
+        - known
+    )
 
 
 def save_settings(loaded: LoadedConfig, revision: str, values: dict[str, Any]) -> str:
