@@ -18,10 +18,10 @@ CANARY = "canary-token-5f1d0c2b9e"
 
 
 @contextmanager
-def serving():
+def serving(*extra: str):
     """`aiworker web serve` on a free loopback port, with this process's environment."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "aiworker", "web", "serve", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "aiworker", "web", "serve", "--listen", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -251,3 +251,52 @@ def test_providers_are_shown_from_stored_readings_with_their_age(web, upgraded, 
     assert (readings["script"]["stale"], readings["script"]["used_percent"]) == (False, 10.0)
     events = requests.get(f"{url}/api/v1/events?limit=5", timeout=10).json()
     assert events == {"events": [], "next_before": None}
+
+
+def test_behind_a_reverse_proxy_its_public_name_is_accepted(web):
+    _, _ = web
+    with serving("--public-origin", "https://aiworker.example.org") as url:
+        token = requests.get(f"{url}/api/v1/session", timeout=10).json()["csrf_token"]
+        proxy = {
+            "Host": "aiworker.example.org",
+            "X-CSRF-Token": token,
+            "Cookie": f"aiworker_csrf={token}",
+        }
+        proxied = requests.post(
+            f"{url}/api/v1/actions/pause",
+            headers={**proxy, "Origin": "https://aiworker.example.org"},
+            timeout=10,
+        )
+        assert proxied.status_code == 200, proxied.text
+        other = requests.post(
+            f"{url}/api/v1/actions/resume",
+            headers={**proxy, "Origin": "https://elsewhere.example.org"},
+            timeout=10,
+        )
+        assert other.status_code == 403
+    bad = run_process("--json", "web", "serve", "--public-origin", "ftp://x/y")
+    assert bad.exit_code == 2
+
+
+def test_a_second_tab_shares_the_token_and_a_stray_cookie_does_not_hide_it(web):
+    url, _ = web
+    first = requests.Session()
+    token = first.get(f"{url}/api/v1/session", timeout=10).json()["csrf_token"]
+    again = first.get(f"{url}/api/v1/session", timeout=10).json()["csrf_token"]
+    assert again == token
+    # Another localhost application's malformed cookie beside ours.
+    mutated = requests.post(
+        f"{url}/api/v1/actions/resume",
+        headers={"X-CSRF-Token": token, "Cookie": f'x=a"b\\; other=1; aiworker_csrf={token}'},
+        timeout=10,
+    )
+    assert mutated.status_code == 200, mutated.text
+    odd = requests.post(
+        f"{url}/api/v1/actions/resume",
+        headers={
+            "X-CSRF-Token": "\u00e9t\u00e9".encode().decode("latin-1"),
+            "Cookie": "aiworker_csrf=x",
+        },
+        timeout=10,
+    )
+    assert odd.status_code == 403

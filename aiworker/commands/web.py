@@ -24,9 +24,16 @@ def serve(
             help="Allow a non-loopback address (only behind an authenticated HTTPS proxy).",
         ),
     ] = False,
+    public_origin: Annotated[
+        str | None,
+        typer.Option(
+            "--public-origin",
+            help="The https://NAME[:PORT] a reverse proxy serves this under (Host and Origin).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the operator API and page; prints the address it listens on."""
     from aiworker.web.serve import serve as run
 
     inv: Invocation = ctx.obj
-    run(inv.config_path, inv.config_required, inv.state_dir, listen, allow_remote)
+    run(inv.config_path, inv.config_required, inv.state_dir, listen, allow_remote, public_origin)

@@ -28,7 +28,9 @@ def _error(status: int, code: str, message: str, details: list[str] | None = Non
     return JSONResponse({"error": error}, status_code=status, headers={"cache-control": "no-store"})
 
 
-def create_app(environment: Callable[[], Environment], hosts: set[str]) -> Protection:
+def create_app(
+    environment: Callable[[], Environment], hosts: set[str], origins: set[str] | None = None
+) -> Protection:
     from aiworker import __version__
 
     app = FastAPI(
@@ -71,4 +73,4 @@ def create_app(environment: Callable[[], Environment], hosts: set[str]) -> Prote
     def favicon() -> Response:
         return Response(status_code=204)  # no icon; answered so a browser logs no error
 
-    return Protection(app, hosts)
+    return Protection(app, hosts, origins=origins)

@@ -4,20 +4,22 @@ database and local files only, and the scheduler's own controls as actions."""
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
 
 import os
+import re
 import secrets
-import signal
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Response
+from fastapi import APIRouter, Body, Cookie, Depends, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiworker.core.context import Environment
-from aiworker.errors import Conflict, InvalidInput
+from aiworker.errors import InvalidInput
 from aiworker.secrets import redact
 from aiworker.web.protection import CSRF_COOKIE
 
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{43}$")  # what token_urlsafe(32) makes
 LOG_TAIL_MAX = 64 * 1024
+SECRET_MARGIN = 8192  # longer than any token the redactor masks
 # Ids are SQLite integers: anything beyond is refused as input, not failed on.
 TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
@@ -34,7 +36,7 @@ class SettingsChange(Strict):
 class AccessRepair(Strict):
     revision: Annotated[str, Field(min_length=1, max_length=128)]
     # The owner's or an admin's token, for this call only: never stored, masked if said.
-    admin_token: Annotated[str, Field(min_length=8, max_length=512)]
+    admin_token: Annotated[str, Field(min_length=8, max_length=512, pattern=r"^[\x21-\x7e]+$")]
     repositories: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=1000)] | None = None
 
 
@@ -84,8 +86,12 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
     Env = Annotated[Environment, Depends(environment)]
 
     @router.get("/session", response_model=Session)
-    def session(response: Response) -> dict[str, str]:
-        token = secrets.token_urlsafe(32)
+    def session(
+        response: Response,
+        current: Annotated[str | None, Cookie(alias=CSRF_COOKIE, max_length=200)] = None,
+    ) -> dict[str, str]:
+        # A second tab gets the token the first one holds, so neither is locked out.
+        token = current if current and TOKEN.match(current) else secrets.token_urlsafe(32)
         response.set_cookie(
             CSRF_COOKIE, token, httponly=True, samesite="strict", path="/", secure=False
         )
@@ -128,14 +134,16 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
         env: Env, task_id: TaskId, limit: Annotated[int, Query(ge=1, le=LOG_TAIL_MAX)] = 8192
     ) -> dict[str, Any]:
         path = env.state_dir / "logs" / f"task-{task_id}.log"
+        # Read a margin more and mask before cutting: a secret across the cut is masked too.
+        window = limit + SECRET_MARGIN
         try:
             with path.open("rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
-                handle.seek(max(0, size - limit))
-                tail = handle.read(limit).decode(errors="replace")
+                handle.seek(max(0, size - window))
+                tail = redact(handle.read(window).decode(errors="replace"))
         except FileNotFoundError:
             size, tail = 0, ""
-        return {"task": task_id, "bytes": size, "tail": redact(tail)}
+        return {"task": task_id, "bytes": size, "tail": tail[-limit:]}
 
     @router.get("/providers")
     def providers(env: Env) -> dict[str, Any]:
@@ -219,10 +227,6 @@ def _changes(router: APIRouter, Env: Any) -> None:
             raise InvalidInput("stopping a slot's job needs confirm: true")
         if request.slot > env.loaded.config.shares:
             raise InvalidInput(f"slot must be between 1 and shares ({env.loaded.config.shares})")
-        lock = env.locks.slot(request.slot)
-        pid = lock.holder_pid() if lock.is_locked() else None
-        if pid is None:
-            raise Conflict(f"slot {request.slot} runs no job")
-        # The job's guard closes its attempt and lands its task; recovery covers the rest.
-        os.kill(pid, signal.SIGTERM)
-        return {"slot": request.slot, "stopped": pid}
+        from aiworker.core.scheduling.controls import stop_slot_job
+
+        return stop_slot_job(env, request.slot)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -44,25 +43,35 @@ async def refuse(send: Send, status: int, code: str, message: str) -> None:
 
 
 def cookie_value(header: str, name: str) -> str | None:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return None
-    morsel = jar.get(name)
-    return morsel.value if morsel is not None else None
+    """NAME's value in a Cookie header, read leniently: another localhost application's
+    malformed cookie (cookies are not kept apart by port) must not hide ours."""
+    for part in header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            return value.strip()
+    return None
 
 
 class Protection:
-    def __init__(self, app: ASGIApp, hosts: set[str], *, max_body: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        hosts: set[str],
+        *,
+        origins: set[str] | None = None,
+        max_body: int = MAX_BODY_BYTES,
+    ) -> None:
         self.app = app
         self.hosts = hosts
-        self.origins = {f"http://{host}" for host in hosts}
+        self.origins = origins if origins is not None else {f"http://{host}" for host in hosts}
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # no websocket routes: anything else is closed
+            await send({"type": "websocket.close", "code": 1008})
             return
         headers: dict[str, str] = {}
         for key, value in scope["headers"]:
@@ -91,7 +100,7 @@ class Protection:
             return "forbidden_origin", f"requests from {origin[:100]} are not accepted"
         cookie = cookie_value(headers.get("cookie", ""), CSRF_COOKIE)
         token = headers.get(CSRF_HEADER)
-        if not cookie or not token or not hmac.compare_digest(cookie, token):
+        if not cookie or not token or not hmac.compare_digest(cookie.encode(), token.encode()):
             return "csrf", (
                 "a change needs the CSRF token from GET /api/v1/session in the "
                 f"{CSRF_COOKIE} cookie and the X-CSRF-Token header"

@@ -8,13 +8,16 @@ so a setting saved from the page or with `config set` shows at once.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput, Unavailable
 from aiworker.runtime.listen import is_loopback, parse_listen
+from aiworker.secrets import register_secret
 
 
 def allowed_hosts(host: str, port: int) -> set[str]:
@@ -26,8 +29,21 @@ def allowed_hosts(host: str, port: int) -> set[str]:
     return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names}
 
 
+def public_origin_of(origin: str) -> tuple[str, str]:
+    """(origin, host) of the address a reverse proxy serves this under."""
+    parsed = urlsplit(origin)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
+        raise InvalidInput(f"--public-origin {origin!r}: expected https://NAME[:PORT]")
+    return f"{parsed.scheme}://{parsed.netloc}", parsed.netloc
+
+
 def serve(
-    config_path: Path, config_required: bool, state_dir: Path, listen: str, allow_remote: bool
+    config_path: Path,
+    config_required: bool,
+    state_dir: Path,
+    listen: str,
+    allow_remote: bool,
+    public_origin: str | None = None,
 ) -> None:
     import uvicorn
 
@@ -45,7 +61,11 @@ def serve(
         loaded = load_config(config_path, required=config_required)
         return Environment(state_dir.absolute(), loaded)
 
-    environment()  # a broken configuration is reported now, not on the first request
+    loaded = environment().loaded  # a broken configuration is reported now, not later
+    # Provider keys are registered where the providers run; this process masks them too.
+    for options in loaded.config.provider_options.values():
+        if options.api_key_env and (key := os.environ.get(options.api_key_env)):
+            register_secret(key)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (with proto 0 it
     # does not, and a kept-alive request waits 40 ms for the delayed ACK).
@@ -58,7 +78,13 @@ def serve(
         raise Unavailable(f"cannot listen on {listen}: {exc.strerror}") from None
     sock.listen(2048)  # connections made once the address is printed wait for the server
     port = sock.getsockname()[1]
-    app = create_app(environment, allowed_hosts(host, port))
+    hosts = allowed_hosts(host, port)
+    origins = {f"http://{h}" for h in hosts}
+    if public_origin is not None:
+        # Behind the reverse proxy the browser names the proxy's address, not ours.
+        origin, proxied = public_origin_of(public_origin)
+        hosts, origins = hosts | {proxied}, origins | {origin}
+    app = create_app(environment, hosts, origins)
     shown = f"[{host}]" if ":" in host else host
     sys.stdout.write(f"aiworker web at http://{shown}:{port}/\n")
     if not is_loopback(host):

@@ -141,6 +141,10 @@ class Transport:
         except (requests.ConnectionError, requests.Timeout) as exc:
             log.info("%s %s: %s; retrying", method, shown, type(exc).__name__)
             raise _Retryable(None, type(exc).__name__, None) from None
+        except requests.RequestException as exc:
+            # Anything else (a header requests refuses, say) is named by its type only: its
+            # message may quote the request's headers, token included.
+            raise ForgeUnavailable(method, shown, None, type(exc).__name__) from None
         if not stream:
             self.bytes_received += len(response.content)
         log.debug(

@@ -2,11 +2,12 @@
 
 Which keys are editable comes from the configuration's own shape for the scheduler's
 knobs, and from each provider's capability metadata (`editable_settings`) for provider
-settings per phase; installation and identity fields (the forge, its tokens, the
-repositories, the database, provider options such as homes and scenarios) are read
-only here. A change names dotted keys with JSON values; the whole resulting document
-is validated before anything is written, the revision must still be the one read, and
-the file is replaced atomically as a private file under the configuration's lock.
+settings per phase, and the repositories (a save names those it adds, for an access
+repair to provision alone); installation and identity fields (the forge, its tokens,
+the database, provider options such as homes and scenarios) are read only here. A
+change names dotted keys with JSON values; the whole resulting document is validated
+before anything is written, the revision must still be the one read, and the file is
+replaced atomically as a private file under the configuration's lock.
 """
 
 from __future__ import annotations
