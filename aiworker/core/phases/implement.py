@@ -13,10 +13,9 @@ meanwhile, that decision stands and the result is retained with the reason.
 from __future__ import annotations
 
 import logging
-import os
 
 from aiworker.adapters.forgejo.models import Issue
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
@@ -41,16 +40,15 @@ from aiworker.core.phases.prompts import (
     implementation_prompt,
     milestone_prompt,
 )
+from aiworker.core.phases.slot_start import load_on_slot, take_up
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
-from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.milestones import checks_of, milestone_of
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from aiworker.store.attempts import providers_tried_at
 from aiworker.store.engine import Database
-from aiworker.store.models import Repository, Task
+from aiworker.store.models import Task
 
 log = logging.getLogger(__name__)
 PHASE = "implementation"
@@ -58,45 +56,15 @@ PHASE = "implementation"
 RETRYABLE = ("quota_exhausted", "transient", "auth", "environment", "over_budget")
 
 
-def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
-    with db.read() as session:
-        task = session.get(Task, task_id)
-        if task is None:
-            raise InvalidInput(f"no task {task_id}")
-        repo = session.get(Repository, task.repository_id)
-        assert repo is not None
-    if task.state != S.CLAIMED or task.claim_slot != slot:
-        raise Conflict(
-            f"task {task_id} is {task.state} on slot {task.claim_slot}, not claimed on slot {slot}"
-        )
-    return task, repo
-
-
 def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
     db = env.open_database()
     try:
-        task, repo = _load(db, task_id, slot)
-        lock = hold_job_lock(env, f"slot-{slot}")
-        token = f"{slot}-pid{os.getpid()}"
-        try:
-            with db.write() as session:
-                version = advance(
-                    session,
-                    task.id,
-                    S.CLAIMED,
-                    task.version,
-                    S.RUNNING,
-                    f"implementing on slot {slot}",
-                    actor="implement",
-                    follow_data_changes=True,  # the tick named this job's pid meanwhile
-                    # Recovery reads the job's pid from its claim (tasks/recovery.py).
-                    claim_token=token,
-                )
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        running = Running(task, repo, slot, version, token)
+        task, repo = load_on_slot(db, task_id, slot, S.CLAIMED, "claimed")
+        started = take_up(
+            env, db, task, repo, slot, S.RUNNING, f"implementing on slot {slot}", "implement"
+        )
+        lock = started.lock
+        running = Running(task, repo, slot, started.version, started.token)
 
         def recover(reason: str) -> None:
             land_after_failure(

@@ -13,24 +13,24 @@ needs_input with the questions commented.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport
 from aiworker.core.phases.prompts import plan_prompt
+from aiworker.core.phases.slot_start import load_on_slot, take_up
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.milestones import plan_comment, plan_problems, supersede_milestones
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import EXIT_OK, Conflict, InvalidInput
+from aiworker.errors import EXIT_OK
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
@@ -47,43 +47,12 @@ class PlanReport(ImplementReport):
         return EXIT_OK if self.outcome == "planned" else super().exit_code
 
 
-def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository]:
-    with db.read() as session:
-        task = session.get(Task, task_id)
-        if task is None:
-            raise InvalidInput(f"no task {task_id}")
-        repo = session.get(Repository, task.repository_id)
-        assert repo is not None
-    if task.kind != "plan" or task.state != S.CLAIMED or task.claim_slot != slot:
-        raise Conflict(
-            f"task {task_id} is a {task.kind} task {task.state} on slot {task.claim_slot}, "
-            f"not a plan claimed on slot {slot}"
-        )
-    return task, repo
-
-
 def plan(env: Environment, task_id: int, slot: int) -> ImplementReport:
     db = env.open_database()
     try:
-        task, repo = _load(db, task_id, slot)
-        lock = hold_job_lock(env, f"slot-{slot}")
-        try:
-            with db.write() as session:
-                task.version = advance(
-                    session,
-                    task.id,
-                    S.CLAIMED,
-                    task.version,
-                    S.PLANNING,
-                    f"planning on slot {slot}",
-                    actor=PHASE,
-                    follow_data_changes=True,
-                    claim_token=f"{slot}-pid{os.getpid()}",
-                )
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
+        task, repo = load_on_slot(db, task_id, slot, S.CLAIMED, "a claimed plan", kind="plan")
+        started = take_up(env, db, task, repo, slot, S.PLANNING, f"planning on slot {slot}", PHASE)
+        lock, task.version = started.lock, started.version
         report = PlanReport(task.id, "running")
 
         def recover(reason: str) -> None:

@@ -20,10 +20,9 @@ findings commented on the issue.
 from __future__ import annotations
 
 import json
-import os
 
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
@@ -32,6 +31,7 @@ from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phas
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport, Running, retained
 from aiworker.core.phases.prompts import repair_prompt
+from aiworker.core.phases.slot_start import load_on_slot, take_up
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
@@ -44,24 +44,14 @@ from aiworker.core.tasks.repairs import (
     request_repair,
 )
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict, InvalidInput
+from aiworker.errors import Conflict
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 
 
 def _load(db: Database, task_id: int, slot: int) -> tuple[Task, Repository, RepairRequest]:
-    with db.read() as session:
-        task = session.get(Task, task_id)
-        if task is None:
-            raise InvalidInput(f"no task {task_id}")
-        repo = session.get(Repository, task.repository_id)
-        assert repo is not None
-    if task.state != S.REPAIRING or task.claim_slot != slot:
-        raise Conflict(
-            f"task {task_id} is {task.state} on slot {task.claim_slot}, "
-            f"not repairing on slot {slot}"
-        )
+    task, repo = load_on_slot(db, task_id, slot, S.REPAIRING, "repairing")
     request = latest_request(db, task_id)
     if request is None:
         raise Conflict(f"task {task_id} is repairing but no repair was requested")
@@ -72,27 +62,10 @@ def repair(env: Environment, task_id: int, slot: int) -> ImplementReport:
     db = env.open_database()
     try:
         task, repo, request = _load(db, task_id, slot)
-        lock = hold_job_lock(env, f"slot-{slot}")
-        token = f"{slot}-pid{os.getpid()}"
-        try:
-            with db.write() as session:
-                version = advance(
-                    session,
-                    task.id,
-                    S.REPAIRING,
-                    task.version,
-                    S.REPAIRING,
-                    f"repairing ({request.cause}) on slot {slot}",
-                    actor=PHASE,
-                    kind="job.started",
-                    follow_data_changes=True,
-                    claim_token=token,  # recovery reads the job's pid from its claim
-                )
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        running = Running(task, repo, slot, version, token, S.REPAIRING)
+        why = f"repairing ({request.cause}) on slot {slot}"
+        started = take_up(env, db, task, repo, slot, S.REPAIRING, why, PHASE)
+        lock = started.lock
+        running = Running(task, repo, slot, started.version, started.token, S.REPAIRING)
 
         def recover(reason: str) -> None:
             again(env, db, running, request, request.start, [], reason)
