@@ -121,6 +121,8 @@ class WorkerJob(Base):
         lease_expires_at: Mapped[datetime | None]
         attempt_count: Mapped[int]
         result: Mapped[dict[str, Any] | None]
+        claim_key: Mapped[str | None]
+        worker_id: Mapped[str | None]
         created_at: Mapped[datetime]
         updated_at: Mapped[datetime]
 

@@ -160,6 +160,9 @@ worker_jobs = Table(
     _at("lease_expires_at", required=False),
     Column("attempt_count", Integer, nullable=False, default=0),
     Column("result", JSON),
+    # The claim's client request key: a retried claim after a lost reply gets this lease.
+    Column("claim_key", String(128)),
+    Column("worker_id", String(128)),
     _at("created_at"),
     _at("updated_at"),
     Index("ix_worker_jobs_state_lease", "state", "lease_expires_at"),

@@ -1,0 +1,230 @@
+"""Worker jobs and their leases: the controller's side of the runner fleet.
+
+A job is keyed by (repository_index, worker_job_index), never by a repository's name.
+States: queued -> leased -> succeeded | failed. A claim takes the oldest claimable job
+(queued, or leased with an expired lease while attempts remain) in one statement under
+the write lock, with a fresh lease token (the proof every later call carries) and the
+attempt count raised. A claim repeated with the same request key while its lease holds
+gets the same job and lease back (a lost reply does not strand a job). A heartbeat
+extends only a live lease; finishing needs the lease proof, and a second finish of a
+finished job answers with the stored outcome, which is final.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
+
+from aiworker.store.engine import Database
+from aiworker.store.tables import utcnow, worker_jobs
+
+QUEUED, LEASED, SUCCEEDED, FAILED = "queued", "leased", "succeeded", "failed"
+TERMINAL = (SUCCEEDED, FAILED)
+
+
+class LeaseLost(Exception):
+    """The lease proof does not hold (expired, taken over, or the job is gone)."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    repository_index: int
+    worker_job_index: int
+    request: dict[str, Any]
+    token: str
+    expires_at: datetime
+    attempt: int
+
+
+def enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
+    """Queue REQUEST for repository REPOSITORY_INDEX; returns its worker job index."""
+    with db.transaction() as connection:
+        last = connection.scalar(
+            select(func.max(worker_jobs.c.worker_job_index)).where(
+                worker_jobs.c.repository_index == repository_index
+            )
+        )
+        index = int(last or 0) + 1
+        now = utcnow()
+        connection.execute(
+            insert(worker_jobs).values(
+                repository_index=repository_index,
+                worker_job_index=index,
+                request=request,
+                state=QUEUED,
+                version=1,
+                attempt_count=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    return index
+
+
+def _lease(row: Any) -> Lease:
+    return Lease(
+        int(row.repository_index),
+        int(row.worker_job_index),
+        dict(row.request),
+        str(row.lease_token),
+        row.lease_expires_at,
+        int(row.attempt_count),
+    )
+
+
+def claim(
+    db: Database,
+    worker_id: str,
+    claim_key: str,
+    *,
+    lease_for: timedelta,
+    max_attempts: int,
+    repository_indexes: Sequence[int] | None = None,
+    exact: tuple[int, int] | None = None,
+) -> Lease | None:
+    """The next job for WORKER_ID (of REPOSITORY_INDEXES, or exactly EXACT), leased for
+    LEASE_FOR; the same lease again for a repeated CLAIM_KEY; None when nothing is
+    claimable."""
+    with db.transaction() as connection:
+        now = utcnow()
+        again = connection.execute(
+            select(worker_jobs).where(
+                worker_jobs.c.claim_key == claim_key,
+                worker_jobs.c.worker_id == worker_id,
+                worker_jobs.c.state == LEASED,
+                worker_jobs.c.lease_expires_at > now,
+            )
+        ).first()
+        if again is not None:
+            return _lease(again)
+        # A job whose every attempt's lease expired ends failed, with the reason: never
+        # left leased for ever, never run again.
+        connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.state == LEASED,
+                worker_jobs.c.lease_expires_at <= now,
+                worker_jobs.c.attempt_count >= max_attempts,
+            )
+            .values(
+                state=FAILED,
+                result={"error": f"the lease expired on each of {max_attempts} attempts"},
+                version=worker_jobs.c.version + 1,
+                updated_at=now,
+            )
+        )
+        claimable = or_(
+            worker_jobs.c.state == QUEUED,
+            and_(
+                worker_jobs.c.state == LEASED,
+                worker_jobs.c.lease_expires_at <= now,
+                worker_jobs.c.attempt_count < max_attempts,
+            ),
+        )
+        conditions = [claimable]
+        if repository_indexes is not None:
+            conditions.append(worker_jobs.c.repository_index.in_(list(repository_indexes)))
+        if exact is not None:
+            conditions += [
+                worker_jobs.c.repository_index == exact[0],
+                worker_jobs.c.worker_job_index == exact[1],
+            ]
+        oldest = connection.execute(
+            select(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+            .where(*conditions)
+            .order_by(worker_jobs.c.created_at, worker_jobs.c.repository_index)
+            .limit(1)
+        ).first()
+        if oldest is None:
+            return None
+        row = connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == oldest[0],
+                worker_jobs.c.worker_job_index == oldest[1],
+            )
+            .values(
+                state=LEASED,
+                lease_token=secrets.token_hex(16),
+                lease_expires_at=now + lease_for,
+                attempt_count=worker_jobs.c.attempt_count + 1,
+                version=worker_jobs.c.version + 1,
+                claim_key=claim_key,
+                worker_id=worker_id,
+                updated_at=now,
+            )
+            .returning(worker_jobs)
+        ).first()
+    assert row is not None
+    return _lease(row)
+
+
+def _row(connection: Connection, index: tuple[int, int]) -> Any:
+    row = connection.execute(
+        select(worker_jobs).where(
+            worker_jobs.c.repository_index == index[0],
+            worker_jobs.c.worker_job_index == index[1],
+        )
+    ).first()
+    if row is None:
+        raise LeaseLost(f"no worker job {index[0]}/{index[1]}")
+    return row
+
+
+def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timedelta) -> datetime:
+    """Extend the live lease TOKEN on job INDEX; returns its new expiry."""
+    with db.transaction() as connection:
+        now = utcnow()
+        row = _row(connection, index)
+        if row.state != LEASED or row.lease_token != token or row.lease_expires_at <= now:
+            raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} no longer holds")
+        expires = now + lease_for
+        connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == index[0],
+                worker_jobs.c.worker_job_index == index[1],
+                worker_jobs.c.lease_token == token,
+            )
+            .values(lease_expires_at=expires, updated_at=now)
+        )
+    return expires
+
+
+def finish(
+    db: Database, index: tuple[int, int], token: str, outcome: str, result: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Record OUTCOME (succeeded or failed) under lease TOKEN. Returns ("finished", result)
+    or, for a job this lease already finished, ("already finished", the stored result)."""
+    if outcome not in TERMINAL:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    with db.transaction() as connection:
+        now = utcnow()
+        row = _row(connection, index)
+        if row.lease_token != token:
+            raise LeaseLost(f"worker job {index[0]}/{index[1]} is leased under another proof")
+        if row.state in TERMINAL:
+            return "already finished", dict(row.result or {})
+        if row.lease_expires_at <= now:
+            raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} expired")
+        connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == index[0],
+                worker_jobs.c.worker_job_index == index[1],
+                worker_jobs.c.lease_token == token,
+            )
+            .values(
+                state=outcome,
+                result=result,
+                version=worker_jobs.c.version + 1,
+                updated_at=now,
+            )
+        )
+    return "finished", result

@@ -1,0 +1,157 @@
+"""Worker jobs and their leases on a real SQLite file: claims are idempotent by request key,
+a lease is proof for heartbeat and finish, an expired lease is claimed again with its
+attempt count raised, a finished job stays finished, and several processes claiming at
+once each get distinct jobs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+
+import pytest
+
+from aiworker.store.engine import Database
+from aiworker.store.worker_jobs import LeaseLost, claim, enqueue, finish, heartbeat
+from tests.test_implement import query
+
+LONG = timedelta(seconds=60)
+SHORT = timedelta(milliseconds=100)
+
+
+@pytest.fixture
+def db(upgraded):
+    database = Database(f"sqlite:///{upgraded}")
+    yield database
+    database.dispose()
+
+
+def take(db, worker="w1", key="k1", **options):
+    options.setdefault("lease_for", LONG)
+    options.setdefault("max_attempts", 3)
+    return claim(db, worker, key, **options)
+
+
+def test_jobs_are_keyed_by_repository_index_and_claimed_oldest_first(db):
+    assert [enqueue(db, 1, {"n": n}) for n in range(2)] == [1, 2]
+    assert enqueue(db, 2, {"n": 9}) == 1
+    first = take(db, key="a")
+    assert (first.repository_index, first.worker_job_index, first.attempt) == (1, 1, 1)
+    only_two = take(db, key="b", repository_indexes=[2])
+    assert (only_two.repository_index, only_two.request) == (2, {"n": 9})
+    exact = take(db, key="c", exact=(1, 2))
+    assert exact.worker_job_index == 2
+    assert take(db, key="d") is None
+
+
+def test_a_repeated_claim_after_a_lost_reply_gets_the_same_lease(db):
+    enqueue(db, 1, {})
+    enqueue(db, 1, {})
+    first = take(db, key="lost-reply")
+    again = take(db, key="lost-reply")
+    assert again == first
+    other = take(db, key="next")
+    assert other.worker_job_index != first.worker_job_index
+    # Another worker with the same key is not given someone else's lease.
+    assert take(db, worker="w2", key="lost-reply") is None
+
+
+def test_the_lease_is_proof_for_heartbeat_and_finish(db):
+    enqueue(db, 1, {})
+    lease = take(db)
+    index = (1, 1)
+    assert heartbeat(db, index, lease.token, LONG) > lease.expires_at - timedelta(seconds=1)
+    with pytest.raises(LeaseLost):
+        heartbeat(db, index, "forged", LONG)
+    with pytest.raises(LeaseLost):
+        finish(db, index, "forged", "succeeded", {"exit_code": 0})
+    assert finish(db, index, lease.token, "succeeded", {"exit_code": 0}) == (
+        "finished",
+        {"exit_code": 0},
+    )
+    # A retried finish (its reply was lost) is answered with the stored outcome, for good.
+    assert finish(db, index, lease.token, "failed", {"exit_code": 1}) == (
+        "already finished",
+        {"exit_code": 0},
+    )
+    with pytest.raises(LeaseLost):
+        heartbeat(db, index, lease.token, LONG)
+    assert query(db.engine.url.database, "select state from worker_jobs") == [("succeeded",)]
+
+
+def test_an_expired_lease_is_claimed_again_and_the_old_proof_is_refused(db):
+    enqueue(db, 1, {})
+    lost = take(db, worker="dead", lease_for=SHORT)
+    assert take(db, worker="w2", key="k2") is None  # not while the lease holds
+    time.sleep(0.2)
+    with pytest.raises(LeaseLost):
+        heartbeat(db, (1, 1), lost.token, LONG)
+    taken = take(db, worker="w2", key="k2")
+    assert (taken.worker_job_index, taken.attempt) == (1, 2)
+    with pytest.raises(LeaseLost):
+        finish(db, (1, 1), lost.token, "succeeded", {})
+    assert finish(db, (1, 1), taken.token, "failed", {"exit_code": 3})[0] == "finished"
+
+
+def test_a_job_whose_every_lease_expired_ends_failed(db):
+    enqueue(db, 1, {})
+    for attempt in (1, 2):
+        lease = take(db, key=f"k{attempt}", lease_for=SHORT, max_attempts=2)
+        assert lease.attempt == attempt
+        time.sleep(0.2)
+    assert take(db, key="k3", max_attempts=2) is None
+    [(state, result)] = query(db.engine.url.database, "select state, result from worker_jobs")
+    assert state == "failed"
+    assert "the lease expired on each of 2 attempts" in result
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from datetime import timedelta
+    from aiworker.store.engine import Database
+    from aiworker.store.worker_jobs import claim, finish
+
+    db = Database(sys.argv[1])
+    name = sys.argv[2]
+    done = []
+    number = 0
+    while True:
+        number += 1
+        lease = claim(db, name, f"{name}-{number}", lease_for=timedelta(seconds=60),
+                      max_attempts=3)
+        if lease is None:
+            break
+        index = (lease.repository_index, lease.worker_job_index)
+        assert finish(db, index, lease.token, "succeeded", {"by": name})[0] == "finished"
+        done.append(f"{index[0]}/{index[1]}")
+    db.dispose()
+    print(" ".join(done))
+    """
+)
+
+
+def test_several_processes_claim_distinct_jobs_each_exactly_once(db, upgraded):
+    for n in range(150):
+        enqueue(db, 1 + n % 3, {"n": n})
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, f"sqlite:///{upgraded}", f"runner-{w}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(4)
+    ]
+    done = []
+    for worker in workers:
+        out, _ = worker.communicate(timeout=120)
+        assert worker.returncode == 0
+        done += out.split()
+    assert len(done) == 150
+    assert len(set(done)) == 150
+    assert query(
+        upgraded, "select count(*), min(attempt_count), max(attempt_count) from worker_jobs"
+    ) == [(150, 1, 1)]
+    assert query(upgraded, "select distinct state from worker_jobs") == [("succeeded",)]
