@@ -31,9 +31,24 @@ def serve(
             help="The https://NAME[:PORT] a reverse proxy serves this under (Host and Origin).",
         ),
     ] = None,
+    runner_listen: Annotated[
+        str | None,
+        typer.Option(
+            "--runner-listen",
+            help="Also serve the runner API (only) on ADDRESS:PORT; it may face other hosts.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the operator API and page; prints the address it listens on."""
     from aiworker.web.serve import serve as run
 
     inv: Invocation = ctx.obj
-    run(inv.config_path, inv.config_required, inv.state_dir, listen, allow_remote, public_origin)
+    run(
+        inv.config_path,
+        inv.config_required,
+        inv.state_dir,
+        listen,
+        allow_remote,
+        public_origin,
+        runner_listen,
+    )

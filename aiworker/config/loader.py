@@ -130,8 +130,7 @@ def read_token(identity: Identity, base: Path) -> str | None:
 
 def register_config_secrets(loaded: LoadedConfig) -> None:
     """Teach the redactor every secret this configuration can reach."""
-    forge = loaded.config.forge
-    if forge is not None:
+    if identities_of(loaded.config):
         for _name, identity in identities_of(loaded.config):
             # Raw, so that even a malformed source (refused where it is used) is masked
             # whole and line by line.
@@ -146,8 +145,10 @@ def register_config_secrets(loaded: LoadedConfig) -> None:
 
 
 def identities_of(config: Config) -> list[tuple[str, Identity]]:
+    """Every token source: the forge identities and the runner tokens (runner-N)."""
+    runners = [(f"runner-{n}", ident) for n, ident in enumerate(config.runners.tokens, 1)]
     if config.forge is None:
-        return []
+        return runners
     ids = config.forge.identities
     pairs = [
         ("planner", ids.planner),
@@ -155,4 +156,4 @@ def identities_of(config: Config) -> list[tuple[str, Identity]]:
         ("reviewer", ids.reviewer),
         ("operator", ids.operator),
     ]
-    return [(name, ident) for name, ident in pairs if ident is not None]
+    return [(name, ident) for name, ident in pairs if ident is not None] + runners

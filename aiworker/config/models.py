@@ -210,6 +210,14 @@ class Budgets(Strict):
         return int(value) if isinstance(value, int) else self.delivery
 
 
+class Runners(Strict):
+    # The tokens runners present (Authorization: Bearer), each from a file or a variable.
+    tokens: Annotated[list[Identity], Field(max_length=64)] = []
+    # How long a claim holds a job without a heartbeat, and how many leases it gets.
+    lease_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+
+
 class Housekeeping(Strict):
     # Workspaces and logs of failed and cancelled tasks are kept this long for diagnosis.
     retention_days: Annotated[int, Field(ge=0, le=3650)] = 7
@@ -234,6 +242,7 @@ class Config(Strict):
     scheduler: Scheduler = Scheduler()
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()
+    runners: Runners = Runners()
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

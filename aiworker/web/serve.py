@@ -37,35 +37,8 @@ def public_origin_of(origin: str) -> tuple[str, str]:
     return f"{parsed.scheme}://{parsed.netloc}", parsed.netloc
 
 
-def serve(
-    config_path: Path,
-    config_required: bool,
-    state_dir: Path,
-    listen: str,
-    allow_remote: bool,
-    public_origin: str | None = None,
-) -> None:
-    import uvicorn
-
-    from aiworker.config.loader import load_config
-    from aiworker.web.app import create_app
-
+def _bind(listen: str) -> tuple[socket.socket, str, int]:
     host, port = parse_listen(listen)
-    if not is_loopback(host) and not allow_remote:
-        raise InvalidInput(
-            f"{host} is not a loopback address; pass --allow-remote to bind it, behind an "
-            "authenticated HTTPS reverse proxy"
-        )
-
-    def environment() -> Environment:
-        loaded = load_config(config_path, required=config_required)
-        return Environment(state_dir.absolute(), loaded)
-
-    loaded = environment().loaded  # a broken configuration is reported now, not later
-    # Provider keys are registered where the providers run; this process masks them too.
-    for options in loaded.config.provider_options.values():
-        if options.api_key_env and (key := os.environ.get(options.api_key_env)):
-            register_secret(key)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (with proto 0 it
     # does not, and a kept-alive request waits 40 ms for the delayed ACK).
@@ -77,21 +50,77 @@ def serve(
         sock.close()
         raise Unavailable(f"cannot listen on {listen}: {exc.strerror}") from None
     sock.listen(2048)  # connections made once the address is printed wait for the server
-    port = sock.getsockname()[1]
+    return sock, host, sock.getsockname()[1]
+
+
+def _shown(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def serve(
+    config_path: Path,
+    config_required: bool,
+    state_dir: Path,
+    listen: str,
+    allow_remote: bool,
+    public_origin: str | None = None,
+    runner_listen: str | None = None,
+) -> None:
+    import asyncio
+
+    import uvicorn
+
+    from aiworker.config.loader import load_config
+    from aiworker.web.app import create_app
+    from aiworker.web.runner_api import create_runner_app
+
+    host, _ = parse_listen(listen)
+    if not is_loopback(host) and not allow_remote:
+        raise InvalidInput(
+            f"{host} is not a loopback address; pass --allow-remote to bind it, behind an "
+            "authenticated HTTPS reverse proxy"
+        )
+    if public_origin is not None:
+        public_origin_of(public_origin)  # refused before anything is bound
+
+    def environment() -> Environment:
+        loaded = load_config(config_path, required=config_required)
+        return Environment(state_dir.absolute(), loaded)
+
+    loaded = environment().loaded  # a broken configuration is reported now, not later
+    # Provider keys are registered where the providers run; this process masks them too.
+    for options in loaded.config.provider_options.values():
+        if options.api_key_env and (key := os.environ.get(options.api_key_env)):
+            register_secret(key)
+    sock, host, port = _bind(listen)
     hosts = allowed_hosts(host, port)
     origins = {f"http://{h}" for h in hosts}
     if public_origin is not None:
         # Behind the reverse proxy the browser names the proxy's address, not ours.
         origin, proxied = public_origin_of(public_origin)
         hosts, origins = hosts | {proxied}, origins | {origin}
-    app = create_app(environment, hosts, origins)
-    shown = f"[{host}]" if ":" in host else host
-    sys.stdout.write(f"aiworker web at http://{shown}:{port}/\n")
+    servers = [(create_app(environment, hosts, origins), sock)]
+    sys.stdout.write(f"aiworker web at {_shown(host, port)}\n")
     if not is_loopback(host):
         sys.stdout.write(
             "warning: listening beyond loopback; an authenticated HTTPS reverse proxy must "
             "sit in front of this server\n"
         )
+    if runner_listen is not None:
+        # The runner API alone, on its own address (it may face other hosts).
+        runner_sock, runner_host, runner_port = _bind(runner_listen)
+        servers.append((create_runner_app(environment), runner_sock))
+        sys.stdout.write(f"aiworker runner API at {_shown(runner_host, runner_port)}\n")
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+
+    async def run_all() -> None:
+        await asyncio.gather(
+            *(
+                uvicorn.Server(
+                    uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+                ).serve(sockets=[bound])
+                for app, bound in servers
+            )
+        )
+
+    asyncio.run(run_all())

@@ -1,0 +1,146 @@
+"""The runner API (`/api/runner/v1/...`) on its own listener (`web serve --runner-listen`),
+which may face other hosts: bearer tokens only (no cookies, so no CSRF), bounded bodies,
+and no operator route. Errors use the CLI's error shape; a stale lease is 409."""
+
+# No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from aiworker.core.context import Environment
+from aiworker.store.worker_jobs import LeaseLost
+from aiworker.web.protection import Protection
+
+Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
+Text = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Pair(Strict):
+    repository_index: Annotated[int, Field(ge=1, le=2**63 - 1)]
+    worker_job_index: Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+class ClaimRequest(Strict):
+    worker_id: Text
+    request_key: Text  # the same key after a lost reply gets the same lease
+    repository_indexes: (
+        Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=1000)] | None
+    ) = None
+    exact: Pair | None = None
+    wait_ms: Annotated[int, Field(ge=0, le=30_000)] = 0
+
+
+class LeaseProof(Strict):
+    lease_token: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class Outcome(LeaseProof):
+    result: dict[str, Any]
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def create_runner_app(environment: Callable[[], Environment]) -> Protection:
+    from aiworker import __version__
+    from aiworker.core.runner import fleet
+
+    app = FastAPI(
+        title="aiworker runner API",
+        version=__version__,
+        openapi_url="/api/runner/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    def runner_env(authorization: Annotated[str | None, Header()] = None) -> Environment:
+        env = environment()
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not fleet.authorized(env.loaded, token.strip()):
+            raise _Unauthorized
+        return env
+
+    Env = Annotated[Environment, Depends(runner_env)]
+
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
+        return _error(401, "unauthorized", "a runner token is required (Authorization: Bearer)")
+
+    @app.exception_handler(LeaseLost)
+    async def lost(_request: Request, exc: Exception) -> JSONResponse:
+        return _error(409, "lease_lost", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        where = ".".join(str(p) for p in first["loc"])
+        return _error(400, "invalid_input", f"{where}: {first['msg']}")
+
+    @app.get("/api/runner/v1/health")
+    def health(env: Env) -> dict[str, Any]:
+        del env
+        return {"ok": True, "contracts": list(fleet.CONTRACTS)}
+
+    @app.post("/api/runner/v1/claim", response_model=None)
+    def claim(env: Env, request: ClaimRequest) -> dict[str, Any] | Response:
+        exact = (
+            (request.exact.repository_index, request.exact.worker_job_index)
+            if request.exact
+            else None
+        )
+        lease = fleet.claim_job(
+            env,
+            request.worker_id,
+            request.request_key,
+            sorted(set(request.repository_indexes)) if request.repository_indexes else None,
+            exact,
+            request.wait_ms / 1000,
+        )
+        if lease is None:
+            return Response(status_code=204)
+        return {
+            "repository_index": lease.repository_index,
+            "worker_job_index": lease.worker_job_index,
+            "request": lease.request,
+            "lease_token": lease.token,
+            "lease_expires_at": lease.expires_at.isoformat(),
+            "attempt": lease.attempt,
+        }
+
+    @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
+    def heartbeat(
+        env: Env, repository_index: Index, worker_job_index: Index, proof: LeaseProof
+    ) -> dict[str, Any]:
+        pair = (repository_index, worker_job_index)
+        return {"lease_expires_at": fleet.beat(env, pair, proof.lease_token)}
+
+    def _finish(env: Environment, pair: tuple[int, int], outcome: str, body: Outcome) -> Any:
+        status, result = fleet.finish_job(env, pair, body.lease_token, outcome, body.result)
+        return {"status": status, "result": result}
+
+    @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/complete")
+    def complete(
+        env: Env, repository_index: Index, worker_job_index: Index, body: Outcome
+    ) -> dict[str, Any]:
+        return _finish(env, (repository_index, worker_job_index), "succeeded", body)  # type: ignore[no-any-return]
+
+    @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/fail")
+    def fail(
+        env: Env, repository_index: Index, worker_job_index: Index, body: Outcome
+    ) -> dict[str, Any]:
+        return _finish(env, (repository_index, worker_job_index), "failed", body)  # type: ignore[no-any-return]
+
+    return Protection(app, set(), check_host=False, check_csrf=False)
+
+
+class _Unauthorized(Exception):
+    pass

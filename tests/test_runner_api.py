@@ -1,0 +1,128 @@
+"""The runner API on its own listener (`web serve --runner-listen`), over real HTTP: bearer
+tokens from the configuration, idempotent claims, lease proof on heartbeat and finish,
+"already finished" final, long-poll pickup, and no operator route on that listener (nor a
+runner route on the operator's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from aiworker.store.engine import Database
+from aiworker.store.worker_jobs import enqueue
+
+TOKEN = "runner-token-7d2f9a61c0e4"
+
+
+@pytest.fixture
+def fleet(upgraded, tmp_path, monkeypatch):
+    token_file = tmp_path / "runner.token"
+    token_file.write_text(TOKEN + "\n")
+    os.chmod(token_file, 0o600)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[runners]\nlease_seconds = 30\ntokens = [{{token_file = "{token_file}"}}]\n'
+    )
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "web",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--runner-listen",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        operator = process.stdout.readline().split(" at ", 1)[1].strip().rstrip("/")
+        line = process.stdout.readline()
+        assert line.startswith("aiworker runner API at "), line
+        runner = line.split(" at ", 1)[1].strip().rstrip("/")
+        db = Database(f"sqlite:///{upgraded}")
+        yield operator, runner, db
+        db.dispose()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+
+
+def call(runner, path, body=None, token=TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if body is None:
+        return requests.get(f"{runner}/api/runner/v1{path}", headers=headers, timeout=40)
+    return requests.post(f"{runner}/api/runner/v1{path}", json=body, headers=headers, timeout=40)
+
+
+def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
+    _, runner, db = fleet
+    assert call(runner, "/health").json() == {"ok": True, "contracts": ["ait.runner.native-job.v3"]}
+    assert call(runner, "/health", token=None).status_code == 401
+    assert call(runner, "/health", token="guess").json()["error"]["code"] == "unauthorized"
+    enqueue(db, 1, {"label": "ci"})
+    enqueue(db, 2, {"label": "other"})
+    claim = {"worker_id": "r1", "request_key": "c-1", "repository_indexes": [2]}
+    first = call(runner, "/claim", claim)
+    assert first.status_code == 200, first.text
+    lease = first.json()
+    assert (lease["repository_index"], lease["request"], lease["attempt"]) == (
+        2,
+        {"label": "other"},
+        1,
+    )
+    # The reply was lost: the same key gets the same lease, not a second job.
+    assert call(runner, "/claim", claim).json() == lease
+    assert call(runner, "/claim", {**claim, "request_key": "c-2"}).status_code == 204
+    job = f"/jobs/{lease['repository_index']}/{lease['worker_job_index']}"
+    assert (
+        call(runner, f"{job}/heartbeat", {"lease_token": lease["lease_token"]}).status_code == 200
+    )
+    forged = call(runner, f"{job}/complete", {"lease_token": "x" * 32, "result": {}})
+    assert (forged.status_code, forged.json()["error"]["code"]) == (409, "lease_lost")
+    done = call(
+        runner, f"{job}/complete", {"lease_token": lease["lease_token"], "result": {"exit_code": 0}}
+    )
+    assert done.json() == {"status": "finished", "result": {"exit_code": 0}}
+    again = call(runner, f"{job}/fail", {"lease_token": lease["lease_token"], "result": {}})
+    assert again.json() == {"status": "already finished", "result": {"exit_code": 0}}
+    assert (
+        call(runner, f"{job}/heartbeat", {"lease_token": lease["lease_token"]}).status_code == 409
+    )
+    bad = call(runner, "/claim", {"worker_id": "r 1", "request_key": "k"})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_input")
+
+
+def test_a_waiting_runner_picks_a_job_up_as_soon_as_it_is_queued(fleet):
+    _, runner, db = fleet
+    threading.Timer(0.5, enqueue, (db, 1, {"label": "late"})).start()
+    started = time.monotonic()
+    picked = call(runner, "/claim", {"worker_id": "r1", "request_key": "w-1", "wait_ms": 10_000})
+    waited = time.monotonic() - started
+    assert picked.status_code == 200, picked.text
+    assert picked.json()["request"] == {"label": "late"}
+    assert 0.4 < waited < 5.0
+    empty = call(runner, "/claim", {"worker_id": "r1", "request_key": "w-2", "wait_ms": 300})
+    assert empty.status_code == 204
+
+
+def test_each_listener_serves_only_its_own_routes(fleet):
+    operator, runner, _ = fleet
+    assert requests.get(f"{runner}/api/v1/status", timeout=10).status_code == 404
+    assert requests.get(f"{operator}/api/runner/v1/health", timeout=10).status_code in (404, 421)
+    assert requests.get(f"{operator}/api/v1/status", timeout=10).status_code == 200
+    shown = requests.get(f"{operator}/api/v1/settings", timeout=10).text
+    assert TOKEN not in shown
+    assert "runner-1" in shown
