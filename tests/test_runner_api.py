@@ -17,7 +17,8 @@ import requests
 from aiworker.store.engine import Database
 from aiworker.store.worker_jobs import enqueue
 
-TOKEN = "runner-token-7d2f9a61c0e4"
+TOKEN = "runner-token-7d2f9a61c0e4a1b2c3d4e5f60718293a"
+SHORT = "runner-short"
 
 
 @pytest.fixture
@@ -72,6 +73,8 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     assert call(runner, "/health").json() == {"ok": True, "contracts": ["ait.runner.native-job.v3"]}
     assert call(runner, "/health", token=None).status_code == 401
     assert call(runner, "/health", token="guess").json()["error"]["code"] == "unauthorized"
+    # A token shorter than 32 characters is never accepted; a malformed source is skipped.
+    assert call(runner, "/health", token=SHORT).status_code == 401
     enqueue(db, 1, {"label": "ci"})
     enqueue(db, 2, {"label": "other"})
     claim = {"worker_id": "r1", "request_key": "c-1", "repository_indexes": [2]}
@@ -86,6 +89,13 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     # The reply was lost: the same key gets the same lease, not a second job.
     assert call(runner, "/claim", claim).json() == lease
     assert call(runner, "/claim", {**claim, "request_key": "c-2"}).status_code == 204
+    # An empty filter is no repository at all, not every one.
+    assert (
+        call(
+            runner, "/claim", {**claim, "request_key": "c-3", "repository_indexes": []}
+        ).status_code
+        == 204
+    )
     job = f"/jobs/{lease['repository_index']}/{lease['worker_job_index']}"
     assert (
         call(runner, f"{job}/heartbeat", {"lease_token": lease["lease_token"]}).status_code == 200
@@ -126,3 +136,31 @@ def test_each_listener_serves_only_its_own_routes(fleet):
     shown = requests.get(f"{operator}/api/v1/settings", timeout=10).text
     assert TOKEN not in shown
     assert "runner-1" in shown
+
+
+def test_waiting_runners_do_not_starve_the_other_requests(fleet):
+    operator, runner, _ = fleet
+    waiting = [
+        threading.Thread(
+            target=call,
+            args=(runner, "/claim", {"worker_id": f"r{n}", "request_key": "k", "wait_ms": 4000}),
+        )
+        for n in range(45)
+    ]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert requests.get(f"{operator}/api/v1/status", timeout=10).status_code == 200
+    assert call(runner, "/health").status_code == 200
+    assert time.monotonic() - started < 2.0
+    for thread in waiting:
+        thread.join()
+
+
+def test_the_runner_listener_beyond_loopback_needs_the_explicit_flag():
+    from tests.helpers import run_process
+
+    refused = run_process("--json", "web", "serve", "--runner-listen", "0.0.0.0:0")
+    assert refused.exit_code == 2
+    assert "--allow-remote" in refused.json()["error"]["message"]

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import literal_column as sql_literal
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
@@ -215,8 +216,9 @@ def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
     plan = tasks.alias("plan")
     running_plans = select(plan.c.id).where(plan.c.state == "milestones")
     conditions: list[ColumnElement[bool]] = [
-        (candidate.c.state == "ready")
-        | ((candidate.c.state == "repairing") & candidate.c.claim_slot.is_(None)),
+        # IN on the state keeps the (state, id) index usable; the OR alone would scan.
+        candidate.c.state.in_([sql_literal("'ready'"), sql_literal("'repairing'")]),
+        (candidate.c.state == "ready") | candidate.c.claim_slot.is_(None),
         candidate.c.parent_id.is_(None) | candidate.c.parent_id.in_(running_plans),
     ]
     if of_kinds:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow, worker_jobs
@@ -43,7 +44,18 @@ class Lease:
 
 
 def enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
-    """Queue REQUEST for repository REPOSITORY_INDEX; returns its worker job index."""
+    """Queue REQUEST for repository REPOSITORY_INDEX; returns its worker job index (the
+    next one: on a database without SQLite's write lock, a racing enqueuer's index is
+    taken, and the next is tried)."""
+    for _ in range(20):
+        try:
+            return _enqueue(db, repository_index, request)
+        except IntegrityError:
+            continue
+    raise RuntimeError(f"could not enqueue a worker job for repository {repository_index}")
+
+
+def _enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
     with db.transaction() as connection:
         last = connection.scalar(
             select(func.max(worker_jobs.c.worker_job_index)).where(
@@ -114,6 +126,7 @@ def claim(
             )
             .values(
                 state=FAILED,
+                lease_token=None,
                 result={"error": f"the lease expired on each of {max_attempts} attempts"},
                 version=worker_jobs.c.version + 1,
                 updated_at=now,
@@ -138,7 +151,11 @@ def claim(
         oldest = connection.execute(
             select(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
             .where(*conditions)
-            .order_by(worker_jobs.c.created_at, worker_jobs.c.repository_index)
+            .order_by(
+                worker_jobs.c.created_at,
+                worker_jobs.c.repository_index,
+                worker_jobs.c.worker_job_index,
+            )
             .limit(1)
         ).first()
         if oldest is None:
@@ -148,6 +165,7 @@ def claim(
             .where(
                 worker_jobs.c.repository_index == oldest[0],
                 worker_jobs.c.worker_job_index == oldest[1],
+                claimable,  # still claimable: never two leases at once, whatever the database
             )
             .values(
                 state=LEASED,
@@ -161,8 +179,7 @@ def claim(
             )
             .returning(worker_jobs)
         ).first()
-    assert row is not None
-    return _lease(row)
+    return None if row is None else _lease(row)
 
 
 def _row(connection: Connection, index: tuple[int, int]) -> Any:
@@ -185,15 +202,18 @@ def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timed
         if row.state != LEASED or row.lease_token != token or row.lease_expires_at <= now:
             raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} no longer holds")
         expires = now + lease_for
-        connection.execute(
+        changed = connection.execute(
             update(worker_jobs)
             .where(
                 worker_jobs.c.repository_index == index[0],
                 worker_jobs.c.worker_job_index == index[1],
                 worker_jobs.c.lease_token == token,
+                worker_jobs.c.state == LEASED,
             )
             .values(lease_expires_at=expires, updated_at=now)
         )
+        if changed.rowcount != 1:
+            raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} no longer holds")
     return expires
 
 
@@ -213,12 +233,13 @@ def finish(
             return "already finished", dict(row.result or {})
         if row.lease_expires_at <= now:
             raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} expired")
-        connection.execute(
+        changed = connection.execute(
             update(worker_jobs)
             .where(
                 worker_jobs.c.repository_index == index[0],
                 worker_jobs.c.worker_job_index == index[1],
                 worker_jobs.c.lease_token == token,
+                worker_jobs.c.state == LEASED,
             )
             .values(
                 state=outcome,
@@ -227,4 +248,6 @@ def finish(
                 updated_at=now,
             )
         )
+        if changed.rowcount != 1:
+            raise LeaseLost(f"worker job {index[0]}/{index[1]} changed under this lease")
     return "finished", result

@@ -3,19 +3,27 @@ which may face other hosts: bearer tokens only (no cookies, so no CSRF), bounded
 and no operator route. Errors use the CLI's error shape; a stale lease is 409."""
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import anyio
 from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from aiworker.core.context import Environment
+from aiworker.errors import AiworkerError, Unavailable
+from aiworker.secrets import redact
 from aiworker.store.worker_jobs import LeaseLost
 from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
+POLL_STEP_S = 0.1  # a waiting claim looks again this often (each look is one write lock)
+MAX_WAITING = 32  # waiting claims at once; more wait for a place, not for a thread
 Text = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
@@ -70,6 +78,11 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         return env
 
     Env = Annotated[Environment, Depends(runner_env)]
+    waiting = anyio.CapacityLimiter(MAX_WAITING)
+
+    @app.exception_handler(AiworkerError)
+    async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
+        return _error(503 if isinstance(exc, Unavailable) else 400, exc.code, redact(exc.message))
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
@@ -91,20 +104,18 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         return {"ok": True, "contracts": list(fleet.CONTRACTS)}
 
     @app.post("/api/runner/v1/claim", response_model=None)
-    def claim(env: Env, request: ClaimRequest) -> dict[str, Any] | Response:
+    async def claim(env: Env, request: ClaimRequest) -> dict[str, Any] | Response:
         exact = (
             (request.exact.repository_index, request.exact.worker_job_index)
             if request.exact
             else None
         )
-        lease = fleet.claim_job(
-            env,
-            request.worker_id,
-            request.request_key,
-            sorted(set(request.repository_indexes)) if request.repository_indexes else None,
-            exact,
-            request.wait_ms / 1000,
+        indexes = (
+            sorted(set(request.repository_indexes))
+            if request.repository_indexes is not None
+            else None
         )
+        lease = await _long_poll(env, request, indexes, exact)
         if lease is None:
             return Response(status_code=204)
         return {
@@ -125,7 +136,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
 
     def _finish(env: Environment, pair: tuple[int, int], outcome: str, body: Outcome) -> Any:
         status, result = fleet.finish_job(env, pair, body.lease_token, outcome, body.result)
-        return {"status": status, "result": result}
+        return {"status": status, "result": result}  # result: the stored one, if already
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/complete")
     def complete(
@@ -138,6 +149,34 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         env: Env, repository_index: Index, worker_job_index: Index, body: Outcome
     ) -> dict[str, Any]:
         return _finish(env, (repository_index, worker_job_index), "failed", body)  # type: ignore[no-any-return]
+
+    async def _long_poll(
+        env: Environment,
+        request: ClaimRequest,
+        indexes: list[int] | None,
+        exact: tuple[int, int] | None,
+    ) -> Any:
+        """Claim now, or wait (without holding a thread) until a job is queued or the wait
+        ends; a bounded number of waiting claims keeps threads free for heartbeats."""
+        deadline = time.monotonic() + request.wait_ms / 1000
+        db = env.open_database()
+        try:
+            async with waiting:
+                while True:
+                    lease = await run_in_threadpool(
+                        fleet.claim_once,
+                        env,
+                        db,
+                        request.worker_id,
+                        request.request_key,
+                        indexes,
+                        exact,
+                    )
+                    if lease is not None or time.monotonic() >= deadline:
+                        return lease
+                    await asyncio.sleep(POLL_STEP_S)
+        finally:
+            db.dispose()
 
     return Protection(app, set(), check_host=False, check_csrf=False)
 

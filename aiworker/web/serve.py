@@ -82,6 +82,13 @@ def serve(
         )
     if public_origin is not None:
         public_origin_of(public_origin)  # refused before anything is bound
+    if runner_listen is not None:
+        runner_host, _ = parse_listen(runner_listen)
+        if not is_loopback(runner_host) and not allow_remote:
+            raise InvalidInput(
+                f"--runner-listen {runner_listen}: not a loopback address; pass --allow-remote "
+                "to let runners on other hosts reach it (behind TLS: tokens travel in headers)"
+            )
 
     def environment() -> Environment:
         loaded = load_config(config_path, required=config_required)

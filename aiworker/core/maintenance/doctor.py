@@ -10,6 +10,7 @@ from aiworker.config.loader import (
     LoadedConfig,
     identities_of,
     load_config,
+    read_token,
     token_path,
     token_state,
 )
@@ -82,6 +83,10 @@ def _check_tokens(loaded: LoadedConfig) -> list[Check]:
         elif state == "malformed":
             checks.append(
                 Check(f"token:{name}", "fail", f"{source} must hold exactly one token on one line")
+            )
+        elif name.startswith("runner-") and len(read_token(identity, base) or "") < 32:
+            checks.append(
+                Check(f"token:{name}", "fail", f"{source}: a runner token needs 32 characters")
             )
         elif identity.token_file and (mode := _mode(token_path(identity, base))) & 0o077:
             checks.append(

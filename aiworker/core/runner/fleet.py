@@ -7,60 +7,71 @@ is queued, not at its next poll."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-import time
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
 from aiworker.config.loader import LoadedConfig, read_token
 from aiworker.core.context import Environment
+from aiworker.errors import ConfigInvalid
+from aiworker.store.engine import Database
 from aiworker.store.worker_jobs import Lease, claim, finish, heartbeat
 
+log = logging.getLogger(__name__)
 CONTRACTS = ("ait.runner.native-job.v3",)
-MAX_WAIT_S = 30.0
-WAIT_STEP_S = 0.05
+
+
+MIN_TOKEN_LENGTH = 32
 
 
 def accepted_tokens(loaded: LoadedConfig) -> list[str]:
+    """The runner tokens the configuration names; a source that is malformed or holds a
+    token shorter than MIN_TOKEN_LENGTH is skipped (and `doctor` names it)."""
     base = loaded.path.parent
-    return [t for i in loaded.config.runners.tokens if (t := read_token(i, base)) is not None]
+    tokens = []
+    for identity in loaded.config.runners.tokens:
+        try:
+            token = read_token(identity, base)
+        except ConfigInvalid as exc:
+            log.warning("a runner token source is skipped: %s", exc.message)
+            continue
+        if token is not None and len(token) >= MIN_TOKEN_LENGTH:
+            tokens.append(token)
+    return tokens
 
 
 def authorized(loaded: LoadedConfig, presented: str | None) -> bool:
+    """Whether PRESENTED is an accepted token; every token is compared, by digest, so the
+    time taken says nothing of which matched or how long they are."""
     if not presented:
         return False
-    given = presented.encode()
-    return any(hmac.compare_digest(given, token.encode()) for token in accepted_tokens(loaded))
+    given = hashlib.sha256(presented.encode()).digest()
+    found = False
+    for token in accepted_tokens(loaded):
+        found |= hmac.compare_digest(given, hashlib.sha256(token.encode()).digest())
+    return found
 
 
-def claim_job(
+def claim_once(
     env: Environment,
+    db: Database,
     worker_id: str,
     request_key: str,
     repository_indexes: Sequence[int] | None,
     exact: tuple[int, int] | None,
-    wait_s: float,
 ) -> Lease | None:
-    """The next job for WORKER_ID, waiting up to WAIT_S (at most MAX_WAIT_S) for one."""
     runners = env.loaded.config.runners
-    deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
-    db = env.open_database()
-    try:
-        while True:
-            lease = claim(
-                db,
-                worker_id,
-                request_key,
-                lease_for=timedelta(seconds=runners.lease_seconds),
-                max_attempts=runners.max_attempts,
-                repository_indexes=repository_indexes,
-                exact=exact,
-            )
-            if lease is not None or time.monotonic() >= deadline:
-                return lease
-            time.sleep(WAIT_STEP_S)
-    finally:
-        db.dispose()
+    return claim(
+        db,
+        worker_id,
+        request_key,
+        lease_for=timedelta(seconds=runners.lease_seconds),
+        max_attempts=runners.max_attempts,
+        repository_indexes=repository_indexes,
+        exact=exact,
+    )
 
 
 def beat(env: Environment, index: tuple[int, int], token: str) -> str:
