@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -154,7 +155,9 @@ def _plan(
     guard.finish("succeeded", f"posted a plan of {len(result.milestones)} milestones")
     spec = {
         "milestones": [m.model_dump() for m in result.milestones],
-        "fingerprint": task.scope_fingerprint,
+        # The scope this plan answers, read with the issue it planned (not poll's record,
+        # which may lag: the plan step would plan again for a scope already planned).
+        "fingerprint": fingerprint(issue, config.labels.approved),
         "comment": posted.id,
         # Timeline items share one sequence: only an approval after the plan counts.
         "approval_after": posted.id,
