@@ -215,3 +215,18 @@ def test_a_plan_paused_by_a_withdrawn_label_resumes_where_it_was(
     assert step(cli)["state"] == "milestones"
     assert query(upgraded, "select count(*) from tasks where kind = 'milestone'") == [(2,)]
     assert len(comments(forge, "planner-bot")) == 1
+
+
+def test_a_plan_made_after_an_edit_poll_has_not_seen_is_not_planned_again(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    config = configure(tmp_path, forge, monkeypatch)
+    write_scenario(tmp_path / "scenario.json", **SCENARIO)
+    config.write_text(SCRIPT_ONLY + "\n" + config.read_text())
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
+    assert cli("poll").exit_code == 0
+    edit_issue(forge, 1, body="Fix add(), with a test for zero.")  # not polled yet
+    assert claim_and_run(cli, "plan", 1)["outcome"] == "planned"
+    # The plan answers the text it was made from: it waits for approval, no second plan.
+    assert step(cli)["state"] == "awaiting_plan_approval"
+    assert query(upgraded, "select count(*) from attempts where phase = 'planning'") == [(1,)]
