@@ -64,7 +64,9 @@ def wait_for_ends(log: Path, count: int, timeout: float = 30) -> dict[int, dict]
 
 def test_sixteen_concurrent_ticks_respect_the_slots(scheduled, monkeypatch):
     db_path, log = scheduled
-    monkeypatch.setenv("PHASE_SECONDS", "2")
+    # Jobs outlast every tick (16 interpreters on 2 busy cores take seconds to start): a
+    # tick that came after a job ended would rightly reuse its slot, a second wave.
+    monkeypatch.setenv("PHASE_SECONDS", "10")
     ticks = [
         subprocess.Popen(
             [sys.executable, "-m", "aiworker", "--json", "scheduler", "tick"],
