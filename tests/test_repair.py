@@ -290,3 +290,14 @@ def test_a_result_that_misses_a_passing_threshold_is_not_published(forge, claime
     refused = run_process("--json", "publish", "--task", str(task))
     assert refused.exit_code == 1
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
+
+
+def test_every_repair_cause_has_its_prompt_and_an_unknown_one_is_refused():
+    import pytest
+
+    from aiworker.core.phases.prompts import REPAIR_CAUSES
+    from aiworker.core.tasks.repairs import CAUSES, RepairRequest
+
+    assert set(REPAIR_CAUSES) == set(CAUSES)
+    with pytest.raises(ValueError, match="unknown repair cause 'typo'"):
+        RepairRequest("typo", "a" * 40, "b" * 40)

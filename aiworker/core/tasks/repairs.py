@@ -43,6 +43,11 @@ class RepairRequest:
     findings: list[Finding] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # files left with conflict markers
 
+    def __post_init__(self) -> None:
+        # Refused where it is made, not when an episode later has no prompt for it.
+        if self.cause not in CAUSES:
+            raise ValueError(f"unknown repair cause {self.cause!r}")
+
     def to_data(self) -> dict[str, Any]:
         return {
             "cause": self.cause,
