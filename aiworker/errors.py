@@ -1,7 +1,8 @@
 """The one error tree: every expected failure carries a stable code and an exit code.
 
 Exit codes follow DESIGN.md: 1 the operation failed, 2 usage/configuration/input
-invalid, 75 temporarily unavailable (a lock is held, nothing eligible now).
+invalid, 75 temporarily unavailable (a lock is held, nothing eligible now), 77 refused (a
+runner's token is not accepted, or the server speaks no contract the runner does).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_UNAVAILABLE = 75
+EXIT_REFUSED = 77  # not permitted: a refused credential or a contract this side does not speak
 
 
 def key_path(loc: tuple[int | str, ...]) -> str:
@@ -78,3 +80,10 @@ class Conflict(AiworkerError):
     """Someone else changed the thing first (a stale revision or version)."""
 
     code = "conflict"
+
+
+class Refused(AiworkerError):
+    """The other side refuses this caller or speaks no common contract; retrying won't help."""
+
+    code = "refused"
+    exit_code = EXIT_REFUSED

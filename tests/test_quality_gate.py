@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from aiworker.config.models import Runners
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.evidence.gate import publication_allowed, run_gate
 from aiworker.core.intake.scope import Requirement, requirements_from_issue
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.errors import InvalidInput
 from aiworker.runtime.gitcache import GitCache
 from aiworker.sandbox.gitrepo import BareRepo
@@ -15,6 +17,11 @@ from aiworker.store.engine import Database
 from tests.forge_fixtures import git
 
 SCOPE = "f" * 64
+
+
+def jobs(db, cache):
+    """Checks as worker jobs run by the embedded runner, as with no fleet configured."""
+    return Dispatch(db, cache, cache.root.parent, Runners(), {})
 
 
 @pytest.fixture
@@ -58,7 +65,7 @@ def test_passing_head_gets_receipts_that_authorise_only_that_head(setup, tmp_pat
     requirements = requirements_from_issue("no checks block here")
     report = run_gate(
         db,
-        cache,
+        jobs(db, cache),
         index=1,
         slot=1,
         task_id=None,
@@ -95,7 +102,7 @@ def test_a_claimed_pass_that_fails_on_rerun_is_a_finding(setup, tmp_path):
     requirements = [Requirement("ci", ("./ci/run",))]
     report = run_gate(
         db,
-        cache,
+        jobs(db, cache),
         index=1,
         slot=1,
         task_id=None,
@@ -172,7 +179,13 @@ def measured(upgraded, state_dir, tmp_path):
         db = Database(f"sqlite:///{upgraded}")
         try:
             report = run_gate(
-                db, cache, index=1, slot=1, task_id=None, scope=SCOPE, requirements=requirements
+                db,
+                jobs(db, cache),
+                index=1,
+                slot=1,
+                task_id=None,
+                scope=SCOPE,
+                requirements=requirements,
             )
         finally:
             db.dispose()

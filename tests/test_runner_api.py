@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from aiworker.contracts.runner import JobResult
 from aiworker.store.engine import Database
 from aiworker.store.worker_jobs import enqueue
 
@@ -61,6 +62,48 @@ def fleet(upgraded, tmp_path, monkeypatch):
         process.stdout.close()
 
 
+def job_result(label, suite):
+    """A runner result document (ait.runner.native-result.v1) for LABEL and SUITE."""
+    stream = {
+        "total_bytes": 0,
+        "sha256": "0" * 64,
+        "tail_base64": "",
+        "tail_bytes": 0,
+        "truncated": False,
+        "masked": False,
+    }
+    return JobResult.model_validate(
+        {
+            "label": label,
+            "suite_id": suite,
+            "attempt_id": "a1",
+            "status": "succeeded",
+            "tests_status": "pass",
+            "exit_code": 0,
+            "signal": None,
+            "started_at": "2026-12-01T00:00:00+00:00",
+            "finished_at": "2026-12-01T00:00:01+00:00",
+            "duration_ms": 1000,
+            "suites": [{"suite_id": suite, "status": "pass", "duration_ms": 1000}],
+            "materialization": dict.fromkeys(
+                ("files", "directories", "symlinks", "skipped_special", "bytes", "duration_ms"), 0
+            ),
+            "evidence": {"stdout": stream, "stderr": stream},
+            "termination": {
+                "signals_sent": [],
+                "drain_timed_out": False,
+                "leftover_processes_killed": 0,
+            },
+            "cleanup": {
+                "removed": True,
+                "attempt_path": "/tmp/a1",
+                "entries_removed": 1,
+                "duration_ms": 1,
+            },
+        }
+    ).model_dump(mode="json")
+
+
 def call(runner, path, body=None, token=TOKEN):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if body is None:
@@ -70,20 +113,24 @@ def call(runner, path, body=None, token=TOKEN):
 
 def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     _, runner, db = fleet
-    assert call(runner, "/health").json() == {"ok": True, "contracts": ["ait.runner.native-job.v3"]}
+    assert call(runner, "/health").json() == {
+        "ok": True,
+        "contracts": ["ait.runner.native-job.v3"],
+        "lease_seconds": 30,
+    }
     assert call(runner, "/health", token=None).status_code == 401
     assert call(runner, "/health", token="guess").json()["error"]["code"] == "unauthorized"
     # A token shorter than 32 characters is never accepted; a malformed source is skipped.
     assert call(runner, "/health", token=SHORT).status_code == 401
     enqueue(db, 1, {"label": "ci"})
-    enqueue(db, 2, {"label": "other"})
+    enqueue(db, 2, {"label": "other", "suite_id": "s"})
     claim = {"worker_id": "r1", "request_key": "c-1", "repository_indexes": [2]}
     first = call(runner, "/claim", claim)
     assert first.status_code == 200, first.text
     lease = first.json()
     assert (lease["repository_index"], lease["request"], lease["attempt"]) == (
         2,
-        {"label": "other"},
+        {"label": "other", "suite_id": "s"},
         1,
     )
     # The reply was lost: the same key gets the same lease, not a second job.
@@ -100,14 +147,27 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     assert (
         call(runner, f"{job}/heartbeat", {"lease_token": lease["lease_token"]}).status_code == 200
     )
-    forged = call(runner, f"{job}/complete", {"lease_token": "x" * 32, "result": {}})
+    result = job_result("other", "s")
+    forged = call(runner, f"{job}/complete", {"lease_token": "x" * 32, "result": result})
     assert (forged.status_code, forged.json()["error"]["code"]) == (409, "lease_lost")
-    done = call(
-        runner, f"{job}/complete", {"lease_token": lease["lease_token"], "result": {"exit_code": 0}}
+    proof = lease["lease_token"]
+    # Only a valid result of this job's own request is accepted.
+    for wrong in ({"exit_code": 0}, job_result("another", "s")):
+        refused = call(runner, f"{job}/complete", {"lease_token": proof, "result": wrong})
+        assert refused.status_code == 400, refused.text
+    done = call(runner, f"{job}/complete", {"lease_token": proof, "result": result})
+    assert done.json()["status"] == "finished", done.text
+    delivery = done.json()["delivery"]
+    assert delivery["contract"] == "ait.runner.delivery.v1"
+    assert (delivery["outcome"], delivery["attempt"], delivery["worker_id"]) == (
+        "completed",
+        1,
+        "r1",
     )
-    assert done.json() == {"status": "finished", "result": {"exit_code": 0}}
-    again = call(runner, f"{job}/fail", {"lease_token": lease["lease_token"], "result": {}})
-    assert again.json() == {"status": "already finished", "result": {"exit_code": 0}}
+    assert delivery["result"] == result
+    error = {"code": "late", "message": "a second outcome"}
+    again = call(runner, f"{job}/fail", {"lease_token": proof, "error": error})
+    assert again.json() == {"status": "already finished", "delivery": delivery}
     assert (
         call(runner, f"{job}/heartbeat", {"lease_token": lease["lease_token"]}).status_code == 409
     )

@@ -34,7 +34,9 @@ MOST_EXPOSURE = {
     "aiworker-scheduler.service": 3.0,
     "aiworker-slot@1.service": 5.0,
     "aiworker-web.service": 3.0,
+    "aiworker-runner.service": 5.0,
 }
+RUNNER = "aiworker-runner.service"
 
 needs_analyze = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None, reason="systemd-analyze missing"
@@ -66,8 +68,8 @@ def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, sta
     assert result.exit_code == 0, result
     written = sorted(p.name for p in target.iterdir())
     shipped = sorted(p.name for p in (ROOT / "contrib" / "systemd").iterdir())
-    # The web unit is written only when asked for (install --web).
-    assert written == [n for n in shipped if n != "aiworker-web.service"]
+    # The web and runner units are written only when asked for.
+    assert written == [n for n in shipped if n not in ("aiworker-web.service", RUNNER)]
     for name in written:
         template = (ROOT / "contrib" / "systemd" / name).read_text()
         pattern = re.escape(template)
@@ -105,11 +107,29 @@ def test_the_web_unit_is_written_when_asked_and_only_for_loopback(tmp_path, stat
     assert not (tmp_path / "other").exists()
 
 
+FLEET = ("--runner-server", "http://10.0.0.1:8766")
+
+
+def test_the_runner_unit_serves_the_named_controller_with_its_own_attempt_root(tmp_path, state_dir):
+    target = tmp_path / "units"
+    result = install(target, state_dir, *FLEET)
+    assert result.exit_code == 0, result
+    runner = (target / RUNNER).read_text()
+    assert '--server "http://10.0.0.1:8766"' in runner
+    assert f'--attempt-root "{state_dir}/runner-attempts"' in runner
+    assert f'ReadWritePaths="{state_dir}/runner-attempts"' in runner
+    assert "AIWORKER_SERVER_TOKEN" not in runner.split("[Service]")[1].split("ExecStart")[0]
+    assert run_process("runner", "serve", "--help").exit_code == 0
+    refused = install(tmp_path / "other", state_dir, "--runner-server", "10.0.0.1:8766")
+    assert refused.exit_code == 2
+    assert not (tmp_path / "other").exists()
+
+
 @needs_analyze
 @pytest.mark.parametrize("mode", [(), ("--user",)], ids=["system", "user"])
 def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
     target = tmp_path / "units"
-    assert install(target, None, "--web", "127.0.0.1:8765").exit_code == 0
+    assert install(target, None, "--web", "127.0.0.1:8765", *FLEET).exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
     units = [
         str(target / n)
@@ -118,6 +138,7 @@ def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
             "aiworker-scheduler.timer",
             "aiworker-slot@1.service",
             "aiworker-web.service",
+            RUNNER,
         )
     ]
     verified = analyze("verify", *mode, *units)
@@ -129,7 +150,7 @@ def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
 @pytest.mark.parametrize("unit", sorted(MOST_EXPOSURE))
 def test_systemd_analyze_security_scores_the_hardening(tmp_path, state_dir, unit):
     target = tmp_path / "units"
-    assert install(target, None, "--web", "127.0.0.1:8765").exit_code == 0
+    assert install(target, None, "--web", "127.0.0.1:8765", *FLEET).exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
     limit = MOST_EXPOSURE[unit]
     scored = analyze(

@@ -14,13 +14,24 @@ app = typer.Typer(
     help="Run CI jobs in bounded, isolated attempts.", no_args_is_help=True, rich_markup_mode=None
 )
 
-SCHEMA_NAMES = ("request", "result", "error", "agent-result", "continuation")
+SCHEMA_NAMES = (
+    "request",
+    "result",
+    "error",
+    "delivery",
+    "snapshot",
+    "agent-result",
+    "continuation",
+)
 
 
 @app.command("schema")
 def schema(
     name: Annotated[
-        str, typer.Argument(help="request, result, error, agent-result or continuation.")
+        str,
+        typer.Argument(
+            help="request, result, error, delivery, snapshot, agent-result or continuation."
+        ),
     ] = "request",
 ) -> None:
     """Print the JSON Schema of a runner contract."""
@@ -75,3 +86,14 @@ def execute(
     )
     emit(True, document)
     return code
+
+
+def _register() -> None:
+    from aiworker.commands import runner_agent
+
+    app.command("serve")(runner_agent.serve)
+    app.command("run-job")(runner_agent.run_job)
+    app.command("doctor")(runner_agent.doctor)
+
+
+_register()

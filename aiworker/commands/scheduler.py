@@ -125,6 +125,9 @@ def install(
         str | None,
         typer.Option("--web", help="Also write aiworker-web.service, serving on ADDRESS:PORT."),
     ] = None,
+    runner_server: Annotated[
+        str | None, typer.Option(help="Also write aiworker-runner.service for URL.")
+    ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to enable."""
     from aiworker.core.providers.registry import provider_homes
@@ -136,14 +139,9 @@ def install(
         raise InvalidInput("choose --user (systemd user units) or --dir DIR")
     target = directory or user_unit_dir()
     env = inv.environment()
-    written = install_units(
-        target,
-        inv.config_path.absolute(),
-        env.state_dir,
-        env.loaded.config.check_interval,
-        provider_homes(env),
-        web,
-    )
+    config, interval = inv.config_path.absolute(), env.loaded.config.check_interval
+    homes = provider_homes(env)
+    written = install_units(target, config, env.state_dir, interval, homes, web, runner_server)
     result = {"written": [str(p) for p in written], "next_steps": list(NEXT_STEPS)}
     lines = [*(f"wrote {p}" for p in written), "then run:", *(f"  {s}" for s in NEXT_STEPS)]
     emit(inv.json, result, lambda console: console.print("\n".join(lines), markup=False))

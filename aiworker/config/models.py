@@ -216,6 +216,11 @@ class Runners(Strict):
     # How long a claim holds a job without a heartbeat, and how many leases it gets.
     lease_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    # Who runs CI and gate checks: the controller's own embedded runner, or the fleet of
+    # `runner serve` processes (then a job nobody finishes within its timeout plus
+    # queue_seconds is ended as failed).
+    mode: Literal["embedded", "fleet"] = "embedded"
+    queue_seconds: Annotated[int, Field(ge=10, le=7 * 86_400)] = 1800
 
 
 class Housekeeping(Strict):

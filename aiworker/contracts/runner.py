@@ -11,6 +11,7 @@ from aiworker.contracts.base import Contract
 REQUEST_CONTRACT: Final = "ait.runner.native-job.v3"
 RESULT_CONTRACT: Final = "ait.runner.native-result.v1"
 ERROR_CONTRACT: Final = "ait.runner.error.v1"
+DELIVERY_CONTRACT: Final = "ait.runner.delivery.v1"
 ENTRYPOINT_SELECTOR = "./ci/run"
 MAX_REQUEST_BYTES = 1024 * 1024
 
@@ -145,14 +146,32 @@ class RunnerError(Contract):
     field: str | None = None
 
 
+class Delivery(Contract):
+    """The accepted terminal transition of a worker job, as the controller recorded it:
+    the runner's result (it ran) or its error (it could not run the job)."""
+
+    contract: Literal["ait.runner.delivery.v1"] = DELIVERY_CONTRACT
+    repository_index: int
+    worker_job_index: int
+    attempt: int
+    worker_id: str
+    outcome: Literal["completed", "failed"]
+    result: JobResult | None = None
+    error: RunnerError | None = None
+    accepted_at: str
+
+
 def _schemas() -> dict[str, type[Contract]]:
     from aiworker.contracts.agent import AgentResult
     from aiworker.contracts.continuation import Continuation
+    from aiworker.contracts.snapshot import SnapshotManifest
 
     return {
         "request": JobRequest,
         "result": JobResult,
         "error": RunnerError,
+        "delivery": Delivery,
+        "snapshot": SnapshotManifest,
         "agent-result": AgentResult,
         "continuation": Continuation,
     }

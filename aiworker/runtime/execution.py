@@ -14,6 +14,7 @@ import fcntl
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,8 +76,10 @@ def run_job(
     secrets: Sequence[bytes] = (),
     on_event: EventSink = _ignore,
     stdin_path: Path | None = None,
+    cancel: threading.Event | None = None,
 ) -> Outcome:
-    """Run ARGV; TAG (NAME=VALUE) must be in ENV so escaped processes can be found."""
+    """Run ARGV; TAG (NAME=VALUE) must be in ENV so escaped processes can be found. Setting
+    CANCEL kills the job at once (SIGKILL, no grace), reported as timed out."""
     become_subreaper()
     out, err = StreamRecorder(limits.tail_bytes), StreamRecorder(limits.tail_bytes)
     started_at = datetime.now(UTC)
@@ -96,7 +99,7 @@ def run_job(
         if join_fd is not None:
             os.close(join_fd)
     on_event("started", {"pid": proc.pid})
-    loop = _Loop(proc.pid, limits, tag.encode(), on_event)
+    loop = _Loop(proc.pid, limits, tag.encode(), on_event, cancel)
     assert proc.stdout is not None
     assert proc.stderr is not None
     try:
@@ -160,8 +163,17 @@ def _outcome(
 
 
 class _Loop:
-    def __init__(self, pid: int, limits: Limits, tag: bytes, on_event: EventSink) -> None:
+    def __init__(
+        self,
+        pid: int,
+        limits: Limits,
+        tag: bytes,
+        on_event: EventSink,
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.pid = pid
+        self.cancel = cancel
+        self.cancelled = False
         self.limits = limits
         self.tag = tag
         self.on_event = on_event
@@ -218,6 +230,12 @@ class _Loop:
 
     def _advance_deadlines(self, now: float, output_open: bool) -> bool:
         """Act on whichever deadline has passed; False when draining must stop."""
+        if self.cancel is not None and self.cancel.is_set() and not self.cancelled:
+            # Cancelled (the lease is gone): no grace, the job may be someone else's now.
+            self.cancelled = self.timed_out = True
+            self._kill("cancelled")
+            self.kill_at = None
+            self.drain_until = now + min(self.limits.drain_timeout_s, 1.0)
         if not self.timed_out and not self.exited and now >= self.deadline:
             self._terminate()
             self.kill_at = now + self.limits.kill_grace_s

@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,12 @@ def _popen_group(
     # JOIN_FD, an open cgroup.procs: the child writes "0" to it between fork and exec, so
     # it is in its cgroup before it runs anything, and is exec'd exactly as it would be
     # otherwise. One os.write takes no lock another thread could hold across the fork.
+    # The job is also killed if the thread that started it dies (a runner SIGKILLed
+    # mid-job), so a job whose lease then expires never runs twice at once. prctl is
+    # looked up before the fork; the call in the child is one system call.
     def join() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if join_fd is not None:
             with contextlib.suppress(OSError):  # no cgroup then; the sweep still runs
                 os.write(join_fd, b"0")
@@ -126,7 +145,7 @@ def _popen_group(
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=join if join_fd is not None else None,  # noqa: PLW1509 - one os.write
+        preexec_fn=join,  # noqa: PLW1509 - two system calls, no lock taken
     )
 
 

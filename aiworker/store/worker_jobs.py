@@ -251,3 +251,64 @@ def finish(
         if changed.rowcount != 1:
             raise LeaseLost(f"worker job {index[0]}/{index[1]} changed under this lease")
     return "finished", result
+
+
+@dataclass(frozen=True)
+class Job:
+    repository_index: int
+    worker_job_index: int
+    request: dict[str, Any]
+    state: str
+    attempt: int
+    worker_id: str | None
+    lease_token: str | None
+    result: dict[str, Any] | None
+
+
+def get_job(db: Database, index: tuple[int, int]) -> Job:
+    with db.transaction() as connection:
+        row = _row(connection, index)
+    return Job(
+        int(row.repository_index),
+        int(row.worker_job_index),
+        dict(row.request),
+        str(row.state),
+        int(row.attempt_count),
+        row.worker_id,
+        row.lease_token,
+        dict(row.result) if row.result is not None else None,
+    )
+
+
+def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> bool:
+    """End job INDEX as failed with RESULT unless it already ended; whatever lease it has
+    is void from now (a runner still running it gets lease_lost). True if this ended it."""
+    with db.transaction() as connection:
+        changed = connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == index[0],
+                worker_jobs.c.worker_job_index == index[1],
+                worker_jobs.c.state.in_((QUEUED, LEASED)),
+            )
+            .values(
+                state=FAILED,
+                lease_token=None,
+                result=result,
+                version=worker_jobs.c.version + 1,
+                updated_at=utcnow(),
+            )
+        )
+    return bool(changed.rowcount == 1)
+
+
+def open_requests(db: Database, repository_index: int) -> list[dict[str, Any]]:
+    """The requests of REPOSITORY_INDEX's jobs that have not ended."""
+    with db.transaction() as connection:
+        rows = connection.execute(
+            select(worker_jobs.c.request).where(
+                worker_jobs.c.repository_index == repository_index,
+                worker_jobs.c.state.in_((QUEUED, LEASED)),
+            )
+        ).all()
+    return [dict(r.request) for r in rows]

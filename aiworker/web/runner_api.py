@@ -11,12 +11,13 @@ from typing import Annotated, Any
 import anyio
 from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Unavailable
+from aiworker.runtime.failpoints import failpoint
 from aiworker.secrets import redact
 from aiworker.store.worker_jobs import LeaseLost
 from aiworker.web.protection import Protection
@@ -50,8 +51,12 @@ class LeaseProof(Strict):
     lease_token: Annotated[str, Field(min_length=1, max_length=64)]
 
 
-class Outcome(LeaseProof):
-    result: dict[str, Any]
+class Completion(LeaseProof):
+    result: dict[str, Any]  # ait.runner.native-result.v1, checked by the controller
+
+
+class Failure(LeaseProof):
+    error: dict[str, Any]  # ait.runner.error.v1: why the runner could not run the job
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -82,7 +87,8 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
 
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
-        return _error(503 if isinstance(exc, Unavailable) else 400, exc.code, redact(exc.message))
+        status = 503 if isinstance(exc, Unavailable) else 404 if exc.code == "not_found" else 400
+        return _error(status, exc.code, redact(exc.message))
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
@@ -100,8 +106,11 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
 
     @app.get("/api/runner/v1/health")
     def health(env: Env) -> dict[str, Any]:
-        del env
-        return {"ok": True, "contracts": list(fleet.CONTRACTS)}
+        return {
+            "ok": True,
+            "contracts": list(fleet.CONTRACTS),
+            "lease_seconds": env.loaded.config.runners.lease_seconds,
+        }
 
     @app.post("/api/runner/v1/claim", response_model=None)
     async def claim(env: Env, request: ClaimRequest) -> dict[str, Any] | Response:
@@ -125,6 +134,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             "lease_token": lease.token,
             "lease_expires_at": lease.expires_at.isoformat(),
             "attempt": lease.attempt,
+            "lease_seconds": env.loaded.config.runners.lease_seconds,
         }
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
@@ -134,21 +144,29 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         pair = (repository_index, worker_job_index)
         return {"lease_expires_at": fleet.beat(env, pair, proof.lease_token)}
 
-    def _finish(env: Environment, pair: tuple[int, int], outcome: str, body: Outcome) -> Any:
-        status, result = fleet.finish_job(env, pair, body.lease_token, outcome, body.result)
-        return {"status": status, "result": result}  # result: the stored one, if already
+    def _finish(env: Environment, pair: tuple[int, int], kind: str, body: Any) -> dict[str, Any]:
+        document = body.model_dump(exclude={"lease_token"})
+        status, delivery = fleet.finish_job(env, pair, body.lease_token, kind, document)
+        if status == "finished":
+            failpoint("runner_api.after_finish")  # the fault tests' lost reply
+        return {"status": status, "delivery": delivery}  # the stored one, if already
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/complete")
     def complete(
-        env: Env, repository_index: Index, worker_job_index: Index, body: Outcome
+        env: Env, repository_index: Index, worker_job_index: Index, body: Completion
     ) -> dict[str, Any]:
-        return _finish(env, (repository_index, worker_job_index), "succeeded", body)  # type: ignore[no-any-return]
+        return _finish(env, (repository_index, worker_job_index), "complete", body)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/fail")
     def fail(
-        env: Env, repository_index: Index, worker_job_index: Index, body: Outcome
+        env: Env, repository_index: Index, worker_job_index: Index, body: Failure
     ) -> dict[str, Any]:
-        return _finish(env, (repository_index, worker_job_index), "failed", body)  # type: ignore[no-any-return]
+        return _finish(env, (repository_index, worker_job_index), "fail", body)
+
+    @app.get("/api/runner/v1/snapshots/{repository_index}/{snapshot_id}/{name}")
+    def snapshot(env: Env, repository_index: Index, snapshot_id: str, name: str) -> FileResponse:
+        path = fleet.snapshot_file(env.state_dir, repository_index, snapshot_id, name)
+        return FileResponse(path, media_type="application/octet-stream")
 
     async def _long_poll(
         env: Environment,

@@ -24,13 +24,13 @@ from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.report import Report
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.failpoints import failpoint
-from aiworker.runtime.gitcache import GitCache
 
 
 @dataclass
@@ -115,7 +115,7 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
             failpoint("ci.after_pending")
             report = run_checks(
                 db,
-                GitCache(env.state_dir),
+                Dispatch.of(env, db),
                 index=repo.index,
                 head=head,
                 base=base,

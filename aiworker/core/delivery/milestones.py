@@ -31,6 +31,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.milestones import (
@@ -43,7 +44,6 @@ from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
-from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 
@@ -205,7 +205,7 @@ def _finish(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
     assert base is not None
     gate = run_checks(
         db,
-        GitCache(env.state_dir),
+        Dispatch.of(env, db),
         index=repo.index,
         head=head,
         base=base,

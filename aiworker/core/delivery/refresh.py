@@ -21,6 +21,7 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.gate import run_checks
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
@@ -85,7 +86,7 @@ def refresh_base(
     if failed is None:
         gate = run_checks(
             db,
-            cache,
+            Dispatch.of(env, db),
             index=repo.index,
             head=head,
             base=base_now,

@@ -2,7 +2,7 @@
 
 Requirements come from the issue (intake/scope.py: a fenced `aiworker-checks`
 block of `check_id: ./ci/run ARGS` lines) or default to the repository's `./ci/run`.
-Each check runs through the runner execution core in a fresh checkout of the
+Each check runs as a worker job (runner/dispatch.py) on the exact snapshot of the
 head, and a receipt binds its outcome to the full head and base hashes and the
 scope fingerprint. Publication needs a passing receipt for every check with
 exactly those hashes; a check the agent reported as passing that fails here is
@@ -12,19 +12,15 @@ a finding.
 from __future__ import annotations
 
 import base64
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.contracts.runner import JobRequest, JobResult
+from aiworker.contracts.runner import JobResult
 from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.intake.scope import Requirement
-from aiworker.core.runner.execute import RunnerSettings, execute_request
-from aiworker.runtime.attempts import default_attempt_root, remove_attempt
-from aiworker.runtime.gitcache import GitCache, GitCacheError
-from aiworker.runtime.processes import run_command
+from aiworker.core.runner.dispatch import Dispatch
+from aiworker.runtime.gitcache import GitCacheError
 from aiworker.secrets import redact
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt, receipts_for
@@ -53,19 +49,9 @@ class GateReport:
         ]
 
 
-def _checkout(cache: GitCache, index: int, head: str, target: Path) -> None:
-    for args in (
-        ["clone", "-q", "--shared", "--no-checkout", str(cache.path(index)), str(target)],
-        ["-C", str(target), "checkout", "-q", "--detach", head],
-    ):
-        result = run_command(["git", *args], timeout=300)
-        if not result.ok:
-            raise GitCacheError(f"cannot check out {head}: {result.stderr.strip()[:300]}")
-
-
 def run_gate(
     db: Database,
-    cache: GitCache,
+    jobs: Dispatch,
     *,
     index: int,
     slot: int,
@@ -76,13 +62,13 @@ def run_gate(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
 ) -> GateReport:
     """Re-run REQUIREMENTS on the slot's pinned head (after an implementation)."""
-    head = cache.pinned(index, slot, "head")
-    base = cache.pinned(index, slot, "base")
+    head = jobs.cache.pinned(index, slot, "head")
+    base = jobs.cache.pinned(index, slot, "base")
     if head is None or base is None:
         raise GitCacheError(f"slot {slot} has no pinned base and head to validate")
     return run_checks(
         db,
-        cache,
+        jobs,
         index=index,
         head=head,
         base=base,
@@ -96,7 +82,7 @@ def run_gate(
 
 def run_checks(
     db: Database,
-    cache: GitCache,
+    jobs: Dispatch,
     *,
     index: int,
     head: str,
@@ -108,85 +94,67 @@ def run_checks(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     phase: str = PHASE,
 ) -> GateReport:
-    """Run REQUIREMENTS through the runner core in a fresh checkout of HEAD; one receipt each."""
+    """Run REQUIREMENTS as worker jobs on the snapshot of HEAD; one receipt each."""
     claims = {
         v.check_id: v.exit_code == v.expected_exit_code
         for v in (claimed.validation if claimed else [])
     }
     report = GateReport(head, base, passed=True)
-    work = Path(tempfile.mkdtemp(prefix="aiworker-gate-"))
-    try:
-        checkout = work / "checkout"
-        _checkout(cache, index, head, checkout)
-        for requirement in requirements:
-            result = _run(work, checkout, requirement, timeout_ms)
-            passed = (
-                result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
+    for requirement in requirements:
+        result = _run(jobs, index, head, requirement, timeout_ms)
+        passed = result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
+        body = {
+            "command": list(requirement.argv),
+            "status": result.status,
+            "exit_code": result.exit_code,
+            "expected_exit_code": requirement.expected_exit_code,
+            "duration_ms": result.duration_ms,
+            "stdout_sha256": result.evidence.stdout.sha256,
+            "stderr_sha256": result.evidence.stderr.sha256,
+            # The streams' (masked) tails, for a repair to read what failed.
+            "stdout_tail": _tail(result.evidence.stdout.tail_base64),
+            "stderr_tail": _tail(result.evidence.stderr.tail_base64),
+            "agent_claimed_pass": claims.get(requirement.check_id),
+        }
+        if claims.get(requirement.check_id) and not passed:
+            finding = (
+                f"check {requirement.check_id} was reported passing by the agent "
+                f"but exited {result.exit_code} on re-run at {head}"
             )
-            body = {
-                "command": list(requirement.argv),
-                "status": result.status,
-                "exit_code": result.exit_code,
-                "expected_exit_code": requirement.expected_exit_code,
-                "duration_ms": result.duration_ms,
-                "stdout_sha256": result.evidence.stdout.sha256,
-                "stderr_sha256": result.evidence.stderr.sha256,
-                # The streams' (masked) tails, for a repair to read what failed.
-                "stdout_tail": _tail(result.evidence.stdout.tail_base64),
-                "stderr_tail": _tail(result.evidence.stderr.tail_base64),
-                "agent_claimed_pass": claims.get(requirement.check_id),
-            }
-            if claims.get(requirement.check_id) and not passed:
-                finding = (
-                    f"check {requirement.check_id} was reported passing by the agent "
-                    f"but exited {result.exit_code} on re-run at {head}"
-                )
-                report.findings.append(finding)
-                body["finding"] = finding
-            if requirement.thresholds:
-                missed = _measure(cache, index, base, work, requirement, result, body, timeout_ms)
-                report.findings += missed
-                passed = passed and not missed
-            with db.write() as session:
-                add_receipt(
-                    session,
-                    task_id=task_id,
-                    phase=phase,
-                    head=head,
-                    base=base,
-                    scope=scope,
-                    check_id=requirement.check_id,
-                    outcome="pass" if passed else "fail",
-                    body=body,
-                )
-            report.checks.append({"check_id": requirement.check_id, "passed": passed, **body})
-            report.passed = report.passed and passed
-    finally:
-        remove_attempt(work)
+            report.findings.append(finding)
+            body["finding"] = finding
+        if requirement.thresholds:
+            missed = _measure(jobs, index, base, requirement, result, body, timeout_ms)
+            report.findings += missed
+            passed = passed and not missed
+        with db.write() as session:
+            add_receipt(
+                session,
+                task_id=task_id,
+                phase=phase,
+                head=head,
+                base=base,
+                scope=scope,
+                check_id=requirement.check_id,
+                outcome="pass" if passed else "fail",
+                body=body,
+            )
+        report.checks.append({"check_id": requirement.check_id, "passed": passed, **body})
+        report.passed = report.passed and passed
     return report
 
 
-def _run(work: Path, checkout: Path, requirement: Requirement, timeout_ms: int) -> JobResult:
-    request = JobRequest.model_validate(
-        {
-            "contract": "ait.runner.native-job.v3",
-            "label": f"gate {requirement.check_id}",
-            "source": {"kind": "local_directory", "path": str(checkout)},
-            "command": {"argv": list(requirement.argv)},
-            "timeout_ms": timeout_ms,
-            "suite_id": requirement.check_id,
-        }
-    )
-    return execute_request(
-        request, RunnerSettings(source_root=work, attempt_root=default_attempt_root())
-    )
+def _run(
+    jobs: Dispatch, index: int, commit: str, requirement: Requirement, timeout_ms: int
+) -> JobResult:
+    label = f"gate {requirement.check_id}"
+    return jobs.run(index, commit, requirement.argv, label, timeout_ms, requirement.check_id)
 
 
 def _measure(
-    cache: GitCache,
+    jobs: Dispatch,
     index: int,
     base: str,
-    work: Path,
     requirement: Requirement,
     result: JobResult,
     body: dict[str, Any],
@@ -198,10 +166,7 @@ def _measure(
     head = reported(_tail(result.evidence.stdout.tail_base64, limit=None))
     baseline = None
     if any(t.relative for t in requirement.thresholds):
-        checkout = work / "baseline"
-        if not checkout.exists():
-            _checkout(cache, index, base, checkout)
-        ran = _run(work, checkout, requirement, timeout_ms)
+        ran = _run(jobs, index, base, requirement, timeout_ms)
         baseline = reported(_tail(ran.evidence.stdout.tail_base64, limit=None))
     outcomes, failures = judge(requirement.thresholds, head, baseline)
     body["measurements"] = {"head": head, "baseline": baseline}

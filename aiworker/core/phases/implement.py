@@ -41,6 +41,7 @@ from aiworker.core.phases.prompts import (
     milestone_prompt,
 )
 from aiworker.core.phases.slot_start import load_on_slot, take_up
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.milestones import checks_of, milestone_of
@@ -229,7 +230,7 @@ def _conclude(
     assert run.result is not None
     gate = run_gate(
         db,
-        cache,
+        Dispatch.of(env, db),
         index=repo.index,
         slot=slot,
         task_id=running.task.id,

@@ -32,6 +32,7 @@ from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport, Running, retained
 from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.phases.slot_start import load_on_slot, take_up
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
@@ -191,7 +192,7 @@ def _conclude(
         refused.append(f"conflict markers remain in {', '.join(marked)}")
     gate = run_checks(
         db,
-        cache,
+        Dispatch.of(env, db),
         index=repo.index,
         head=head,
         base=request.base,

@@ -1,13 +1,14 @@
 """One bounded execution attempt: validate, materialize, run ./ci/run, reduce, remove.
 
 Describing the job (parse_request, resolve_*) and executing it are separate
-steps; the fleet path (`runner run-job`) reuses execute_request unchanged.
+steps; the fleet path (runner/agent.py) runs a remote snapshot through run_attempt.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,35 +79,54 @@ def execute_request(
     request: JobRequest,
     settings: RunnerSettings,
     on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> JobResult:
+    """Run REQUEST, whose source is a local directory inside the source root (checked,
+    with its entry point, before anything is copied)."""
     source = resolve_source(request, settings.source_root)
-    workdir, entry = resolve_entrypoint(source, request.command.working_directory)
-    relative_workdir = workdir.relative_to(source)
+    resolve_entrypoint(source, request.command.working_directory)
+
+    def fill(workspace: Path, _scratch: Path) -> Materialization:
+        started = time.monotonic()
+        try:
+            counts = copy_tree(source, workspace, settings.max_files, settings.max_bytes)
+        except SourceTooLarge as exc:
+            raise RequestRejected("source_too_large", str(exc), "source.path") from None
+        return Materialization(**vars(counts), duration_ms=int((time.monotonic() - started) * 1000))
+
+    return run_attempt(request, settings, fill, on_event, cancel)
+
+
+Fill = Callable[[Path, Path], Materialization]
+
+
+def run_attempt(
+    request: JobRequest,
+    settings: RunnerSettings,
+    fill: Fill,
+    on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> JobResult:
+    """One attempt: a fresh private directory, its workspace filled by FILL(workspace,
+    scratch), the entry point checked there, ./ci/run run, and the directory removed."""
     stale = sweep_stale_attempts(settings.attempt_root)
     if stale:
         log.info("removed %d attempt directories left by dead runners", stale)
     attempt = create_attempt(settings.attempt_root)
     try:
-        copy_started = time.monotonic()
-        try:
-            counts = copy_tree(source, attempt.workspace, settings.max_files, settings.max_bytes)
-        except SourceTooLarge as exc:
-            raise RequestRejected("source_too_large", str(exc), "source.path") from None
-        materialization = Materialization(
-            **vars(counts), duration_ms=int((time.monotonic() - copy_started) * 1000)
-        )
+        materialization = fill(attempt.workspace, attempt.path / "scratch")
+        workdir, entry = resolve_entrypoint(attempt.workspace, request.command.working_directory)
         home = attempt.path / "home"
         (home / "tmp").mkdir(mode=0o700, parents=True)
         env = job_environment(request, attempt.attempt_id, attempt.workspace, home)
         secrets = [
             request.command.environment[n].encode() for n in request.command.secret_environment
         ]
-        cwd = attempt.workspace / relative_workdir
-        argv = [str(cwd / entry), *request.command.argv[1:]]
-        log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, cwd)
+        argv = [str(workdir / entry), *request.command.argv[1:]]
+        log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, workdir)
         outcome = run_job(
             argv,
-            cwd=cwd,
+            cwd=workdir,
             env=env,
             limits=Limits(
                 timeout_s=request.timeout_ms / 1000,
@@ -117,6 +137,7 @@ def execute_request(
             tag=f"AIWORKER_ATTEMPT_ID={attempt.attempt_id}",
             secrets=secrets,
             on_event=on_event or (lambda _kind, _data: None),
+            cancel=cancel,
         )
     finally:
         removal = remove_attempt(attempt.path)

@@ -26,6 +26,7 @@ NEXT_STEPS = (
 )
 UNITS = ("aiworker-scheduler.service", "aiworker-scheduler.timer", "aiworker-slot@.service")
 WEB_UNIT = "aiworker-web.service"  # written only when asked (install --web ADDRESS:PORT)
+RUNNER_UNIT = "aiworker-runner.service"  # only when asked (install --runner-server URL)
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -49,9 +50,11 @@ def render_units(
     interval: int,
     homes: list[Path] | None = None,
     web: str | None = None,
+    runner_server: str | None = None,
 ) -> dict[str, str]:
     """The units with this installation's values; HOMES (provider homes outside the
-    state directory) are writable too; WEB (a loopback ADDRESS:PORT) adds the web unit."""
+    state directory) are writable too; WEB (a loopback ADDRESS:PORT) adds the web unit,
+    RUNNER_SERVER (the controller's runner API) the runner's."""
     outside = [h for h in homes or [] if h != state_dir and state_dir not in h.parents]
     writable = [state_dir, *dict.fromkeys(outside)]
     values = {
@@ -63,9 +66,13 @@ def render_units(
         "INTERVAL": str(int(interval)),
         "CONFIG_DIR": escape(str(config_path.parent), "the configuration's folder"),
         "LISTEN": escape(web or "", "the web address"),
+        "SERVER": escape(runner_server or "", "the runner server"),
+        "WORKER_ID": escape(os.uname().nodename or "runner", "the host name"),
+        "ATTEMPT_ROOT": escape(str(state_dir / "runner-attempts"), "the attempt root"),
     }
     rendered = {}
-    for name in (*UNITS, WEB_UNIT) if web else UNITS:
+    names = [*UNITS, *([WEB_UNIT] if web else []), *([RUNNER_UNIT] if runner_server else [])]
+    for name in names:
         text = (template_dir() / name).read_text()
         for key, value in values.items():
             text = text.replace(f"@{key}@", value)
@@ -88,10 +95,13 @@ def install_units(
     interval: int,
     homes: list[Path],
     web: str | None = None,
+    runner_server: str | None = None,
 ) -> list[Path]:
     if web is not None and not is_loopback(parse_listen(web)[0]):
         raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
-    units = render_units(config_path, state_dir, interval, homes, web)
+    if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
+        raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
+    units = render_units(config_path, state_dir, interval, homes, web, runner_server)
     for home in homes:  # they must exist when a unit starts, to be made writable in it
         private_directory(home)
     target.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,147 @@
+"""The runner's client of the controller's runner API (`/api/runner/v1/...`).
+
+Every call has a deadline; a transport failure or a 5xx is ServerUnavailable (try again
+later), 401 is Unauthorized (never retried), 409 LeaseGone (final for that lease), 400
+Rejected. Downloads stop at their declared size.
+"""
+
+from __future__ import annotations
+
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from aiworker.errors import AiworkerError, InvalidInput, Refused, Unavailable
+
+API = "/api/runner/v1"
+CALL_TIMEOUT_S = 10.0
+
+
+class ServerUnavailable(Unavailable):
+    code = "server_unavailable"
+
+
+class Unauthorized(Refused):
+    code = "unauthorized"
+
+
+class LeaseGone(AiworkerError):
+    code = "lease_lost"
+
+
+class Rejected(InvalidInput):
+    pass
+
+
+class TooLarge(Exception):
+    """A download went past its declared size."""
+
+
+class RunnerApi:
+    def __init__(self, server: str, token: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.base = server.rstrip("/") + API
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.trust_env = False  # no proxy or netrc decides where the token goes
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _call(
+        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
+    ) -> requests.Response:
+        try:
+            response = self.session.request(
+                method, self.base + path, json=body, timeout=timeout_s or self.timeout_s
+            )
+        except requests.RequestException as exc:
+            raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
+        if response.status_code >= 500:
+            raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
+        if response.status_code == 401:
+            raise Unauthorized(f"{self.base}: the runner token is not accepted")
+        if response.status_code in (400, 404, 409, 413, 422):
+            error = _error_of(response)
+            kind = LeaseGone if response.status_code == 409 else Rejected
+            raise kind(error["message"], code=error["code"])
+        if response.status_code >= 400:
+            raise Rejected(f"{self.base}{path}: HTTP {response.status_code}")
+        return response
+
+    def health(self) -> tuple[dict[str, Any], float | None]:
+        """The server's health document and its clock's offset from ours, in seconds."""
+        response = self._call("GET", "/health")
+        offset = None
+        if "Date" in response.headers:
+            from datetime import UTC, datetime
+
+            server = parsedate_to_datetime(response.headers["Date"])
+            offset = (server - datetime.now(UTC)).total_seconds()
+        return response.json(), offset
+
+    def claim(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        wait_s = body.get("wait_ms", 0) / 1000
+        response = self._call("POST", "/claim", body, timeout_s=self.timeout_s + wait_s)
+        if response.status_code == 204:
+            return None
+        document: dict[str, Any] = response.json()
+        return document
+
+    def heartbeat(self, pair: tuple[int, int], token: str, timeout_s: float) -> str:
+        path = f"/jobs/{pair[0]}/{pair[1]}/heartbeat"
+        wait = max(0.1, min(self.timeout_s, timeout_s))
+        answer = self._call("POST", path, {"lease_token": token}, timeout_s=wait)
+        return str(answer.json()["lease_expires_at"])
+
+    def finish(
+        self, pair: tuple[int, int], kind: str, token: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        path = f"/jobs/{pair[0]}/{pair[1]}/{kind}"
+        return self._call("POST", path, {"lease_token": token, **body}).json()  # type: ignore[no-any-return]
+
+    def download(self, path: str, limit: int, dest: Path | None = None) -> bytes:
+        """GET PATH, at most LIMIT bytes, into DEST (returns b"") or into memory."""
+        try:
+            response = self.session.get(self.base + path, stream=True, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
+        with response:
+            if response.status_code != 200:
+                self._raise_for(response, path)
+            size = 0
+            chunks: list[bytes] = []
+            handle = open(dest, "wb") if dest is not None else None  # noqa: SIM115
+            try:
+                for chunk in response.iter_content(1 << 20):
+                    size += len(chunk)
+                    if size > limit:
+                        raise TooLarge(f"{path} is longer than {limit} bytes")
+                    if handle is not None:
+                        handle.write(chunk)
+                    else:
+                        chunks.append(chunk)
+            except requests.RequestException as exc:
+                raise ServerUnavailable(f"{self.base}{path}: {type(exc).__name__}") from None
+            finally:
+                if handle is not None:
+                    handle.close()
+        return b"".join(chunks)
+
+    def _raise_for(self, response: requests.Response, path: str) -> None:
+        if response.status_code >= 500:
+            raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
+        if response.status_code == 401:
+            raise Unauthorized(f"{self.base}: the runner token is not accepted")
+        error = _error_of(response)
+        raise Rejected(error["message"], code=error["code"])
+
+
+def _error_of(response: requests.Response) -> dict[str, str]:
+    try:
+        error = response.json()["error"]
+        return {"code": str(error["code"])[:80], "message": str(error["message"])[:500]}
+    except (ValueError, KeyError, TypeError):
+        return {"code": "http_error", "message": f"HTTP {response.status_code}"}

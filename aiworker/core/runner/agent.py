@@ -1,0 +1,277 @@
+"""The runner agent: claim a worker job from the controller, materialise its exact
+snapshot, run ./ci/run in a fresh attempt while a separate thread keeps the lease, and
+deliver the result once (retried on transport failures; lease_lost or "already finished"
+is final). Used by `runner serve`, `runner run-job` and the embedded runner.
+
+A lease that stops holding (the controller says so, or no heartbeat succeeded before it
+expired) ends the job at once and nothing is delivered: the controller has already
+given the job to another attempt or ended it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiworker.adapters.runner_api import LeaseGone, ServerUnavailable
+from aiworker.contracts.runner import REQUEST_CONTRACT, Materialization, RemoteSnapshotSource
+from aiworker.core.runner.controllers import Controller
+from aiworker.core.runner.execute import RunnerSettings, run_attempt
+from aiworker.core.runner.materialise import GIB, Bounds, materialise
+from aiworker.core.runner.requests import RequestRejected, parse_request
+from aiworker.errors import InvalidInput, Refused
+from aiworker.runtime.attempts import default_attempt_root
+
+log = logging.getLogger(__name__)
+BACKOFF_CAP_S = 30.0
+DELIVERY_DEADLINE_S = 600.0
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    worker_id: str
+    settings: RunnerSettings
+    repository_indexes: tuple[int, ...] | None = None
+    poll_interval_s: float = 1.0
+    heartbeat_interval_s: float = 30.0
+    long_poll_ms: int = 25_000
+    bounds: Bounds = field(default_factory=Bounds)
+    delivery_deadline_s: float = DELIVERY_DEADLINE_S
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    pair: tuple[int, int]
+    attempt: int
+    delivered: str  # complete | fail | lease_lost | undelivered
+    status: str  # the result's status, or the error's code
+    worker_ms: int  # the runner's own time: everything but ./ci/run
+
+
+def agent_options(
+    worker_id: str,
+    roots: tuple[Path, Path | None],
+    limits: tuple[int, int, int],
+    **more: Any,
+) -> AgentOptions:
+    """Options from the command line: ROOTS (source, attempt; None for the default) and
+    LIMITS (files, total GiB, GiB per pack); a worker id the controller would refuse is
+    refused here."""
+    if not re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", worker_id):
+        raise InvalidInput(f"--worker-id {worker_id!r}: up to 128 of A-Z a-z 0-9 . _ : -")
+    settings = RunnerSettings(
+        source_root=roots[0].absolute(),
+        attempt_root=(roots[1] or default_attempt_root()).absolute(),
+    )
+    bounds = Bounds(files=limits[0], total_bytes=limits[1] * GIB, pack_bytes=limits[2] * GIB)
+    return AgentOptions(worker_id=worker_id, settings=settings, bounds=bounds, **more)
+
+
+def select_contract(controller: Controller) -> str:
+    """The request contract this runner speaks, if the controller offers it; else Refused."""
+    document, _offset = controller.health()
+    offered = document.get("contracts") or []
+    if REQUEST_CONTRACT not in offered:
+        raise Refused(f"the controller offers {offered}; this runner speaks {REQUEST_CONTRACT}")
+    return REQUEST_CONTRACT
+
+
+def run_leased(
+    controller: Controller,
+    claimed: dict[str, Any],
+    options: AgentOptions,
+    abort: threading.Event | None = None,
+) -> JobOutcome:
+    """Run the job of lease CLAIMED and deliver its outcome. Setting ABORT ends the job
+    now; it is then delivered as failed (runner_stopped)."""
+    began = time.monotonic()
+    pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
+    token = str(claimed["lease_token"])
+    cancel = threading.Event()
+    lease_s = float(claimed.get("lease_seconds") or _seconds_until(claimed["lease_expires_at"]))
+    keeper = _LeaseKeeper(controller, pair, token, lease_s, options, cancel)
+    keeper.start()
+    ran_ms = 0
+    try:
+        try:
+            request = parse_request(json.dumps(claimed["request"]).encode())
+            source = request.source
+            if not isinstance(source, RemoteSnapshotSource):
+                raise RequestRejected(
+                    "source_not_remote",
+                    "a fleet job must name a remote snapshot; a runner never runs a local tree",
+                    "source.kind",
+                )
+            if source.repository_index != pair[0]:
+                raise RequestRejected(
+                    "repository_mismatch",
+                    f"the request is for repository {source.repository_index}, "
+                    f"the job for {pair[0]}",
+                    "source.repository_index",
+                )
+            if abort is not None:
+                _relay(abort, cancel)
+            fill = _filler(controller, source, options.bounds)
+            result = run_attempt(request, options.settings, fill, cancel=cancel)
+            ran_ms = result.duration_ms
+            if abort is not None and abort.is_set():
+                raise RequestRejected("runner_stopped", "the runner was stopped during the job")
+            kind, status = "complete", str(result.status)
+            body: dict[str, Any] = {"result": result.model_dump(mode="json")}
+        except RequestRejected as exc:
+            error = {"code": exc.code, "message": exc.message[:2000], "field": exc.field}
+            kind, status = "fail", exc.code
+            body = {"error": error}
+    finally:
+        keeper.stop()
+    if keeper.lost.is_set():
+        log.warning("worker job %d/%d: the lease no longer holds; nothing delivered", *pair)
+        return JobOutcome(pair, claimed["attempt"], "lease_lost", status, _ms(began) - ran_ms)
+    delivered = deliver(controller, pair, kind, token, body, options.delivery_deadline_s)
+    return JobOutcome(pair, claimed["attempt"], delivered, status, _ms(began) - ran_ms)
+
+
+def deliver(
+    controller: Controller,
+    pair: tuple[int, int],
+    kind: str,
+    token: str,
+    body: dict[str, Any],
+    deadline_s: float,
+) -> str:
+    """Deliver once; retry transport failures from 1 s, doubling to 30 s, until DEADLINE_S."""
+    give_up = time.monotonic() + deadline_s
+    delay = 1.0
+    while True:
+        try:
+            answer = controller.finish(pair, kind, token, body)
+            log.info("worker job %d/%d: %s (%s)", *pair, kind, answer.get("status"))
+            return kind
+        except LeaseGone:
+            return "lease_lost"
+        except ServerUnavailable as exc:
+            if time.monotonic() + delay > give_up:
+                log.error("worker job %d/%d: not delivered: %s", *pair, exc.message)
+                return "undelivered"
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP_S)
+
+
+def _filler(
+    controller: Controller, source: RemoteSnapshotSource, bounds: Bounds
+) -> Callable[[Path, Path], Materialization]:
+    externals: dict[str, Callable[[Path], Materialization]] = {}
+    for path, locked in source.external.items():
+        index, _, snapshot = locked.partition(":")
+        if not index.isdigit() or not snapshot:
+            raise RequestRejected(
+                "external_invalid",
+                f"external {path!r} must be locked as INDEX:SNAPSHOT_ID",
+                "source.external",
+            )
+
+        def one(target: Path, i: int = int(index), s: str = snapshot) -> Materialization:
+            return materialise(controller.fetcher(i, s), s, target, target.parent / ".x", bounds)
+
+        externals[path] = one
+
+    def fill(workspace: Path, scratch: Path) -> Materialization:
+        fetcher = controller.fetcher(source.repository_index, source.snapshot_id)
+        return materialise(fetcher, source.snapshot_id, workspace, scratch, bounds, externals)
+
+    return fill
+
+
+class _LeaseKeeper(threading.Thread):
+    """Heartbeats, one at a time, every interval (at most a third of the lease); sets
+    CANCEL and LOST when the controller says the lease is gone or it expired unrenewed."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        pair: tuple[int, int],
+        token: str,
+        lease_s: float,
+        options: AgentOptions,
+        cancel: threading.Event,
+    ) -> None:
+        super().__init__(daemon=True, name=f"lease-{pair[0]}-{pair[1]}")
+        self.controller, self.pair, self.token, self.cancel = controller, pair, token, cancel
+        # Measured on this host's clock (the controller's may differ), from when the
+        # claim arrived, less a margin for the time it took to arrive.
+        self.lease_s = lease_s - min(2.0, lease_s / 5)
+        self.expires = time.monotonic() + self.lease_s
+        self.interval = max(0.2, min(options.heartbeat_interval_s, lease_s / 3))
+        self.done = threading.Event()
+        self.lost = threading.Event()
+
+    def run(self) -> None:
+        next_beat = time.monotonic() + self.interval
+        while not self.done.wait(max(0.0, min(next_beat, self.expires) - time.monotonic())):
+            sent = time.monotonic()
+            if sent >= self.expires:  # woken at the expiry itself, not a beat later
+                self._lose("no heartbeat succeeded before the lease expired")
+                return
+            if sent < next_beat:
+                continue
+            next_beat = sent + self.interval
+            try:
+                # A beat that cannot be answered before the lease ends is not waited for.
+                self.controller.heartbeat(self.pair, self.token, self.expires - sent)
+                self.expires = sent + self.lease_s
+            except LeaseGone:
+                self._lose("the controller says the lease is gone")
+                return
+            except ServerUnavailable as exc:
+                log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc.message)
+
+    def _lose(self, why: str) -> None:
+        log.warning("worker job %d/%d: %s; ending the job", *self.pair, why)
+        self.lost.set()
+        self.cancel.set()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+def _relay(source: threading.Event, target: threading.Event) -> None:
+    def wait() -> None:
+        source.wait()
+        target.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def _seconds_until(moment: str) -> float:
+    return max(0.0, (datetime.fromisoformat(moment) - datetime.now(UTC)).total_seconds())
+
+
+def _ms(began: float) -> int:
+    return int((time.monotonic() - began) * 1000)
+
+
+def claim_body(options: AgentOptions, key: str, wait_ms: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"worker_id": options.worker_id, "request_key": key, "wait_ms": wait_ms}
+    if options.repository_indexes is not None:
+        body["repository_indexes"] = list(options.repository_indexes)
+    return body
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+def jittered(attempt: int) -> float:
+    """Full jitter: anywhere from 0 to 1 s doubled per failure, capped at 30 s."""
+    return random.uniform(0, min(BACKOFF_CAP_S, 2.0**attempt))

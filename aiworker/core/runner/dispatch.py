@@ -1,0 +1,122 @@
+"""Checks and CI as worker jobs (the controller's side): the exact tree of the commit is
+published as a snapshot, a job naming it is queued, and its delivery is read back. With
+`runners.mode = "embedded"` (the default) the controller's own embedded runner claims
+exactly that job and runs it in this process; with "fleet" a `runner serve` somewhere
+does, and a job nobody finishes in time is ended as failed, with the reason."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiworker.config.models import Runners
+from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult
+from aiworker.core.context import Environment
+from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
+from aiworker.core.runner.controllers import LocalController
+from aiworker.core.runner.execute import RunnerSettings
+from aiworker.core.runner.requests import RequestRejected
+from aiworker.core.runner.snapshots import publish, remove_snapshot
+from aiworker.errors import AiworkerError, Unavailable
+from aiworker.runtime.attempts import default_attempt_root
+from aiworker.runtime.gitcache import GitCache
+from aiworker.runtime.locks import LockDir
+from aiworker.store.engine import Database
+from aiworker.store.worker_jobs import TERMINAL, abandon, enqueue, get_job, open_requests
+
+WAIT_STEP_S = 0.1
+
+
+class WorkerJobFailed(AiworkerError):
+    code = "worker_job_failed"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    db: Database
+    cache: GitCache
+    state_dir: Path
+    runners: Runners
+    names: dict[int, str]
+
+    @classmethod
+    def of(cls, env: Environment, db: Database) -> Dispatch:
+        config = env.loaded.config
+        names = {r.index: f"{r.owner}/{r.name}" for r in config.repositories}
+        return cls(db, GitCache(env.state_dir), env.state_dir, config.runners, names)
+
+    def run(
+        self, index: int, commit: str, argv: Sequence[str], label: str, timeout_ms: int, suite: str
+    ) -> JobResult:
+        """Run ARGV (./ci/run ...) on COMMIT of repository INDEX as a worker job."""
+        locks = LockDir(self.state_dir)
+        with locks.held("snapshots", timeout=300):
+            snapshot = publish(self.state_dir, self.cache.path(index), index, commit)
+            request = {
+                "contract": REQUEST_CONTRACT,
+                "label": label,
+                "source": {
+                    "kind": "remote_snapshot",
+                    "repository_index": index,
+                    "repository_name": self.names.get(index, str(index)),
+                    "snapshot_id": snapshot,
+                },
+                "command": {"argv": list(argv)},
+                "timeout_ms": timeout_ms,
+                "suite_id": suite,
+            }
+            pair = (index, enqueue(self.db, index, request))
+        try:
+            if self.runners.mode == "embedded":
+                self._run_here(pair)
+            else:
+                self._wait(pair, timeout_ms)
+            return self._delivered(pair)
+        finally:
+            with locks.held("snapshots", timeout=300):
+                still = {r["source"].get("snapshot_id") for r in open_requests(self.db, index)}
+                if snapshot not in still:
+                    remove_snapshot(self.state_dir, index, snapshot)
+
+    def _run_here(self, pair: tuple[int, int]) -> None:
+        controller = LocalController(self.db, self.state_dir, self.runners)
+        options = AgentOptions(
+            worker_id=f"embedded-{os.getpid()}",
+            settings=RunnerSettings(
+                source_root=self.state_dir, attempt_root=default_attempt_root()
+            ),
+            heartbeat_interval_s=self.runners.lease_seconds / 3,
+        )
+        exact = {"repository_index": pair[0], "worker_job_index": pair[1]}
+        claimed = controller.claim(
+            {"worker_id": options.worker_id, "request_key": new_key(), "exact": exact}
+        )
+        if claimed is None:
+            raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]} could not be claimed here")
+        outcome = run_leased(controller, claimed, options)
+        if outcome.delivered not in ("complete", "fail"):
+            abandon(self.db, pair, {"error": f"the embedded runner's job {outcome.delivered}"})
+
+    def _wait(self, pair: tuple[int, int], timeout_ms: int) -> None:
+        runners = self.runners
+        per_attempt = timeout_ms / 1000 + runners.lease_seconds
+        deadline = time.monotonic() + per_attempt * runners.max_attempts + runners.queue_seconds
+        while get_job(self.db, pair).state not in TERMINAL:
+            if time.monotonic() >= deadline:
+                why = "no runner finished it within its timeout and runners.queue_seconds"
+                if abandon(self.db, pair, {"error": why}):
+                    raise Unavailable(f"worker job {pair[0]}/{pair[1]}: {why}")
+            time.sleep(WAIT_STEP_S)
+
+    def _delivered(self, pair: tuple[int, int]) -> JobResult:
+        stored = get_job(self.db, pair).result or {}
+        if "contract" not in stored:
+            raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]}: {stored.get('error')}")
+        delivery = Delivery.model_validate(stored)
+        if delivery.result is not None:
+            return delivery.result
+        assert delivery.error is not None
+        raise RequestRejected(delivery.error.code, delivery.error.message, delivery.error.field)

@@ -1,0 +1,229 @@
+"""`runner serve`, `runner run-job` and `runner doctor` on top of the agent.
+
+serve: one job at a time; waiting by long-poll (or polling every interval); an
+unreachable controller means reconnecting with full-jitter backoff up to 30 s; a refused
+token or an unknown contract ends it (exit 77), never a silent downgrade. The first
+SIGTERM or SIGINT stops claiming and lets the running job finish within its own deadline;
+a second ends the job now (delivered as failed, runner_stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from aiworker.adapters.runner_api import ServerUnavailable
+from aiworker.core.report import Report
+from aiworker.core.runner.agent import (
+    AgentOptions,
+    JobOutcome,
+    claim_body,
+    jittered,
+    new_key,
+    run_leased,
+    select_contract,
+)
+from aiworker.core.runner.controllers import Controller
+from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, LockHeld, Refused
+from aiworker.runtime.attempts import ensure_private_root
+from aiworker.runtime.locks import FileLock
+
+log = logging.getLogger(__name__)
+MIN_FREE_BYTES = 1024**3
+
+
+@dataclass
+class ServeReport(Report):
+    worker_id: str
+    contract: str
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if not self.jobs:
+            return EXIT_OK
+        last = self.jobs[-1]
+        return EXIT_OK if last["status"] == "succeeded" else EXIT_FAILED
+
+
+class _Stop(Exception):
+    pass
+
+
+class Signals:
+    """SIGTERM/SIGINT: the first sets STOP (and interrupts an idle wait), a second ABORT."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.abort = threading.Event()
+        self.idle = False
+
+    @classmethod
+    def installed(cls) -> Signals:
+        signals = cls()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signals._handle)
+            signal.signal(signal.SIGINT, signals._handle)
+        return signals
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.stop.is_set():
+            self.abort.set()
+        self.stop.set()
+        if self.idle:
+            raise _Stop
+
+
+def lock_attempt_root(root: Path) -> FileLock:
+    """An exclusive lock on ROOT: one serving runner per attempt root."""
+    ensure_private_root(root)
+    lock = FileLock(root / ".runner.lock", description="a runner serving this attempt root")
+    if not lock.try_acquire():
+        raise LockHeld(f"another runner serves the attempt root {root} (pid {lock.holder_pid()})")
+    return lock
+
+
+def serve(
+    controller: Controller, options: AgentOptions, *, once: bool, signals: Signals
+) -> ServeReport:
+    lock = lock_attempt_root(options.settings.attempt_root)
+    try:
+        contract = _connect(controller, once, signals)
+        report = ServeReport(options.worker_id, contract)
+        failures = 0
+        key = new_key()
+        while not signals.stop.is_set():
+            asked = time.monotonic()
+            try:
+                signals.idle = True
+                claimed = controller.claim(claim_body(options, key, options.long_poll_ms))
+            except ServerUnavailable as exc:
+                if once:
+                    raise
+                failures += 1
+                delay = jittered(failures)
+                log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
+                signals.stop.wait(delay)
+                continue  # the same key: a claim whose answer was lost is answered again
+            except _Stop:
+                break
+            finally:
+                signals.idle = False
+            failures = 0
+            if claimed is None:
+                waited = time.monotonic() - asked
+                if options.long_poll_ms == 0 or waited < options.long_poll_ms / 2000:
+                    signals.stop.wait(options.poll_interval_s)
+                continue
+            key = new_key()
+            outcome = run_leased(controller, claimed, options, signals.abort)
+            report.jobs.append(_job(outcome))
+            if once:
+                break
+        return report
+    finally:
+        lock.release()
+
+
+def _connect(controller: Controller, once: bool, signals: Signals) -> str:
+    failures = 0
+    while True:
+        try:
+            return select_contract(controller)
+        except ServerUnavailable as exc:
+            if once or signals.stop.is_set():
+                raise
+            failures += 1
+            delay = jittered(failures)
+            log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
+            signals.stop.wait(delay)
+
+
+def _job(outcome: JobOutcome) -> dict[str, Any]:
+    log.info(
+        "worker job %d/%d attempt %d: %s, %s",
+        *outcome.pair,
+        outcome.attempt,
+        outcome.delivered,
+        outcome.status,
+    )
+    return {
+        "repository_index": outcome.pair[0],
+        "worker_job_index": outcome.pair[1],
+        "attempt": outcome.attempt,
+        "delivered": outcome.delivered,
+        "status": outcome.status,
+        "worker_ms": outcome.worker_ms,
+    }
+
+
+def run_job(
+    controller: Controller, options: AgentOptions, pair: tuple[int, int], signals: Signals
+) -> ServeReport:
+    """Claim exactly PAIR (never another job), run it and deliver it."""
+    contract = select_contract(controller)
+    body = claim_body(options, new_key(), 0)
+    body.pop("repository_indexes", None)
+    body["exact"] = {"repository_index": pair[0], "worker_job_index": pair[1]}
+    claimed = controller.claim(body)
+    if claimed is None:
+        raise AiworkerError(
+            f"worker job {pair[0]}/{pair[1]} is not claimable (unknown, finished, or leased)",
+            code="not_claimable",
+        )
+    report = ServeReport(options.worker_id, contract)
+    report.jobs.append(_job(run_leased(controller, claimed, options, signals.abort)))
+    return report
+
+
+@dataclass
+class DoctorReport(Report):
+    checks: list[dict[str, Any]]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if all(c["ok"] for c in self.checks) else EXIT_FAILED
+
+
+def doctor(controller: Controller, attempt_root: Path) -> DoctorReport:
+    """Reachability, the token, the contract, clock skew, and the attempt root; claims
+    nothing."""
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        checks.append({"name": name, "ok": ok, "detail": detail})
+
+    try:
+        document, offset = controller.health()
+        check("controller", True, "reachable; the token is accepted")
+        offered = document.get("contracts") or []
+        check("contract", "ait.runner.native-job.v3" in offered, f"offered: {offered}")
+        skew = abs(offset or 0.0)
+        check("clock", skew < 30, f"{skew:.1f} s from the controller's clock")
+    except (ServerUnavailable, Refused) as exc:
+        check("controller", False, exc.message)
+    check(*_attempt_root_check(attempt_root))
+    return DoctorReport(checks)
+
+
+def _attempt_root_check(root: Path) -> tuple[str, bool, str]:
+    try:
+        ensure_private_root(root)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        return "attempt_root", False, f"{root}: {exc.strerror or exc}"
+    if free < MIN_FREE_BYTES:
+        return "attempt_root", False, f"{root}: only {free // 1024**2} MiB free"
+    return "attempt_root", True, f"{root}: writable, {free // 1024**3} GiB free"

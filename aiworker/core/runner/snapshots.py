@@ -1,0 +1,121 @@
+"""Remote snapshots, the controller's side: the exact tree of a commit published as a
+manifest (contracts/snapshot.py) and packs under `$STATE_DIR/snapshots/INDEX/TREE/`, for
+runners to fetch over the runner API. A snapshot is named by its root tree id, written
+once (a temporary folder renamed into place) and removed when no open job needs it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from aiworker.contracts.snapshot import BlobRecord, PackRecord, SnapshotManifest, TreeEntry
+from aiworker.runtime.gitobjects import GITLINK_MODE, TREE_MODE, list_tree, read_blobs
+
+PACK_TARGET = 8 * 1024 * 1024  # packs this big let a runner fetch up to 8 at once
+MANIFEST = "manifest.json"
+
+
+def snapshot_dir(state_dir: Path, index: int, snapshot_id: str) -> Path:
+    return state_dir / "snapshots" / str(index) / snapshot_id
+
+
+def pack_path(folder: Path, number: int) -> Path:
+    return folder / f"pack-{number}"
+
+
+def publish(state_dir: Path, repo: Path, index: int, commit: str) -> str:
+    """Publish COMMIT's tree from the git repository REPO; returns the snapshot id."""
+    root, entries = list_tree(repo, commit)
+    target = snapshot_dir(state_dir, index, root)
+    if (target / MANIFEST).is_file():
+        return root
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        manifest = _build(repo, root, entries, building)
+        (building / MANIFEST).write_text(manifest.model_dump_json(), encoding="utf-8")
+        try:
+            os.rename(building, target)
+        except OSError:
+            if not (target / MANIFEST).is_file():  # not a concurrent publisher's copy
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return root
+
+
+def _build(repo: Path, root: str, entries: list, folder: Path) -> SnapshotManifest:  # type: ignore[type-arg]
+    trees: dict[str, list[TreeEntry]] = {root: []}
+    first_path = {root: ""}  # a tree shared by several paths is listed once
+    tree_at = {"": root}
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        if entry.mode == TREE_MODE:
+            tree_at[entry.path] = entry.oid
+    files = total = 0
+    for entry in entries:
+        parent, _, name = entry.path.rpartition("/")
+        owner = tree_at[parent]
+        if entry.mode == TREE_MODE:
+            first_path.setdefault(entry.oid, entry.path)
+            trees.setdefault(entry.oid, [])
+        if first_path[owner] != parent:
+            continue
+        trees[owner].append(TreeEntry(name=name, mode=entry.mode, id=entry.oid))
+        if entry.mode not in (TREE_MODE, GITLINK_MODE):
+            sizes.setdefault(entry.oid, 0)
+    blobs: dict[str, BlobRecord] = {}
+    packs: list[PackRecord] = []
+    writer = _PackWriter(folder)
+    for oid, data in read_blobs(repo, sorted(sizes)):
+        pack, offset = writer.add(data)
+        blobs[oid] = BlobRecord(pack=pack, offset=offset, size=len(data))
+    packs = writer.close()
+    for entry in entries:
+        if entry.oid in blobs:
+            files += 1
+            total += blobs[entry.oid].size
+    return SnapshotManifest(
+        snapshot_id=root, trees=trees, blobs=blobs, packs=packs, file_count=files, total_bytes=total
+    )
+
+
+class _PackWriter:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.records: list[PackRecord] = []
+        self.handle: BinaryIO | None = None
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def add(self, data: bytes) -> tuple[int, int]:
+        if self.handle is None or (self.size and self.size + len(data) > PACK_TARGET):
+            self._seal()
+            self.handle = open(pack_path(self.folder, len(self.records)), "wb")  # noqa: SIM115
+        offset = self.size
+        self.handle.write(data)
+        self.digest.update(data)
+        self.size += len(data)
+        return len(self.records), offset
+
+    def _seal(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.records.append(PackRecord(size=self.size, sha256=self.digest.hexdigest()))
+        self.handle, self.digest, self.size = None, hashlib.sha256(), 0
+
+    def close(self) -> list[PackRecord]:
+        self._seal()
+        return self.records
+
+
+def read_manifest(folder: Path) -> bytes:
+    return (folder / MANIFEST).read_bytes()
+
+
+def remove_snapshot(state_dir: Path, index: int, snapshot_id: str) -> None:
+    shutil.rmtree(snapshot_dir(state_dir, index, snapshot_id), ignore_errors=True)

@@ -1,0 +1,259 @@
+"""`aiworker runner serve | run-job | doctor` against the controller's runner listener, as
+real processes: a job's exact snapshot is fetched and checked, ./ci/run runs, and the
+delivery (`ait.runner.delivery.v1`) carries digests of exactly what it printed; hostile
+snapshots fail the job before anything runs; a lost lease ends the job with nothing
+delivered; a lost reply to `complete` is retried and "already finished" is final;
+SIGTERM lets the running job finish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from aiworker.core.runner.snapshots import MANIFEST, snapshot_dir
+from aiworker.store.engine import Database
+from aiworker.store.worker_jobs import abandon, get_job
+from tests.fleet_fixtures import (
+    commit_tree,
+    queue_job,
+    runner_argv,
+    runner_env,
+    runner_listener,
+    write_config,
+)
+
+RUN = '#!/bin/sh\necho "hello $1"\nexit "${2:-0}"\n'
+
+
+@pytest.fixture
+def controller(upgraded, tmp_path, monkeypatch, state_dir):
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path, lease_seconds=5)))
+    repo = tmp_path / "repo"
+    commit_tree(repo, {"ci/run": RUN, "README": "x\n"})
+    db = Database(f"sqlite:///{upgraded}")
+    with runner_listener() as (_process, url):
+        yield db, url, repo
+    db.dispose()
+
+
+def run(argv, token=None, timeout=60):
+    env = runner_env() if token is None else {**runner_env(), "AIWORKER_SERVER_TOKEN": token}
+    return subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+def serve(url, *args, attempt_root, timeout=60):
+    argv = runner_argv("serve", "--server", url, "--attempt-root", str(attempt_root), *args)
+    return run(argv, timeout=timeout)
+
+
+def stdout_of(db, pair):
+    delivery = get_job(db, pair).result
+    return delivery, delivery["result"]["evidence"]["stdout"]
+
+
+def test_serve_once_runs_the_exact_snapshot_and_delivers_digests_of_the_stream(
+    controller, state_dir, tmp_path
+):
+    db, url, repo = controller
+    index = queue_job(db, state_dir, repo, 1, ("./ci/run", "world"))
+    attempts = tmp_path / "attempts"
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=attempts)
+    assert done.returncode == 0, done.stderr
+    [job] = json.loads(done.stdout)["jobs"]
+    assert (job["delivered"], job["status"], job["attempt"]) == ("complete", "succeeded", 1)
+    delivery, stdout = stdout_of(db, (1, index))
+    assert delivery["contract"] == "ait.runner.delivery.v1"
+    assert (delivery["worker_id"], delivery["outcome"]) == ("r1", "completed")
+    assert stdout["sha256"] == hashlib.sha256(b"hello world\n").hexdigest()
+    assert get_job(db, (1, index)).state == "succeeded"
+    # Nothing of the attempt is left behind.
+    assert [p.name for p in attempts.iterdir()] == [".runner.lock"]
+
+
+def test_a_red_check_is_delivered_with_its_exit_and_serve_once_says_so(
+    controller, state_dir, tmp_path
+):
+    db, url, repo = controller
+    index = queue_job(db, state_dir, repo, 1, ("./ci/run", "red", "3"))
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 1
+    delivery, _ = stdout_of(db, (1, index))
+    assert (delivery["result"]["status"], delivery["result"]["exit_code"]) == ("command_failed", 3)
+
+
+def test_a_hostile_snapshot_fails_the_job_before_anything_runs(controller, state_dir, tmp_path):
+    db, url, _ = controller
+    marker = tmp_path / "ran"
+    repo = tmp_path / "hostile"
+    commit_tree(repo, {"ci/run": f"#!/bin/sh\ntouch {marker}\n"})
+    index = queue_job(db, state_dir, repo, 1)
+    snapshot = get_job(db, (1, index)).request["source"]["snapshot_id"]
+    manifest_path = snapshot_dir(state_dir, 1, snapshot) / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["trees"][snapshot][0]["name"] = ".."
+    manifest_path.write_text(json.dumps(manifest))
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 1
+    delivery = get_job(db, (1, index)).result
+    assert (delivery["outcome"], delivery["error"]["code"]) == ("failed", "snapshot_path_escape")
+    assert not marker.exists()
+
+
+def test_run_job_claims_exactly_its_pair_and_checks_the_request(controller, state_dir, tmp_path):
+    db, url, repo = controller
+    first = queue_job(db, state_dir, repo, 1, ("./ci/run", "one"))
+    second = queue_job(db, state_dir, repo, 1, ("./ci/run", "two"))
+    mismatched = queue_job(db, state_dir, repo, 2, source_index=1)
+
+    def run_job(index, job):
+        argv = runner_argv(
+            "run-job",
+            "--server",
+            url,
+            "--repository-index",
+            str(index),
+            "--worker-job-index",
+            str(job),
+            "--attempt-root",
+            str(tmp_path / "a"),
+        )
+        return run(argv)
+
+    assert run_job(1, second).returncode == 0
+    assert get_job(db, (1, first)).state == "queued"
+    _, stdout = stdout_of(db, (1, second))
+    assert stdout["sha256"] == hashlib.sha256(b"hello two\n").hexdigest()
+    again = run_job(1, second)
+    assert again.returncode == 1
+    assert json.loads(again.stdout)["error"]["code"] == "not_claimable"
+    assert run_job(2, mismatched).returncode == 1
+    assert get_job(db, (2, mismatched)).result["error"]["code"] == "repository_mismatch"
+
+
+def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_path):
+    db, url, repo = controller
+    index = queue_job(db, state_dir, repo, 1)
+    argv = runner_argv("doctor", "--server", url, "--attempt-root", str(tmp_path / "a"))
+    good = run(argv, timeout=30)
+    assert good.returncode == 0, good.stdout
+    assert {c["name"] for c in json.loads(good.stdout)["checks"]} == {
+        "controller",
+        "contract",
+        "clock",
+        "attempt_root",
+    }
+    assert get_job(db, (1, index)).state == "queued"
+    wrong = run(argv, token="x")
+    assert wrong.returncode == 1
+    assert "not accepted" in wrong.stdout
+    missing = run(argv, token="")
+    assert missing.returncode == 2
+    assert "AIWORKER_SERVER_TOKEN" in missing.stdout
+    bad_url = argv.copy()
+    bad_url[bad_url.index(url)] = "ftp://host"
+    assert run(bad_url).returncode == 2
+    # A controller that accepts connections but never answers: doctor gives up on it
+    # (its calls have a 4 s deadline) and says so, rather than hanging.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        hung = argv.copy()
+        hung[hung.index(url)] = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        stuck = run(hung, timeout=30)
+    assert stuck.returncode == 1
+    [controller] = [c for c in json.loads(stuck.stdout)["checks"] if c["name"] == "controller"]
+    assert not controller["ok"]
+
+
+def test_serve_refuses_a_wrong_token_without_retrying(controller, tmp_path):
+    _, url, _ = controller
+    argv = runner_argv("serve", "--server", url, "--worker-id", "r1")
+    argv += ["--attempt-root", str(tmp_path / "a")]
+    started = time.monotonic()
+    refused = run(argv, token="guess", timeout=30)
+    assert refused.returncode == 77
+    assert time.monotonic() - started < 10
+
+
+def start_serve(url, attempt_root, *args):
+    argv = runner_argv("serve", "--server", url, "--worker-id", "r1")
+    argv += ["--attempt-root", str(attempt_root), "--heartbeat-interval-ms", "200", *args]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=runner_env()
+    )
+
+
+def wait_for(predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_sigterm_lets_the_running_job_finish_and_a_second_serve_is_refused(
+    controller, state_dir, tmp_path
+):
+    db, url, _ = controller
+    repo = tmp_path / "slow"
+    commit_tree(repo, {"ci/run": "#!/bin/sh\nsleep 2\necho slept\n"})
+    index = queue_job(db, state_dir, repo, 1)
+    attempts = tmp_path / "a"
+    runner = start_serve(url, attempts)
+    try:
+        wait_for(lambda: get_job(db, (1, index)).state == "leased")
+        second = serve(url, "--worker-id", "r2", "--once", attempt_root=attempts)
+        assert second.returncode == 75
+        assert "another runner" in second.stdout
+        runner.send_signal(signal.SIGTERM)
+        out, _ = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert runner.returncode == 0
+    assert json.loads(out)["jobs"][0]["delivered"] == "complete"
+    _, stdout = stdout_of(db, (1, index))
+    assert stdout["sha256"] == hashlib.sha256(b"slept\n").hexdigest()
+
+
+def test_a_lost_lease_ends_the_job_and_nothing_is_delivered(controller, state_dir, tmp_path):
+    db, url, _ = controller
+    repo = tmp_path / "long"
+    commit_tree(repo, {"ci/run": "#!/bin/sh\nsleep 60\n"})
+    index = queue_job(db, state_dir, repo, 1)
+    runner = start_serve(url, tmp_path / "a", "--once")
+    try:
+        wait_for(lambda: get_job(db, (1, index)).state == "leased")
+        time.sleep(0.5)
+        abandon(db, (1, index), {"error": "cancelled by the operator"})
+        started = time.monotonic()
+        out, _ = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert time.monotonic() - started < 15
+    assert json.loads(out)["jobs"][0]["delivered"] == "lease_lost"
+    assert get_job(db, (1, index)).result == {"error": "cancelled by the operator"}
+
+
+def test_a_lost_reply_to_complete_is_retried_and_already_finished_is_final(
+    upgraded, tmp_path, monkeypatch, state_dir
+):
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path)))
+    repo = tmp_path / "repo"
+    commit_tree(repo, {"ci/run": RUN})
+    db = Database(f"sqlite:///{upgraded}")
+    index = queue_job(db, state_dir, repo, 1, ("./ci/run", "once"))
+    lost = {"AIWORKER_FAILPOINT": "runner_api.after_finish:raise"}
+    with runner_listener(env=lost) as (_process, url):
+        done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["jobs"][0]["delivered"] == "complete"
+    job = get_job(db, (1, index))
+    assert (job.state, job.attempt) == ("succeeded", 1)
+    db.dispose()
