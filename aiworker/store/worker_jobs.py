@@ -132,22 +132,8 @@ def claim(
                 updated_at=now,
             )
         )
-        claimable = or_(
-            worker_jobs.c.state == QUEUED,
-            and_(
-                worker_jobs.c.state == LEASED,
-                worker_jobs.c.lease_expires_at <= now,
-                worker_jobs.c.attempt_count < max_attempts,
-            ),
-        )
-        conditions = [claimable]
-        if repository_indexes is not None:
-            conditions.append(worker_jobs.c.repository_index.in_(list(repository_indexes)))
-        if exact is not None:
-            conditions += [
-                worker_jobs.c.repository_index == exact[0],
-                worker_jobs.c.worker_job_index == exact[1],
-            ]
+        claimable = _claimable(now, max_attempts)
+        conditions = [claimable, *_filters(repository_indexes, exact)]
         oldest = connection.execute(
             select(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
             .where(*conditions)
@@ -180,6 +166,56 @@ def claim(
             .returning(worker_jobs)
         ).first()
     return None if row is None else _lease(row)
+
+
+def _claimable(now: datetime, max_attempts: int) -> Any:
+    return or_(
+        worker_jobs.c.state == QUEUED,
+        and_(
+            worker_jobs.c.state == LEASED,
+            worker_jobs.c.lease_expires_at <= now,
+            worker_jobs.c.attempt_count < max_attempts,
+        ),
+    )
+
+
+def _filters(repository_indexes: Sequence[int] | None, exact: tuple[int, int] | None) -> list[Any]:
+    conditions: list[Any] = []
+    if repository_indexes is not None:
+        conditions.append(worker_jobs.c.repository_index.in_(list(repository_indexes)))
+    if exact is not None:
+        conditions += [
+            worker_jobs.c.repository_index == exact[0],
+            worker_jobs.c.worker_job_index == exact[1],
+        ]
+    return conditions
+
+
+def anything_claimable(
+    db: Database,
+    *,
+    max_attempts: int,
+    repository_indexes: Sequence[int] | None = None,
+    exact: tuple[int, int] | None = None,
+) -> bool:
+    """Whether claim() would find a job now: a read, no write lock, so waiting claims can
+    look often and claim only when there is something to take."""
+    now = utcnow()
+    exhausted = and_(  # claim() ends these as failed: that is something to do too
+        worker_jobs.c.state == LEASED,
+        worker_jobs.c.lease_expires_at <= now,
+        worker_jobs.c.attempt_count >= max_attempts,
+    )
+    with db.read() as session:
+        found = session.execute(
+            select(worker_jobs.c.worker_job_index)
+            .where(
+                or_(_claimable(now, max_attempts), exhausted),
+                *_filters(repository_indexes, exact),
+            )
+            .limit(1)
+        ).first()
+    return found is not None
 
 
 def _row(connection: Connection, index: tuple[int, int]) -> Any:

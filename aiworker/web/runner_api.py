@@ -23,7 +23,7 @@ from aiworker.store.worker_jobs import LeaseLost
 from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
-POLL_STEP_S = 0.1  # a waiting claim looks again this often (each look is one write lock)
+POLL_STEP_S = 0.02  # a waiting claim looks again this often (a read; it claims when it sees one)
 MAX_WAITING = 32  # waiting claims at once; more wait for a place, not for a thread
 Text = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
@@ -75,12 +75,13 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         redoc_url=None,
     )
 
+    service = fleet.RunnerService(environment)
+
     def runner_env(authorization: Annotated[str | None, Header()] = None) -> Environment:
-        env = environment()
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not fleet.authorized(env.loaded, token.strip()):
+        if scheme.lower() != "bearer" or not service.authorized(token.strip()):
             raise _Unauthorized
-        return env
+        return service.env()
 
     Env = Annotated[Environment, Depends(runner_env)]
     waiting = anyio.CapacityLimiter(MAX_WAITING)
@@ -142,11 +143,13 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         env: Env, repository_index: Index, worker_job_index: Index, proof: LeaseProof
     ) -> dict[str, Any]:
         pair = (repository_index, worker_job_index)
-        return {"lease_expires_at": fleet.beat(env, pair, proof.lease_token)}
+        del env
+        return {"lease_expires_at": service.beat(pair, proof.lease_token)}
 
     def _finish(env: Environment, pair: tuple[int, int], kind: str, body: Any) -> dict[str, Any]:
+        del env
         document = body.model_dump(exclude={"lease_token"})
-        status, delivery = fleet.finish_job(env, pair, body.lease_token, kind, document)
+        status, delivery = service.finish(pair, body.lease_token, kind, document)
         if status == "finished":
             failpoint("runner_api.after_finish")  # the fault tests' lost reply
         return {"status": status, "delivery": delivery}  # the stored one, if already
@@ -176,25 +179,18 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
     ) -> Any:
         """Claim now, or wait (without holding a thread) until a job is queued or the wait
         ends; a bounded number of waiting claims keeps threads free for heartbeats."""
+        del env
         deadline = time.monotonic() + request.wait_ms / 1000
-        db = env.open_database()
-        try:
-            async with waiting:
-                while True:
-                    lease = await run_in_threadpool(
-                        fleet.claim_once,
-                        env,
-                        db,
-                        request.worker_id,
-                        request.request_key,
-                        indexes,
-                        exact,
-                    )
-                    if lease is not None or time.monotonic() >= deadline:
-                        return lease
-                    await asyncio.sleep(POLL_STEP_S)
-        finally:
-            db.dispose()
+        claim = (request.worker_id, request.request_key, indexes, exact)
+        async with waiting:
+            lease = await run_in_threadpool(service.claim_once, *claim)
+            while lease is None and time.monotonic() < deadline:
+                await asyncio.sleep(POLL_STEP_S)
+                # A read, no write lock: waiting claims look often and claim (one write)
+                # only when there is something to take.
+                if await run_in_threadpool(service.anything_to_claim, indexes, exact):
+                    lease = await run_in_threadpool(service.claim_once, *claim)
+            return lease
 
     return Protection(app, set(), check_host=False, check_csrf=False)
 

@@ -11,7 +11,9 @@ import hashlib
 import hmac
 import logging
 import re
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from aiworker.store.worker_jobs import (
     TERMINAL,
     Lease,
     LeaseLost,
+    anything_claimable,
     claim,
     finish,
     get_job,
@@ -59,55 +62,92 @@ def accepted_tokens(loaded: LoadedConfig) -> list[str]:
     return tokens
 
 
-def authorized(loaded: LoadedConfig, presented: str | None) -> bool:
-    """Whether PRESENTED is an accepted token; every token is compared, by digest, so the
-    time taken says nothing of which matched or how long they are."""
-    if not presented:
-        return False
-    given = hashlib.sha256(presented.encode()).digest()
-    found = False
-    for token in accepted_tokens(loaded):
-        found |= hmac.compare_digest(given, hashlib.sha256(token.encode()).digest())
-    return found
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
-def claim_once(
-    env: Environment,
-    db: Database,
-    worker_id: str,
-    request_key: str,
-    repository_indexes: Sequence[int] | None,
-    exact: tuple[int, int] | None,
-) -> Lease | None:
-    runners = env.loaded.config.runners
-    return claim(
-        db,
-        worker_id,
-        request_key,
-        lease_for=timedelta(seconds=runners.lease_seconds),
-        max_attempts=runners.max_attempts,
-        repository_indexes=repository_indexes,
-        exact=exact,
-    )
+class RunnerService:
+    """What the runner API serves from: the configuration and the accepted tokens'
+    digests, read again at most every REFRESH_S (a removed token file stops working
+    within that), and one database for the process, opened (and checked) once."""
 
+    REFRESH_S = 1.0
 
-def beat(env: Environment, index: tuple[int, int], token: str) -> str:
-    db = env.open_database()
-    try:
-        lease_for = timedelta(seconds=env.loaded.config.runners.lease_seconds)
-        return heartbeat(db, index, token, lease_for).isoformat()
-    finally:
-        db.dispose()
+    def __init__(self, environment: Callable[[], Environment]) -> None:
+        self._environment = environment
+        self._lock = threading.Lock()
+        self._read_at = -self.REFRESH_S
+        self._env: Environment | None = None
+        self._digests: list[bytes] = []
+        self._db: Database | None = None
 
+    def env(self) -> Environment:
+        with self._lock:
+            if self._env is None or time.monotonic() - self._read_at >= self.REFRESH_S:
+                env = self._environment()
+                self._digests = [_digest(t) for t in accepted_tokens(env.loaded)]
+                self._env, self._read_at = env, time.monotonic()
+            return self._env
 
-def finish_job(
-    env: Environment, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
-    db = env.open_database()
-    try:
-        return accept(db, index, token, kind, body)
-    finally:
-        db.dispose()
+    def db(self) -> Database:
+        env = self.env()
+        with self._lock:
+            if self._db is None:
+                self._db = env.open_database()
+            return self._db
+
+    def authorized(self, presented: str | None) -> bool:
+        """Whether PRESENTED is an accepted token; every token is compared, by digest, so
+        the time taken says nothing of which matched or how long they are."""
+        self.env()
+        if not presented:
+            return False
+        given = _digest(presented)
+        found = False
+        for digest in self._digests:
+            found |= hmac.compare_digest(given, digest)
+        return found
+
+    def claim_once(
+        self,
+        worker_id: str,
+        request_key: str,
+        repository_indexes: Sequence[int] | None,
+        exact: tuple[int, int] | None,
+    ) -> Lease | None:
+        runners = self.env().loaded.config.runners
+        return claim(
+            self.db(),
+            worker_id,
+            request_key,
+            lease_for=timedelta(seconds=runners.lease_seconds),
+            max_attempts=runners.max_attempts,
+            repository_indexes=repository_indexes,
+            exact=exact,
+        )
+
+    def anything_to_claim(
+        self, repository_indexes: Sequence[int] | None, exact: tuple[int, int] | None
+    ) -> bool:
+        return anything_claimable(
+            self.db(),
+            max_attempts=self.env().loaded.config.runners.max_attempts,
+            repository_indexes=repository_indexes,
+            exact=exact,
+        )
+
+    def beat(self, index: tuple[int, int], token: str) -> str:
+        lease_for = timedelta(seconds=self.env().loaded.config.runners.lease_seconds)
+        return heartbeat(self.db(), index, token, lease_for).isoformat()
+
+    def finish(
+        self, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        return accept(self.db(), index, token, kind, body)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.dispose()
 
 
 def accept(
