@@ -50,7 +50,7 @@ def queue_job(db, state_dir: Path, repo: Path, index: int, argv=("./ci/run",), *
             "repository_name": f"team/repo-{index}",
             "snapshot_id": snapshot,
         },
-        "command": {"argv": list(argv)},
+        "command": {"argv": list(argv), "environment": more.pop("environment", {})},
         "timeout_ms": more.pop("timeout_ms", 60_000),
         "suite_id": more.pop("suite_id", "ci"),
     }

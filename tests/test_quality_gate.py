@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 
 from aiworker.config.models import Runners
@@ -9,10 +12,12 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.core.evidence.gate import publication_allowed, run_gate
 from aiworker.core.intake.scope import Requirement, requirements_from_issue
 from aiworker.core.runner.dispatch import Dispatch
+from aiworker.core.runner.snapshots import published
 from aiworker.errors import InvalidInput
 from aiworker.runtime.gitcache import GitCache
 from aiworker.sandbox.gitrepo import BareRepo
 from aiworker.sandbox.seed import PROJECT, create_project
+from aiworker.store import worker_job_records, worker_jobs
 from aiworker.store.engine import Database
 from tests.forge_fixtures import git
 
@@ -235,3 +240,36 @@ def test_an_advisory_threshold_is_recorded_but_needs_complete_measurements(measu
     unreported, _ = measured(None, "perf measures speed_ms <= 120 (advisory)")
     assert not unreported.passed
     assert unreported.findings == ["check perf: measurement speed_ms was not reported at the head"]
+
+
+def test_checks_are_worker_jobs_and_a_job_left_by_a_dead_controller_is_ended(setup, tmp_path):
+    db, cache = setup
+    # A check whose controller process died mid-job: its embedded runner's lease ran out.
+    stale = worker_jobs.enqueue(db, 1, {"label": "old", "source": {"snapshot_id": "0" * 40}})
+    short = timedelta(milliseconds=50)
+    assert worker_jobs.claim(db, "embedded-1", "k", lease_for=short, max_attempts=3)
+    time.sleep(0.1)
+    head = result_head(cache, tmp_path, "def add(a, b):\n    return a + b\n")
+    report = run_gate(
+        db,
+        jobs(db, cache),
+        index=1,
+        slot=1,
+        task_id=None,
+        scope=SCOPE,
+        requirements=requirements_from_issue("no checks block"),
+    )
+    assert report.passed
+    ended = worker_job_records.get_job(db, (1, stale))
+    assert ended.state == "failed"
+    assert "controller process died" in ended.result["error"]
+    # The check ran as worker job 2, on the snapshot of the head, and was delivered.
+    check = worker_job_records.get_job(db, (1, 2))
+    assert check.request["source"]["kind"] == "remote_snapshot"
+    assert check.result["contract"] == "ait.runner.delivery.v1"
+    assert (
+        check.result["result"]["evidence"]["stdout"]["sha256"] == report.checks[0]["stdout_sha256"]
+    )
+    assert head
+    # No snapshot outlives the jobs that named it.
+    assert published(cache.root.parent, 1) == set()

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import socket
 import subprocess
 import time
 
 import pytest
+import requests
 
 from aiworker.core.runner.snapshots import MANIFEST, snapshot_dir
 from aiworker.store.engine import Database
-from aiworker.store.worker_jobs import abandon, get_job
+from aiworker.store.worker_job_records import abandon, get_job
 from tests.fleet_fixtures import (
+    TOKEN,
     commit_tree,
     queue_job,
     runner_argv,
@@ -257,3 +260,95 @@ def test_a_lost_reply_to_complete_is_retried_and_already_finished_is_final(
     job = get_job(db, (1, index))
     assert (job.state, job.attempt) == ("succeeded", 1)
     db.dispose()
+
+
+def test_a_job_that_prints_a_lot_is_delivered_with_the_digest_of_every_byte(
+    controller, state_dir, tmp_path
+):
+    db, url, _ = controller
+    repo = tmp_path / "loud"
+    commit_tree(repo, {"ci/run": "#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' x\n"})
+    index = queue_job(db, state_dir, repo, 1)
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, stdout = stdout_of(db, (1, index))
+    assert stdout["total_bytes"] == 300_000
+    assert stdout["sha256"] == hashlib.sha256(b"x" * 300_000).hexdigest()
+    assert stdout["truncated"]
+
+
+def test_a_token_reaches_only_the_snapshots_of_leased_jobs(controller, state_dir, tmp_path):
+    db, url, repo = controller
+    index = queue_job(db, state_dir, repo, 1)
+    snapshot = get_job(db, (1, index)).request["source"]["snapshot_id"]
+    path = f"{url}/api/runner/v1/snapshots/1/{snapshot}/manifest.json"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert requests.get(path, headers=headers, timeout=10).status_code == 404  # only queued
+    claimed = requests.post(
+        f"{url}/api/runner/v1/claim",
+        json={"worker_id": "r1", "request_key": "k"},
+        headers=headers,
+        timeout=10,
+    ).json()
+    assert requests.get(path, headers=headers, timeout=10).status_code == 200
+    # Handed back unstarted: queued again, the attempt not counted, the snapshot closed.
+    pair = f"{claimed['repository_index']}/{claimed['worker_job_index']}"
+    released = requests.post(
+        f"{url}/api/runner/v1/jobs/{pair}/release",
+        json={"lease_token": claimed["lease_token"]},
+        headers=headers,
+        timeout=10,
+    )
+    assert released.json() == {"released": True}
+    job = get_job(db, (1, index))
+    assert (job.state, job.attempt) == ("queued", 0)
+    assert requests.get(path, headers=headers, timeout=10).status_code == 404
+
+
+def test_a_revoked_token_ends_the_running_job_and_nothing_is_delivered(
+    controller, state_dir, tmp_path
+):
+    db, url, _ = controller
+    repo = tmp_path / "long"
+    commit_tree(repo, {"ci/run": '#!/bin/sh\necho $$ > "$PIDFILE"\nexec sleep 60\n'})
+    pidfile = tmp_path / "job.pid"
+    index = queue_job(db, state_dir, repo, 1, environment={"PIDFILE": str(pidfile)})
+    runner = start_serve(url, tmp_path / "a", "--once")
+    try:
+        wait_for(pidfile.exists)
+        (tmp_path / "runner.token").write_text("a-different-token-of-at-least-32-characters\n")
+        out, _ = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert json.loads(out)["jobs"][0]["delivered"] == "lease_lost"
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 10)
+    assert get_job(db, (1, index)).state == "leased"  # its lease runs out; then again
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_sigterm_while_waiting_for_work_or_for_the_controller_stops_at_once(controller, tmp_path):
+    _, url, _ = controller
+    for server, waiting in ((url, "serving"), ("http://127.0.0.1:9", "unreachable")):
+        argv = runner_argv("serve", "--server", server, "--worker-id", "r1")
+        argv[argv.index("--json")] = "--verbose"  # its log says when it waits
+        argv += ["--attempt-root", str(tmp_path / "a")]
+        runner = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=runner_env()
+        )
+        try:
+            while waiting not in (line := runner.stderr.readline()):
+                assert line, "the runner ended before it waited"
+            time.sleep(0.5)
+            runner.send_signal(signal.SIGTERM)
+            runner.communicate(timeout=20)
+        finally:
+            runner.kill()
+        assert runner.returncode == 0

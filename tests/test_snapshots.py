@@ -144,6 +144,13 @@ HOSTILE = {
         "snapshot_checksum_mismatch",
     ),
     "unlocked_external": (_gitlink, Bounds(), "snapshot_external_unlocked"),
+    "unused_pack": (
+        lambda m: m["packs"].append({"size": 1, "sha256": "0" * 64}),
+        Bounds(),
+        "snapshot_unknown_record",
+    ),
+    "packs_over_the_total": (lambda m: None, Bounds(total_bytes=10_000_000), "snapshot_too_large"),
+    "directories_count_too": (lambda m: None, Bounds(files=9), "snapshot_too_large"),
 }
 
 
@@ -184,3 +191,33 @@ def test_damaged_packs_are_refused(published, damage):
     with pytest.raises(SnapshotRejected) as refused:
         materialise(Folder(folder), tree, target, tmp / "scratch")
     assert refused.value.code == "snapshot_checksum_mismatch"
+
+
+def test_a_locked_external_tree_is_written_from_its_own_snapshot(tmp_path):
+    """A gitlink (a submodule) the request locks to a snapshot of another repository."""
+    state = tmp_path / "state"
+    library = tmp_path / "library"
+    library_tree = commit_tree(library, {"lib.py": "x = 1\n"})
+    library_head = git("rev-parse", "HEAD", cwd=library).stdout.strip()
+    app = tmp_path / "app"
+    commit_tree(app, {"ci/run": "#!/bin/sh\n"})
+    git("update-index", "--add", "--cacheinfo", f"160000,{library_head},vendor/lib", cwd=app)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "sub", cwd=app)
+    app_tree = publish(state, app, 1, "HEAD")
+    assert publish(state, library, 2, "HEAD") == library_tree
+    target = tmp_path / "out"
+    target.mkdir()
+    scratch = tmp_path / "scratch"
+
+    def external(folder):
+        return materialise(
+            Folder(snapshot_dir(state, 2, library_tree)), library_tree, folder, scratch / "x"
+        )
+
+    outer = Folder(snapshot_dir(state, 1, app_tree))
+    counts = materialise(
+        outer, app_tree, target, scratch / "main", externals={"vendor/lib": external}
+    )
+    assert (target / "vendor/lib/lib.py").read_text() == "x = 1\n"
+    assert counts.files == 2
+    assert sorted(p.name for p in target.iterdir()) == ["ci", "vendor"]

@@ -155,3 +155,27 @@ def test_several_processes_claim_distinct_jobs_each_exactly_once(db, upgraded):
         upgraded, "select count(*), min(attempt_count), max(attempt_count) from worker_jobs"
     ) == [(150, 1, 1)]
     assert query(upgraded, "select distinct state from worker_jobs") == [("succeeded",)]
+
+
+def test_every_transition_of_a_job_is_an_event(db):
+    from sqlalchemy import select
+
+    from aiworker.store.tables import events
+    from aiworker.store.worker_job_records import abandon, release
+
+    first, second = enqueue(db, 1, {}), enqueue(db, 1, {})
+    lease = take(db, key="a")
+    assert release(db, (1, first), lease.token)
+    lease = take(db, key="b")
+    finish(db, (1, lease.worker_job_index), lease.token, "succeeded", {"ok": True})
+    abandon(db, (1, second), {"error": "the operator gave up"})
+    with db.read() as session:
+        rows = session.execute(select(events).order_by(events.c.id)).all()
+    assert [(r.kind, r.from_state, r.to_state, r.data["worker_job_index"]) for r in rows] == [
+        ("worker_job.claimed", "queued", "leased", first),
+        ("worker_job.released", "leased", "queued", first),
+        ("worker_job.claimed", "queued", "leased", first),
+        ("worker_job.finished", "leased", "succeeded", first),
+        ("worker_job.abandoned", None, "failed", second),
+    ]
+    assert rows[0].actor == "w1"

@@ -7,6 +7,7 @@ Rejected. Downloads stop at their declared size.
 
 from __future__ import annotations
 
+import os
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ class RunnerApi:
                 self._raise_for(response, path)
             size = 0
             chunks: list[bytes] = []
-            handle = open(dest, "wb") if dest is not None else None  # noqa: SIM115
+            handle = _create_new(dest) if dest is not None else None
             try:
                 for chunk in response.iter_content(1 << 20):
                     size += len(chunk)
@@ -137,6 +138,11 @@ class RunnerApi:
             raise Unauthorized(f"{self.base}: the runner token is not accepted")
         error = _error_of(response)
         raise Rejected(error["message"], code=error["code"])
+
+
+def _create_new(path: Path) -> Any:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
 
 
 def _error_of(response: requests.Response) -> dict[str, str]:

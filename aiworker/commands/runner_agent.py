@@ -132,7 +132,7 @@ def doctor(ctx: typer.Context, server: Server, attempt_root: AttemptRoot = None)
     from aiworker.core.runner.serve import doctor as check
     from aiworker.runtime.attempts import default_attempt_root
 
-    report = check(remote_controller(server, 4.0), attempt_root or default_attempt_root())
+    report = check(remote_controller(server, 2.0), attempt_root or default_attempt_root())
     document = report.to_json()
     lines = [
         f"{'ok ' if x['ok'] else 'BAD'} {x['name']}: {x['detail']}" for x in document["checks"]

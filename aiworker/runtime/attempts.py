@@ -12,11 +12,14 @@ import errno
 import json
 import logging
 import os
+import signal
 import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiworker.runtime.reaper import signal_all, tagged_processes
 
 log = logging.getLogger(__name__)
 MARKER = ".aiworker-attempt.json"
@@ -234,6 +237,9 @@ def sweep_stale_attempts(root: Path) -> int:
             continue
         if pid == os.getpid() or _alive(pid):
             continue
+        # What the dead runner's job left running (it carries the attempt's tag) goes too.
+        tag = f"AIWORKER_ATTEMPT_ID={marker.get('attempt_id', '')}".encode()
+        signal_all(tagged_processes(tag), signal.SIGKILL)
         removal = remove_attempt(path)
         if removal.removed:
             removed += 1

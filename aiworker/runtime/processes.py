@@ -28,6 +28,14 @@ def _prctl() -> Any:
 
 
 _PRCTL = _prctl()
+PR_SET_DUMPABLE = 4
+
+
+def keep_memory_private() -> bool:
+    """Make this process undumpable: other processes of the same user (the jobs it runs)
+    can no longer read its memory or /proc/PID/environ, where a token it was given sits.
+    Its children are dumpable again after their exec. Returns whether it took effect."""
+    return _PRCTL is not None and _PRCTL(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 @dataclass(frozen=True)

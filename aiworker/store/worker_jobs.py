@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from aiworker.store.engine import Database
-from aiworker.store.tables import utcnow, worker_jobs
+from aiworker.store.tables import events, utcnow, worker_jobs
 
 QUEUED, LEASED, SUCCEEDED, FAILED = "queued", "leased", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
@@ -41,6 +41,10 @@ class Lease:
     token: str
     expires_at: datetime
     attempt: int
+
+    def remaining_ms(self) -> int:
+        """What is left of the lease now, by the controller's clock."""
+        return max(0, int((self.expires_at - utcnow()).total_seconds() * 1000))
 
 
 def enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
@@ -77,6 +81,28 @@ def _enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> in
             )
         )
     return index
+
+
+def event(
+    connection: Connection,
+    kind: str,
+    index: tuple[int, int],
+    moved: tuple[str | None, str],
+    actor: str | None = None,
+    **data: Any,
+) -> None:
+    """One audit event of worker job INDEX (`worker_job.KIND`), in the same transaction
+    as the change it records."""
+    connection.execute(
+        insert(events).values(
+            kind=f"worker_job.{kind}",
+            from_state=moved[0],
+            to_state=moved[1],
+            actor=actor,
+            data={"repository_index": index[0], "worker_job_index": index[1], **data},
+            created_at=utcnow(),
+        )
+    )
 
 
 def _lease(row: Any) -> Lease:
@@ -117,7 +143,8 @@ def claim(
             return _lease(again)
         # A job whose every attempt's lease expired ends failed, with the reason: never
         # left leased for ever, never run again.
-        connection.execute(
+        why = f"the lease expired on each of {max_attempts} attempts"
+        exhausted = connection.execute(
             update(worker_jobs)
             .where(
                 worker_jobs.c.state == LEASED,
@@ -127,15 +154,20 @@ def claim(
             .values(
                 state=FAILED,
                 lease_token=None,
-                result={"error": f"the lease expired on each of {max_attempts} attempts"},
+                result={"error": why},
                 version=worker_jobs.c.version + 1,
                 updated_at=now,
             )
-        )
+            .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+        ).all()
+        for ended in exhausted:
+            event(connection, "expired", (ended[0], ended[1]), (LEASED, FAILED), why=why)
         claimable = _claimable(now, max_attempts)
         conditions = [claimable, *_filters(repository_indexes, exact)]
         oldest = connection.execute(
-            select(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+            select(
+                worker_jobs.c.repository_index, worker_jobs.c.worker_job_index, worker_jobs.c.state
+            )
             .where(*conditions)
             .order_by(
                 worker_jobs.c.created_at,
@@ -165,6 +197,9 @@ def claim(
             )
             .returning(worker_jobs)
         ).first()
+        if row is not None:
+            moved = (str(oldest.state), LEASED)
+            event(connection, "claimed", oldest[:2], moved, worker_id, attempt=row.attempt_count)
     return None if row is None else _lease(row)
 
 
@@ -218,7 +253,7 @@ def anything_claimable(
     return found is not None
 
 
-def _row(connection: Connection, index: tuple[int, int]) -> Any:
+def row_of(connection: Connection, index: tuple[int, int]) -> Any:
     row = connection.execute(
         select(worker_jobs).where(
             worker_jobs.c.repository_index == index[0],
@@ -234,7 +269,7 @@ def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timed
     """Extend the live lease TOKEN on job INDEX; returns its new expiry."""
     with db.transaction() as connection:
         now = utcnow()
-        row = _row(connection, index)
+        row = row_of(connection, index)
         if row.state != LEASED or row.lease_token != token or row.lease_expires_at <= now:
             raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} no longer holds")
         expires = now + lease_for
@@ -262,7 +297,7 @@ def finish(
         raise ValueError(f"unknown outcome {outcome!r}")
     with db.transaction() as connection:
         now = utcnow()
-        row = _row(connection, index)
+        row = row_of(connection, index)
         if row.lease_token != token:
             raise LeaseLost(f"worker job {index[0]}/{index[1]} is leased under another proof")
         if row.state in TERMINAL:
@@ -286,65 +321,5 @@ def finish(
         )
         if changed.rowcount != 1:
             raise LeaseLost(f"worker job {index[0]}/{index[1]} changed under this lease")
+        event(connection, "finished", index, (LEASED, outcome), row.worker_id)
     return "finished", result
-
-
-@dataclass(frozen=True)
-class Job:
-    repository_index: int
-    worker_job_index: int
-    request: dict[str, Any]
-    state: str
-    attempt: int
-    worker_id: str | None
-    lease_token: str | None
-    result: dict[str, Any] | None
-
-
-def get_job(db: Database, index: tuple[int, int]) -> Job:
-    with db.transaction() as connection:
-        row = _row(connection, index)
-    return Job(
-        int(row.repository_index),
-        int(row.worker_job_index),
-        dict(row.request),
-        str(row.state),
-        int(row.attempt_count),
-        row.worker_id,
-        row.lease_token,
-        dict(row.result) if row.result is not None else None,
-    )
-
-
-def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> bool:
-    """End job INDEX as failed with RESULT unless it already ended; whatever lease it has
-    is void from now (a runner still running it gets lease_lost). True if this ended it."""
-    with db.transaction() as connection:
-        changed = connection.execute(
-            update(worker_jobs)
-            .where(
-                worker_jobs.c.repository_index == index[0],
-                worker_jobs.c.worker_job_index == index[1],
-                worker_jobs.c.state.in_((QUEUED, LEASED)),
-            )
-            .values(
-                state=FAILED,
-                lease_token=None,
-                result=result,
-                version=worker_jobs.c.version + 1,
-                updated_at=utcnow(),
-            )
-        )
-    return bool(changed.rowcount == 1)
-
-
-def open_requests(db: Database, repository_index: int) -> list[dict[str, Any]]:
-    """The requests of REPOSITORY_INDEX's jobs that have not ended."""
-    with db.transaction() as connection:
-        rows = connection.execute(
-            select(worker_jobs.c.request).where(
-                worker_jobs.c.repository_index == repository_index,
-                worker_jobs.c.state.in_((QUEUED, LEASED)),
-            )
-        ).all()
-    return [dict(r.request) for r in rows]

@@ -24,6 +24,7 @@ from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
 POLL_STEP_S = 0.02  # a waiting claim looks again this often (a read; it claims when it sees one)
+MAX_BODY = 1024 * 1024
 MAX_WAITING = 32  # waiting claims at once; more wait for a place, not for a thread
 Text = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
@@ -86,24 +87,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
     Env = Annotated[Environment, Depends(runner_env)]
     waiting = anyio.CapacityLimiter(MAX_WAITING)
 
-    @app.exception_handler(AiworkerError)
-    async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
-        status = 503 if isinstance(exc, Unavailable) else 404 if exc.code == "not_found" else 400
-        return _error(status, exc.code, redact(exc.message))
-
-    @app.exception_handler(_Unauthorized)
-    async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
-        return _error(401, "unauthorized", "a runner token is required (Authorization: Bearer)")
-
-    @app.exception_handler(LeaseLost)
-    async def lost(_request: Request, exc: Exception) -> JSONResponse:
-        return _error(409, "lease_lost", str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
-        where = ".".join(str(p) for p in first["loc"])
-        return _error(400, "invalid_input", f"{where}: {first['msg']}")
+    _handle_errors(app)
 
     @app.get("/api/runner/v1/health")
     def health(env: Env) -> dict[str, Any]:
@@ -114,7 +98,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         }
 
     @app.post("/api/runner/v1/claim", response_model=None)
-    async def claim(env: Env, request: ClaimRequest) -> dict[str, Any] | Response:
+    async def claim(env: Env, request: ClaimRequest, http: Request) -> dict[str, Any] | Response:
         exact = (
             (request.exact.repository_index, request.exact.worker_job_index)
             if request.exact
@@ -125,7 +109,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             if request.repository_indexes is not None
             else None
         )
-        lease = await _long_poll(env, request, indexes, exact)
+        lease = await _long_poll(env, request, indexes, exact, http)
         if lease is None:
             return Response(status_code=204)
         return {
@@ -136,6 +120,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             "lease_expires_at": lease.expires_at.isoformat(),
             "attempt": lease.attempt,
             "lease_seconds": env.loaded.config.runners.lease_seconds,
+            "lease_remaining_ms": lease.remaining_ms(),
         }
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
@@ -166,9 +151,18 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
     ) -> dict[str, Any]:
         return _finish(env, (repository_index, worker_job_index), "fail", body)
 
+    @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/release")
+    def release(
+        env: Env, repository_index: Index, worker_job_index: Index, proof: LeaseProof
+    ) -> dict[str, Any]:
+        del env
+        pair = (repository_index, worker_job_index)
+        return {"released": service.release(pair, proof.lease_token)}
+
     @app.get("/api/runner/v1/snapshots/{repository_index}/{snapshot_id}/{name}")
     def snapshot(env: Env, repository_index: Index, snapshot_id: str, name: str) -> FileResponse:
-        path = fleet.snapshot_file(env.state_dir, repository_index, snapshot_id, name)
+        del env
+        path = service.snapshot_file(repository_index, snapshot_id, name)
         return FileResponse(path, media_type="application/octet-stream")
 
     async def _long_poll(
@@ -176,6 +170,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         request: ClaimRequest,
         indexes: list[int] | None,
         exact: tuple[int, int] | None,
+        http: Request,
     ) -> Any:
         """Claim now, or wait (without holding a thread) until a job is queued or the wait
         ends; a bounded number of waiting claims keeps threads free for heartbeats."""
@@ -186,13 +181,37 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             lease = await run_in_threadpool(service.claim_once, *claim)
             while lease is None and time.monotonic() < deadline:
                 await asyncio.sleep(POLL_STEP_S)
+                if await http.is_disconnected():  # the runner went: lease it nothing
+                    return None
                 # A read, no write lock: waiting claims look often and claim (one write)
                 # only when there is something to take.
                 if await run_in_threadpool(service.anything_to_claim, indexes, exact):
                     lease = await run_in_threadpool(service.claim_once, *claim)
             return lease
 
-    return Protection(app, set(), check_host=False, check_csrf=False)
+    # A result carries two stream tails (64 KiB each, base64) and its records.
+    return Protection(app, set(), check_host=False, check_csrf=False, max_body=MAX_BODY)
+
+
+def _handle_errors(app: FastAPI) -> None:
+    @app.exception_handler(AiworkerError)
+    async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
+        status = 503 if isinstance(exc, Unavailable) else 404 if exc.code == "not_found" else 400
+        return _error(status, exc.code, redact(exc.message))
+
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
+        return _error(401, "unauthorized", "a runner token is required (Authorization: Bearer)")
+
+    @app.exception_handler(LeaseLost)
+    async def lost(_request: Request, exc: Exception) -> JSONResponse:
+        return _error(409, "lease_lost", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+        where = ".".join(str(p) for p in first["loc"])
+        return _error(400, "invalid_input", f"{where}: {first['msg']}")
 
 
 class _Unauthorized(Exception):

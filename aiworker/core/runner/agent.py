@@ -23,14 +23,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiworker.adapters.runner_api import LeaseGone, ServerUnavailable
-from aiworker.contracts.runner import REQUEST_CONTRACT, Materialization, RemoteSnapshotSource
+from aiworker.adapters.runner_api import LeaseGone, Rejected, ServerUnavailable
+from aiworker.contracts.runner import (
+    REQUEST_CONTRACT,
+    JobRequest,
+    Materialization,
+    RemoteSnapshotSource,
+)
 from aiworker.core.runner.controllers import Controller
 from aiworker.core.runner.execute import RunnerSettings, run_attempt
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
 from aiworker.core.runner.requests import RequestRejected, parse_request
-from aiworker.errors import InvalidInput, Refused
+from aiworker.errors import AiworkerError, InvalidInput, Refused
 from aiworker.runtime.attempts import default_attempt_root
+from aiworker.secrets import redact
 
 log = logging.getLogger(__name__)
 BACKOFF_CAP_S = 30.0
@@ -90,55 +96,72 @@ def run_leased(
     controller: Controller,
     claimed: dict[str, Any],
     options: AgentOptions,
-    abort: threading.Event | None = None,
+    cancel: threading.Event | None = None,
 ) -> JobOutcome:
-    """Run the job of lease CLAIMED and deliver its outcome. Setting ABORT ends the job
-    now; it is then delivered as failed (runner_stopped)."""
+    """Run the job of lease CLAIMED and deliver its outcome, heartbeating until it is
+    delivered. CANCEL (this job's; the caller may set it to stop the job now, which is
+    then delivered as failed, runner_stopped) is also set when the lease stops holding,
+    and then nothing is delivered."""
     began = time.monotonic()
     pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
     token = str(claimed["lease_token"])
-    cancel = threading.Event()
-    lease_s = float(claimed.get("lease_seconds") or _seconds_until(claimed["lease_expires_at"]))
-    keeper = _LeaseKeeper(controller, pair, token, lease_s, options, cancel)
+    cancel = cancel or threading.Event()
+    keeper = _LeaseKeeper(controller, pair, token, _lease_left(claimed), options, cancel)
     keeper.start()
     ran_ms = 0
     try:
         try:
-            request = parse_request(json.dumps(claimed["request"]).encode())
-            source = request.source
-            if not isinstance(source, RemoteSnapshotSource):
-                raise RequestRejected(
-                    "source_not_remote",
-                    "a fleet job must name a remote snapshot; a runner never runs a local tree",
-                    "source.kind",
-                )
-            if source.repository_index != pair[0]:
-                raise RequestRejected(
-                    "repository_mismatch",
-                    f"the request is for repository {source.repository_index}, "
-                    f"the job for {pair[0]}",
-                    "source.repository_index",
-                )
-            if abort is not None:
-                _relay(abort, cancel)
-            fill = _filler(controller, source, options.bounds)
-            result = run_attempt(request, options.settings, fill, cancel=cancel)
+            request = _check(parse_request(json.dumps(claimed["request"]).encode()), pair)
+            result = run_attempt(
+                request,
+                options.settings,
+                _filler(controller, request.source, options.bounds, cancel),  # type: ignore[arg-type]
+                cancel=cancel,
+            )
             ran_ms = result.duration_ms
-            if abort is not None and abort.is_set():
+            if cancel.is_set() and not keeper.lost.is_set():
                 raise RequestRejected("runner_stopped", "the runner was stopped during the job")
             kind, status = "complete", str(result.status)
             body: dict[str, Any] = {"result": result.model_dump(mode="json")}
-        except RequestRejected as exc:
-            error = {"code": exc.code, "message": exc.message[:2000], "field": exc.field}
-            kind, status = "fail", exc.code
-            body = {"error": error}
+        except (RequestRejected, AiworkerError, OSError) as exc:
+            # Whatever kept the job from running is its outcome, with the reason.
+            code = getattr(exc, "code", None) or "runner_error"
+            message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            error = {"code": code, "message": redact(message)[:2000]}
+            error["field"] = getattr(exc, "field", None)
+            kind, status, body = "fail", code, {"error": error}
+        if keeper.lost.is_set():
+            log.warning("worker job %d/%d: the lease no longer holds; nothing delivered", *pair)
+            return JobOutcome(pair, claimed["attempt"], "lease_lost", status, _ms(began) - ran_ms)
+        delivered = deliver(controller, pair, kind, token, body, options.delivery_deadline_s)
     finally:
         keeper.stop()
-    if keeper.lost.is_set():
-        log.warning("worker job %d/%d: the lease no longer holds; nothing delivered", *pair)
-        return JobOutcome(pair, claimed["attempt"], "lease_lost", status, _ms(began) - ran_ms)
-    delivered = deliver(controller, pair, kind, token, body, options.delivery_deadline_s)
     return JobOutcome(pair, claimed["attempt"], delivered, status, _ms(began) - ran_ms)
+
+
+def _lease_left(claimed: dict[str, Any]) -> float:
+    """Seconds the lease has left, as the controller counted them (no clock skew); a
+    claim repeated after a lost reply may hold an older lease with less left."""
+    if "lease_remaining_ms" in claimed:
+        return float(claimed["lease_remaining_ms"]) / 1000
+    return _seconds_until(str(claimed["lease_expires_at"]))
+
+
+def _check(request: JobRequest, pair: tuple[int, int]) -> JobRequest:
+    source = request.source
+    if not isinstance(source, RemoteSnapshotSource):
+        raise RequestRejected(
+            "source_not_remote",
+            "a fleet job must name a remote snapshot; a runner never runs a local tree",
+            "source.kind",
+        )
+    if source.repository_index != pair[0]:
+        raise RequestRejected(
+            "repository_mismatch",
+            f"the request is for repository {source.repository_index}, the job for {pair[0]}",
+            "source.repository_index",
+        )
+    return request
 
 
 def deliver(
@@ -149,7 +172,8 @@ def deliver(
     body: dict[str, Any],
     deadline_s: float,
 ) -> str:
-    """Deliver once; retry transport failures from 1 s, doubling to 30 s, until DEADLINE_S."""
+    """Deliver once; retry transport failures from 1 s, doubling to 30 s, until DEADLINE_S.
+    A result the controller refuses is delivered as a failure saying why."""
     give_up = time.monotonic() + deadline_s
     delay = 1.0
     while True:
@@ -159,6 +183,12 @@ def deliver(
             return kind
         except LeaseGone:
             return "lease_lost"
+        except Rejected as exc:
+            if kind != "complete":
+                log.error("worker job %d/%d: failure refused: %s", *pair, exc.message)
+                return "undelivered"
+            error = {"code": "result_refused", "message": exc.message[:2000], "field": None}
+            kind, body = "fail", {"error": error}
         except ServerUnavailable as exc:
             if time.monotonic() + delay > give_up:
                 log.error("worker job %d/%d: not delivered: %s", *pair, exc.message)
@@ -168,26 +198,38 @@ def deliver(
 
 
 def _filler(
-    controller: Controller, source: RemoteSnapshotSource, bounds: Bounds
+    controller: Controller,
+    source: RemoteSnapshotSource,
+    bounds: Bounds,
+    cancel: threading.Event,
 ) -> Callable[[Path, Path], Materialization]:
-    externals: dict[str, Callable[[Path], Materialization]] = {}
-    for path, locked in source.external.items():
-        index, _, snapshot = locked.partition(":")
+    locked: dict[str, tuple[int, str]] = {}
+    for path, ref in source.external.items():
+        index, _, snapshot = ref.partition(":")
         if not index.isdigit() or not snapshot:
             raise RequestRejected(
                 "external_invalid",
                 f"external {path!r} must be locked as INDEX:SNAPSHOT_ID",
                 "source.external",
             )
-
-        def one(target: Path, i: int = int(index), s: str = snapshot) -> Materialization:
-            return materialise(controller.fetcher(i, s), s, target, target.parent / ".x", bounds)
-
-        externals[path] = one
+        locked[path] = (int(index), snapshot)
 
     def fill(workspace: Path, scratch: Path) -> Materialization:
+        # Every snapshot's packs go to the attempt's scratch folder, outside the workspace.
+        externals: dict[str, Callable[[Path], Materialization]] = {}
+        for number, (path, (index, snapshot)) in enumerate(sorted(locked.items())):
+
+            def one(target: Path, i: int = index, s: str = snapshot, n: int = number) -> Any:
+                return materialise(controller.fetcher(i, s), s, target, scratch / f"x{n}", bounds)
+
+            externals[path] = one
         fetcher = controller.fetcher(source.repository_index, source.snapshot_id)
-        return materialise(fetcher, source.snapshot_id, workspace, scratch, bounds, externals)
+        written = materialise(
+            fetcher, source.snapshot_id, workspace, scratch / "main", bounds, externals
+        )
+        if cancel.is_set():  # the lease went while the snapshot came: do not start it
+            raise RequestRejected("runner_stopped", "the job was stopped before it started")
+        return written
 
     return fill
 
@@ -229,11 +271,11 @@ class _LeaseKeeper(threading.Thread):
                 # A beat that cannot be answered before the lease ends is not waited for.
                 self.controller.heartbeat(self.pair, self.token, self.expires - sent)
                 self.expires = sent + self.lease_s
-            except LeaseGone:
-                self._lose("the controller says the lease is gone")
+            except (LeaseGone, Refused) as exc:
+                self._lose(f"the controller refuses the lease: {exc.message}")
                 return
-            except ServerUnavailable as exc:
-                log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc.message)
+            except Exception as exc:  # any failed beat: the expiry decides
+                log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)
 
     def _lose(self, why: str) -> None:
         log.warning("worker job %d/%d: %s; ending the job", *self.pair, why)
@@ -243,14 +285,6 @@ class _LeaseKeeper(threading.Thread):
     def stop(self) -> None:
         self.done.set()
         self.join()
-
-
-def _relay(source: threading.Event, target: threading.Event) -> None:
-    def wait() -> None:
-        source.wait()
-        target.set()
-
-    threading.Thread(target=wait, daemon=True).start()
 
 
 def _seconds_until(moment: str) -> float:

@@ -14,8 +14,9 @@ from aiworker.adapters.runner_api import LeaseGone, RunnerApi, TooLarge
 from aiworker.config.models import Runners
 from aiworker.core.runner.fleet import CONTRACTS, accept
 from aiworker.core.runner.materialise import Fetcher, SnapshotRejected
-from aiworker.core.runner.snapshots import MANIFEST, pack_path, snapshot_dir
+from aiworker.core.runner.snapshots import MANIFEST, create_new, pack_path, snapshot_dir
 from aiworker.store.engine import Database
+from aiworker.store.worker_job_records import release
 from aiworker.store.worker_jobs import LeaseLost, claim, heartbeat
 
 
@@ -29,6 +30,8 @@ class Controller(Protocol):
     def finish(
         self, pair: tuple[int, int], kind: str, token: str, body: dict[str, Any]
     ) -> dict[str, Any]: ...
+
+    def release(self, pair: tuple[int, int], token: str) -> None: ...
 
     def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher: ...
 
@@ -52,6 +55,9 @@ class RemoteController:
         self, pair: tuple[int, int], kind: str, token: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         return self.api.finish(pair, kind, token, body)
+
+    def release(self, pair: tuple[int, int], token: str) -> None:
+        self.api.finish(pair, "release", token, {})
 
     def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher:
         return _RemoteFetcher(self.api, f"/snapshots/{repository_index}/{snapshot_id}")
@@ -105,6 +111,7 @@ class LocalController:
             "lease_expires_at": lease.expires_at.isoformat(),
             "attempt": lease.attempt,
             "lease_seconds": self.runners.lease_seconds,
+            "lease_remaining_ms": lease.remaining_ms(),
         }
 
     def heartbeat(self, pair: tuple[int, int], token: str, timeout_s: float) -> str:
@@ -123,6 +130,9 @@ class LocalController:
         except LeaseLost as exc:
             raise LeaseGone(str(exc)) from None
         return {"status": status, "delivery": delivery}
+
+    def release(self, pair: tuple[int, int], token: str) -> None:
+        release(self.db, pair, token)
 
     def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher:
         return _LocalFetcher(snapshot_dir(self.state_dir, repository_index, snapshot_id))
@@ -144,7 +154,8 @@ class _LocalFetcher:
         source = pack_path(self.folder, number)
         if not source.is_file() or source.stat().st_size > limit:
             raise SnapshotRejected("snapshot_checksum_mismatch", f"pack {number} is not as listed")
-        shutil.copyfile(source, dest)
+        with open(source, "rb") as src, create_new(dest) as out:
+            shutil.copyfileobj(src, out)
 
 
 TOKEN_VARIABLE = "AIWORKER_SERVER_TOKEN"  # noqa: S105 (a variable name, not a token)

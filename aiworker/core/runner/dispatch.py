@@ -6,10 +6,12 @@ does, and a job nobody finishes in time is ended as failed, with the reason."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from aiworker.config.models import Runners
@@ -19,15 +21,18 @@ from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
 from aiworker.core.runner.controllers import LocalController
 from aiworker.core.runner.execute import RunnerSettings
 from aiworker.core.runner.requests import RequestRejected
-from aiworker.core.runner.snapshots import publish, remove_snapshot
+from aiworker.core.runner.snapshots import publish, published, remove_snapshot
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
 from aiworker.store.engine import Database
-from aiworker.store.worker_jobs import TERMINAL, abandon, enqueue, get_job, open_requests
+from aiworker.store.worker_job_records import abandon, end_orphans, get_job, open_requests
+from aiworker.store.worker_jobs import TERMINAL, enqueue
 
 WAIT_STEP_S = 0.1
+ORPHANED = "its controller process died before the embedded runner finished it"
+log = logging.getLogger(__name__)
 
 
 class WorkerJobFailed(AiworkerError):
@@ -53,6 +58,12 @@ class Dispatch:
     ) -> JobResult:
         """Run ARGV (./ci/run ...) on COMMIT of repository INDEX as a worker job."""
         locks = LockDir(self.state_dir)
+        if self.runners.mode == "embedded":
+            # Jobs whose embedded runner died with its controller: nobody else takes them.
+            cutoff = timedelta(seconds=self.runners.lease_seconds)
+            ended = end_orphans(self.db, cutoff, {"error": ORPHANED})
+            if ended:
+                log.warning("ended %d worker jobs whose controller process died", ended)
         with locks.held("snapshots", timeout=300):
             snapshot = publish(self.state_dir, self.cache.path(index), index, commit)
             request = {
@@ -78,8 +89,8 @@ class Dispatch:
         finally:
             with locks.held("snapshots", timeout=300):
                 still = {r["source"].get("snapshot_id") for r in open_requests(self.db, index)}
-                if snapshot not in still:
-                    remove_snapshot(self.state_dir, index, snapshot)
+                for unused in published(self.state_dir, index) - still:
+                    remove_snapshot(self.state_dir, index, unused)
 
     def _run_here(self, pair: tuple[int, int]) -> None:
         controller = LocalController(self.db, self.state_dir, self.runners)
@@ -96,9 +107,13 @@ class Dispatch:
         )
         if claimed is None:
             raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]} could not be claimed here")
-        outcome = run_leased(controller, claimed, options)
-        if outcome.delivered not in ("complete", "fail"):
-            abandon(self.db, pair, {"error": f"the embedded runner's job {outcome.delivered}"})
+        outcome = None
+        try:
+            outcome = run_leased(controller, claimed, options)
+        finally:
+            # Whatever happened, the job ends here: nobody else would take it.
+            why = outcome.delivered if outcome else "was interrupted"
+            abandon(self.db, pair, {"error": f"the embedded runner's job {why}"})
 
     def _wait(self, pair: tuple[int, int], timeout_ms: int) -> None:
         runners = self.runners

@@ -26,6 +26,7 @@ from aiworker.core.context import Environment
 from aiworker.core.runner.snapshots import snapshot_dir
 from aiworker.errors import ConfigInvalid, InvalidInput
 from aiworker.store.engine import Database
+from aiworker.store.worker_job_records import get_job, leased_snapshot, release
 from aiworker.store.worker_jobs import (
     FAILED,
     SUCCEEDED,
@@ -35,7 +36,6 @@ from aiworker.store.worker_jobs import (
     anything_claimable,
     claim,
     finish,
-    get_job,
     heartbeat,
 )
 
@@ -144,6 +144,15 @@ class RunnerService:
         self, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
         return accept(self.db(), index, token, kind, body)
+
+    def release(self, index: tuple[int, int], token: str) -> bool:
+        return release(self.db(), index, token)
+
+    def snapshot_file(self, index: int, snapshot_id: str, name: str) -> Path:
+        """A file of a snapshot that a leased job names (a token reaches no other)."""
+        if not leased_snapshot(self.db(), index, snapshot_id):
+            raise InvalidInput(f"no leased job names snapshot {snapshot_id}", code="not_found")
+        return snapshot_file(self.env().state_dir, index, snapshot_id, name)
 
     def close(self) -> None:
         if self._db is not None:

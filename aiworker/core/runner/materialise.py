@@ -82,7 +82,7 @@ def materialise(
             "snapshot_external_unlocked",
             f"the tree holds external trees the request does not lock: {', '.join(unnamed)}",
         )
-    scratch.mkdir(mode=0o700, exist_ok=True)
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     _download(fetcher, manifest, scratch, bounds)
     counts = _write(manifest, plan, target, scratch)
     for path in sorted(plan.gitlinks):
@@ -119,6 +119,10 @@ def _parse(raw: bytes, snapshot_id: str, bounds: Bounds) -> SnapshotManifest:
             raise SnapshotRejected(
                 "snapshot_too_large", f"pack {number} is over {bounds.pack_bytes} bytes"
             )
+    if sum(p.size for p in manifest.packs) > bounds.total_bytes:
+        raise SnapshotRejected("snapshot_too_large", f"packs over {bounds.total_bytes} bytes")
+    if {b.pack for b in manifest.blobs.values()} != set(range(len(manifest.packs))):
+        raise SnapshotRejected("snapshot_unknown_record", "a pack holds no listed blob")
     for oid, blob in manifest.blobs.items():
         if (
             blob.pack >= len(manifest.packs)
@@ -128,9 +132,12 @@ def _parse(raw: bytes, snapshot_id: str, bounds: Bounds) -> SnapshotManifest:
     return manifest
 
 
-def _check_name(name: str, where: str) -> None:
-    if "/" in name or "\0" in name or name in (".", "..") or name.casefold() == ".git":
-        raise SnapshotRejected("snapshot_path_escape", f"{where}{name!r} is not a plain name")
+def _check_names(names: list[str], oid: str, where: str) -> None:
+    if len(set(names)) != len(names):
+        raise SnapshotRejected("snapshot_malformed", f"tree {oid} repeats a name")
+    for name in names:
+        if "/" in name or "\0" in name or name in (".", "..") or name.casefold() == ".git":
+            raise SnapshotRejected("snapshot_path_escape", f"{where}{name!r} is not a plain name")
 
 
 def _plan(manifest: SnapshotManifest, bounds: Bounds) -> _Plan:
@@ -148,12 +155,13 @@ def _plan(manifest: SnapshotManifest, bounds: Bounds) -> _Plan:
         entries = manifest.trees.get(oid)
         if entries is None:
             raise SnapshotRejected("snapshot_unknown_record", f"tree {oid} is not in the manifest")
-        names = [e.name for e in entries]
-        if len(set(names)) != len(names):
-            raise SnapshotRejected("snapshot_malformed", f"tree {oid} repeats a name")
+        _check_names([e.name for e in entries], oid, prefix)
         for entry in entries:
-            _check_name(entry.name, prefix)
             path = prefix + entry.name
+            if len(plan.directories) + len(plan.files) >= bounds.files:
+                raise SnapshotRejected(
+                    "snapshot_too_large", f"more than {bounds.files} files and directories"
+                )
             if entry.mode == TREE_MODE:
                 if entry.id in ancestors:
                     raise SnapshotRejected("snapshot_cycle", f"tree {path} contains itself")

@@ -33,9 +33,10 @@ from aiworker.core.runner.agent import (
     select_contract,
 )
 from aiworker.core.runner.controllers import Controller
-from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, LockHeld, Refused
+from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, LockHeld
 from aiworker.runtime.attempts import ensure_private_root
 from aiworker.runtime.locks import FileLock
+from aiworker.runtime.processes import keep_memory_private
 
 log = logging.getLogger(__name__)
 MIN_FREE_BYTES = 1024**3
@@ -52,7 +53,8 @@ class ServeReport(Report):
         if not self.jobs:
             return EXIT_OK
         last = self.jobs[-1]
-        return EXIT_OK if last["status"] == "succeeded" else EXIT_FAILED
+        ok = (last["delivered"], last["status"]) == ("complete", "succeeded")
+        return EXIT_OK if ok else EXIT_FAILED
 
 
 class _Stop(Exception):
@@ -66,6 +68,7 @@ class Signals:
         self.stop = threading.Event()
         self.abort = threading.Event()
         self.idle = False
+        self.job: threading.Event | None = None  # the running job's cancel
 
     @classmethod
     def installed(cls) -> Signals:
@@ -78,6 +81,8 @@ class Signals:
     def _handle(self, _signum: int, _frame: FrameType | None) -> None:
         if self.stop.is_set():
             self.abort.set()
+            if self.job is not None:
+                self.job.set()
         self.stop.set()
         if self.idle:
             raise _Stop
@@ -95,17 +100,25 @@ def lock_attempt_root(root: Path) -> FileLock:
 def serve(
     controller: Controller, options: AgentOptions, *, once: bool, signals: Signals
 ) -> ServeReport:
+    keep_memory_private()  # the jobs run as this user; the token must stay out of reach
     lock = lock_attempt_root(options.settings.attempt_root)
     try:
         contract = _connect(controller, once, signals)
+        log.info("runner %s: serving, contract %s", options.worker_id, contract or "(none)")
         report = ServeReport(options.worker_id, contract)
         failures = 0
         key = new_key()
         while not signals.stop.is_set():
             asked = time.monotonic()
             try:
-                signals.idle = True
-                claimed = controller.claim(claim_body(options, key, options.long_poll_ms))
+                try:
+                    signals.idle = True
+                    claimed = controller.claim(claim_body(options, key, options.long_poll_ms))
+                finally:
+                    signals.idle = False
+            except _Stop:
+                _give_back(controller, options, key)
+                break
             except ServerUnavailable as exc:
                 if once:
                     raise
@@ -114,10 +127,6 @@ def serve(
                 log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
                 signals.stop.wait(delay)
                 continue  # the same key: a claim whose answer was lost is answered again
-            except _Stop:
-                break
-            finally:
-                signals.idle = False
             failures = 0
             if claimed is None:
                 waited = time.monotonic() - asked
@@ -125,8 +134,7 @@ def serve(
                     signals.stop.wait(options.poll_interval_s)
                 continue
             key = new_key()
-            outcome = run_leased(controller, claimed, options, signals.abort)
-            report.jobs.append(_job(outcome))
+            report.jobs.append(_job(_run(controller, claimed, options, signals)))
             if once:
                 break
         return report
@@ -134,18 +142,45 @@ def serve(
         lock.release()
 
 
+def _run(
+    controller: Controller, claimed: dict[str, Any], options: AgentOptions, signals: Signals
+) -> JobOutcome:
+    signals.job = threading.Event()
+    if signals.abort.is_set():
+        signals.job.set()
+    try:
+        return run_leased(controller, claimed, options, signals.job)
+    finally:
+        signals.job = None
+
+
+def _give_back(controller: Controller, options: AgentOptions, key: str) -> None:
+    """Stopped while a claim was waiting: if the controller leased a job to that claim,
+    hand it back unstarted (asking again with the same key gets that lease)."""
+    try:
+        claimed = controller.claim(claim_body(options, key, 0))
+        if claimed is not None:
+            pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
+            controller.release(pair, str(claimed["lease_token"]))
+            log.info("worker job %d/%d: handed back unstarted", *pair)
+    except AiworkerError as exc:
+        log.warning("a job leased as the runner stopped may wait for its lease: %s", exc)
+
+
 def _connect(controller: Controller, once: bool, signals: Signals) -> str:
+    """The contract, once the controller answers; "" when stopped before it did."""
     failures = 0
-    while True:
+    while not signals.stop.is_set():
         try:
             return select_contract(controller)
         except ServerUnavailable as exc:
-            if once or signals.stop.is_set():
+            if once:
                 raise
             failures += 1
             delay = jittered(failures)
             log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
             signals.stop.wait(delay)
+    return ""
 
 
 def _job(outcome: JobOutcome) -> dict[str, Any]:
@@ -170,6 +205,7 @@ def run_job(
     controller: Controller, options: AgentOptions, pair: tuple[int, int], signals: Signals
 ) -> ServeReport:
     """Claim exactly PAIR (never another job), run it and deliver it."""
+    keep_memory_private()
     contract = select_contract(controller)
     body = claim_body(options, new_key(), 0)
     body.pop("repository_indexes", None)
@@ -181,7 +217,7 @@ def run_job(
             code="not_claimable",
         )
     report = ServeReport(options.worker_id, contract)
-    report.jobs.append(_job(run_leased(controller, claimed, options, signals.abort)))
+    report.jobs.append(_job(_run(controller, claimed, options, signals)))
     return report
 
 
@@ -209,8 +245,10 @@ def doctor(controller: Controller, attempt_root: Path) -> DoctorReport:
         check("contract", "ait.runner.native-job.v3" in offered, f"offered: {offered}")
         skew = abs(offset or 0.0)
         check("clock", skew < 30, f"{skew:.1f} s from the controller's clock")
-    except (ServerUnavailable, Refused) as exc:
+    except AiworkerError as exc:
         check("controller", False, exc.message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        check("controller", False, "the answer is not the runner API's health document")
     check(*_attempt_root_check(attempt_root))
     return DoctorReport(checks)
 

@@ -19,6 +19,12 @@ PACK_TARGET = 8 * 1024 * 1024  # packs this big let a runner fetch up to 8 at on
 MANIFEST = "manifest.json"
 
 
+def create_new(path: Path) -> BinaryIO:
+    """A new file at PATH, for writing: never an existing one, never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
+
+
 def snapshot_dir(state_dir: Path, index: int, snapshot_id: str) -> Path:
     return state_dir / "snapshots" / str(index) / snapshot_id
 
@@ -115,6 +121,14 @@ class _PackWriter:
 
 def read_manifest(folder: Path) -> bytes:
     return (folder / MANIFEST).read_bytes()
+
+
+def published(state_dir: Path, index: int) -> set[str]:
+    """The snapshots published for repository INDEX (not those still being built)."""
+    folder = state_dir / "snapshots" / str(index)
+    if not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if not p.name.startswith(".")}
 
 
 def remove_snapshot(state_dir: Path, index: int, snapshot_id: str) -> None:

@@ -1,0 +1,154 @@
+"""Worker job records as the controller reads and ends them: one job, the open jobs and
+the snapshots they name; ending a job the controller gives up on, jobs left by a dead
+controller, and a lease handed back unstarted. Leases themselves: worker_jobs.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+
+from aiworker.store.engine import Database
+from aiworker.store.tables import utcnow, worker_jobs
+from aiworker.store.worker_jobs import FAILED, LEASED, QUEUED, event, row_of
+
+
+@dataclass(frozen=True)
+class Job:
+    repository_index: int
+    worker_job_index: int
+    request: dict[str, Any]
+    state: str
+    attempt: int
+    worker_id: str | None
+    lease_token: str | None
+    result: dict[str, Any] | None
+
+
+def get_job(db: Database, index: tuple[int, int]) -> Job:
+    with db.transaction() as connection:
+        row = row_of(connection, index)
+    return Job(
+        int(row.repository_index),
+        int(row.worker_job_index),
+        dict(row.request),
+        str(row.state),
+        int(row.attempt_count),
+        row.worker_id,
+        row.lease_token,
+        dict(row.result) if row.result is not None else None,
+    )
+
+
+def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> bool:
+    """End job INDEX as failed with RESULT unless it already ended; whatever lease it has
+    is void from now (a runner still running it gets lease_lost). True if this ended it."""
+    with db.transaction() as connection:
+        changed = connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == index[0],
+                worker_jobs.c.worker_job_index == index[1],
+                worker_jobs.c.state.in_((QUEUED, LEASED)),
+            )
+            .values(
+                state=FAILED,
+                lease_token=None,
+                result=result,
+                version=worker_jobs.c.version + 1,
+                updated_at=utcnow(),
+            )
+        )
+        if changed.rowcount == 1:
+            event(connection, "abandoned", index, (None, FAILED), why=result.get("error"))
+    return bool(changed.rowcount == 1)
+
+
+def end_orphans(db: Database, older_than: timedelta, result: dict[str, Any]) -> int:
+    """End as failed, with RESULT, the jobs queued longer than OLDER_THAN and those whose
+    lease expired (for the embedded runner, which claims each job the moment it is
+    queued and heartbeats while it runs: these lost their controller). Returns how many."""
+    now = utcnow()
+    with db.transaction() as connection:
+        changed = connection.execute(
+            update(worker_jobs)
+            .where(
+                or_(
+                    and_(
+                        worker_jobs.c.state == QUEUED, worker_jobs.c.created_at < now - older_than
+                    ),
+                    and_(worker_jobs.c.state == LEASED, worker_jobs.c.lease_expires_at <= now),
+                )
+            )
+            .values(
+                state=FAILED,
+                lease_token=None,
+                result=result,
+                version=worker_jobs.c.version + 1,
+                updated_at=now,
+            )
+        )
+        if changed.rowcount:
+            event(connection, "orphans_ended", (0, 0), (None, FAILED), count=changed.rowcount)
+    return int(changed.rowcount)
+
+
+def release(db: Database, index: tuple[int, int], token: str) -> bool:
+    """Hand job INDEX back unstarted under lease TOKEN: queued again, the attempt not
+    counted. True if it was released."""
+    with db.transaction() as connection:
+        changed = connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.repository_index == index[0],
+                worker_jobs.c.worker_job_index == index[1],
+                worker_jobs.c.lease_token == token,
+                worker_jobs.c.state == LEASED,
+            )
+            .values(
+                state=QUEUED,
+                lease_token=None,
+                lease_expires_at=None,
+                claim_key=None,
+                worker_id=None,
+                attempt_count=worker_jobs.c.attempt_count - 1,
+                version=worker_jobs.c.version + 1,
+                updated_at=utcnow(),
+            )
+        )
+        if changed.rowcount == 1:
+            event(connection, "released", index, (LEASED, QUEUED))
+    return bool(changed.rowcount == 1)
+
+
+def leased_snapshot(db: Database, repository_index: int, snapshot_id: str) -> bool:
+    """Whether a leased job of REPOSITORY_INDEX names snapshot SNAPSHOT_ID."""
+    with db.transaction() as connection:
+        rows = connection.execute(
+            select(worker_jobs.c.request).where(
+                worker_jobs.c.repository_index == repository_index,
+                worker_jobs.c.state == LEASED,
+            )
+        ).all()
+    return any(_names_snapshot(dict(r.request), snapshot_id) for r in rows)
+
+
+def _names_snapshot(request: dict[str, Any], snapshot_id: str) -> bool:
+    source = request.get("source") or {}
+    return source.get("snapshot_id") == snapshot_id or any(
+        str(ref).endswith(f":{snapshot_id}") for ref in (source.get("external") or {}).values()
+    )
+
+
+def open_requests(db: Database, repository_index: int) -> list[dict[str, Any]]:
+    """The requests of REPOSITORY_INDEX's jobs that have not ended."""
+    with db.transaction() as connection:
+        rows = connection.execute(
+            select(worker_jobs.c.request).where(
+                worker_jobs.c.repository_index == repository_index,
+                worker_jobs.c.state.in_((QUEUED, LEASED)),
+            )
+        ).all()
+    return [dict(r.request) for r in rows]
