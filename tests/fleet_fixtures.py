@@ -49,6 +49,7 @@ def queue_job(db, state_dir: Path, repo: Path, index: int, argv=("./ci/run",), *
             "repository_index": more.pop("source_index", index),
             "repository_name": f"team/repo-{index}",
             "snapshot_id": snapshot,
+            "external": more.pop("external", {}),
         },
         "command": {"argv": list(argv), "environment": more.pop("environment", {})},
         "timeout_ms": more.pop("timeout_ms", 60_000),

@@ -271,5 +271,12 @@ def test_checks_are_worker_jobs_and_a_job_left_by_a_dead_controller_is_ended(set
         check.result["result"]["evidence"]["stdout"]["sha256"] == report.checks[0]["stdout_sha256"]
     )
     assert head
+    assert report.checks[0]["worker_job"] == {
+        "repository_index": 1,
+        "worker_job_index": 2,
+        "attempt": 1,
+        "worker_id": check.result["worker_id"],
+    }
+    assert check.result["worker_id"].startswith("embedded-")
     # No snapshot outlives the jobs that named it.
     assert published(cache.root.parent, 1) == set()

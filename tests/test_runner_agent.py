@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from aiworker.core.runner.snapshots import MANIFEST, snapshot_dir
+from aiworker.core.runner.snapshots import MANIFEST, publish, snapshot_dir
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import abandon, get_job
 from tests.fleet_fixtures import (
@@ -30,6 +30,7 @@ from tests.fleet_fixtures import (
     runner_listener,
     write_config,
 )
+from tests.forge_fixtures import git
 
 RUN = '#!/bin/sh\necho "hello $1"\nexit "${2:-0}"\n'
 
@@ -291,7 +292,7 @@ def test_a_token_reaches_only_the_snapshots_of_leased_jobs(controller, state_dir
         timeout=10,
     ).json()
     assert requests.get(path, headers=headers, timeout=10).status_code == 200
-    # Handed back unstarted: queued again, the attempt not counted, the snapshot closed.
+    # Handed back unstarted: queued again at once (the attempt counts), the snapshot closed.
     pair = f"{claimed['repository_index']}/{claimed['worker_job_index']}"
     released = requests.post(
         f"{url}/api/runner/v1/jobs/{pair}/release",
@@ -301,7 +302,7 @@ def test_a_token_reaches_only_the_snapshots_of_leased_jobs(controller, state_dir
     )
     assert released.json() == {"released": True}
     job = get_job(db, (1, index))
-    assert (job.state, job.attempt) == ("queued", 0)
+    assert (job.state, job.attempt) == ("queued", 1)
     assert requests.get(path, headers=headers, timeout=10).status_code == 404
 
 
@@ -352,3 +353,25 @@ def test_sigterm_while_waiting_for_work_or_for_the_controller_stops_at_once(cont
         finally:
             runner.kill()
         assert runner.returncode == 0
+
+
+def test_a_locked_external_tree_comes_from_its_own_snapshot(controller, state_dir, tmp_path):
+    db, url, _ = controller
+    library = tmp_path / "library"
+    commit_tree(library, {"lib.py": "x = 1\n"})
+    head = subprocess.run(
+        ["git", "-C", str(library), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    library_snapshot = publish(state_dir, library, 2, "HEAD")
+    app = tmp_path / "app"
+    commit_tree(app, {"ci/run": "#!/bin/sh\ncat vendor/lib/lib.py\n"})
+    git("update-index", "--add", "--cacheinfo", f"160000,{head},vendor/lib", cwd=app)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "sub", cwd=app)
+    index = queue_job(db, state_dir, app, 1, external={"vendor/lib": f"2:{library_snapshot}"})
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, stdout = stdout_of(db, (1, index))
+    assert stdout["sha256"] == hashlib.sha256(b"x = 1\n").hexdigest()

@@ -178,6 +178,20 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_input")
 
 
+def test_a_token_file_caught_mid_rewrite_keeps_its_token_and_a_removed_one_revokes_it(
+    fleet, tmp_path
+):
+    _, runner, _ = fleet
+    token_file = tmp_path / "runner.token"
+    assert call(runner, "/health").status_code == 200
+    token_file.write_text("half-writ")  # truncated, not yet the whole new token
+    time.sleep(1.2)  # past the service's re-read interval
+    assert call(runner, "/health").status_code == 200
+    token_file.unlink()
+    time.sleep(1.2)
+    assert call(runner, "/health").status_code == 401
+
+
 def test_a_waiting_runner_picks_a_job_up_as_soon_as_it_is_queued(fleet):
     _, runner, db = fleet
     threading.Timer(0.5, enqueue, (db, 1, {"label": "late"})).start()

@@ -151,6 +151,8 @@ HOSTILE = {
     ),
     "packs_over_the_total": (lambda m: None, Bounds(total_bytes=10_000_000), "snapshot_too_large"),
     "directories_count_too": (lambda m: None, Bounds(files=9), "snapshot_too_large"),
+    "long_path": (lambda m: None, Bounds(path_bytes=10), "snapshot_too_large"),
+    "all_paths_too_long": (lambda m: None, Bounds(all_path_bytes=40), "snapshot_too_large"),
 }
 
 

@@ -228,6 +228,8 @@ class Housekeeping(Strict):
     retention_days: Annotated[int, Field(ge=0, le=3650)] = 7
     # Scheduler check events kept (the latest); older ones are removed by the tick.
     check_events: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
+    # Worker job events kept, per kind (claimed, finished, ...): the latest.
+    worker_job_events: Annotated[int, Field(ge=100, le=10_000_000)] = 100_000
 
 
 class Config(Strict):

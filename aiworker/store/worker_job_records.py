@@ -96,8 +96,9 @@ def end_orphans(db: Database, older_than: timedelta, result: dict[str, Any]) -> 
 
 
 def release(db: Database, index: tuple[int, int], token: str) -> bool:
-    """Hand job INDEX back unstarted under lease TOKEN: queued again, the attempt not
-    counted. True if it was released."""
+    """Hand job INDEX back under its live lease TOKEN (a runner stopping before it started
+    the job): queued again at once instead of after the lease. The attempt still counts,
+    so releasing cannot run a job more often than max_attempts. True if released."""
     with db.transaction() as connection:
         changed = connection.execute(
             update(worker_jobs)
@@ -106,6 +107,7 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
                 worker_jobs.c.worker_job_index == index[1],
                 worker_jobs.c.lease_token == token,
                 worker_jobs.c.state == LEASED,
+                worker_jobs.c.lease_expires_at > utcnow(),
             )
             .values(
                 state=QUEUED,
@@ -113,7 +115,6 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
                 lease_expires_at=None,
                 claim_key=None,
                 worker_id=None,
-                attempt_count=worker_jobs.c.attempt_count - 1,
                 version=worker_jobs.c.version + 1,
                 updated_at=utcnow(),
             )
@@ -124,22 +125,22 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
 
 
 def leased_snapshot(db: Database, repository_index: int, snapshot_id: str) -> bool:
-    """Whether a leased job of REPOSITORY_INDEX names snapshot SNAPSHOT_ID."""
-    with db.transaction() as connection:
-        rows = connection.execute(
-            select(worker_jobs.c.request).where(
-                worker_jobs.c.repository_index == repository_index,
-                worker_jobs.c.state == LEASED,
+    """Whether a leased job names snapshot SNAPSHOT_ID of REPOSITORY_INDEX: as its source
+    (a job of that repository) or as a locked external ("INDEX:SNAPSHOT_ID", any job)."""
+    external = f"{repository_index}:{snapshot_id}"
+    with db.read() as session:
+        rows = session.execute(
+            select(worker_jobs.c.repository_index, worker_jobs.c.request).where(
+                worker_jobs.c.state == LEASED
             )
         ).all()
-    return any(_names_snapshot(dict(r.request), snapshot_id) for r in rows)
-
-
-def _names_snapshot(request: dict[str, Any], snapshot_id: str) -> bool:
-    source = request.get("source") or {}
-    return source.get("snapshot_id") == snapshot_id or any(
-        str(ref).endswith(f":{snapshot_id}") for ref in (source.get("external") or {}).values()
-    )
+    for row in rows:
+        source = dict(row.request).get("source") or {}
+        if row.repository_index == repository_index and source.get("snapshot_id") == snapshot_id:
+            return True
+        if external in (source.get("external") or {}).values():
+            return True
+    return False
 
 
 def open_requests(db: Database, repository_index: int) -> list[dict[str, Any]]:

@@ -27,6 +27,10 @@ from aiworker.store.tables import events, utcnow, worker_jobs
 
 QUEUED, LEASED, SUCCEEDED, FAILED = "queued", "leased", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
+WORKER_JOB_EVENTS = tuple(
+    f"worker_job.{k}"
+    for k in ("claimed", "finished", "expired", "released", "abandoned", "orphans_ended")
+)
 
 
 class LeaseLost(Exception):
@@ -98,7 +102,7 @@ def event(
             kind=f"worker_job.{kind}",
             from_state=moved[0],
             to_state=moved[1],
-            actor=actor,
+            actor=actor[:100] if actor else None,
             data={"repository_index": index[0], "worker_job_index": index[1], **data},
             created_at=utcnow(),
         )
@@ -125,10 +129,11 @@ def claim(
     max_attempts: int,
     repository_indexes: Sequence[int] | None = None,
     exact: tuple[int, int] | None = None,
+    repeat_only: bool = False,
 ) -> Lease | None:
     """The next job for WORKER_ID (of REPOSITORY_INDEXES, or exactly EXACT), leased for
     LEASE_FOR; the same lease again for a repeated CLAIM_KEY; None when nothing is
-    claimable."""
+    claimable. REPEAT_ONLY: only the lease CLAIM_KEY already has, never a new one."""
     with db.transaction() as connection:
         now = utcnow()
         again = connection.execute(
@@ -139,8 +144,8 @@ def claim(
                 worker_jobs.c.lease_expires_at > now,
             )
         ).first()
-        if again is not None:
-            return _lease(again)
+        if again is not None or repeat_only:
+            return None if again is None else _lease(again)
         # A job whose every attempt's lease expired ends failed, with the reason: never
         # left leased for ever, never run again.
         why = f"the lease expired on each of {max_attempts} attempts"

@@ -46,6 +46,7 @@ class ClaimRequest(Strict):
     ) = None
     exact: Pair | None = None
     wait_ms: Annotated[int, Field(ge=0, le=30_000)] = 0
+    repeat_only: bool = False  # only the lease this key already has (a stopping runner)
 
 
 class LeaseProof(Strict):
@@ -176,10 +177,10 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         ends; a bounded number of waiting claims keeps threads free for heartbeats."""
         del env
         deadline = time.monotonic() + request.wait_ms / 1000
-        claim = (request.worker_id, request.request_key, indexes, exact)
+        claim = (request.worker_id, request.request_key, indexes, exact, request.repeat_only)
         async with waiting:
             lease = await run_in_threadpool(service.claim_once, *claim)
-            while lease is None and time.monotonic() < deadline:
+            while lease is None and not request.repeat_only and time.monotonic() < deadline:
                 await asyncio.sleep(POLL_STEP_S)
                 if await http.is_disconnected():  # the runner went: lease it nothing
                     return None

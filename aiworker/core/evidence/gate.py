@@ -101,7 +101,8 @@ def run_checks(
     }
     report = GateReport(head, base, passed=True)
     for requirement in requirements:
-        result = _run(jobs, index, head, requirement, timeout_ms)
+        ran: dict[str, Any] = {}
+        result = _run(jobs, index, head, requirement, timeout_ms, ran)
         passed = result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
         body = {
             "command": list(requirement.argv),
@@ -115,6 +116,7 @@ def run_checks(
             "stdout_tail": _tail(result.evidence.stdout.tail_base64),
             "stderr_tail": _tail(result.evidence.stderr.tail_base64),
             "agent_claimed_pass": claims.get(requirement.check_id),
+            **ran,
         }
         if claims.get(requirement.check_id) and not passed:
             finding = (
@@ -145,10 +147,25 @@ def run_checks(
 
 
 def _run(
-    jobs: Dispatch, index: int, commit: str, requirement: Requirement, timeout_ms: int
+    jobs: Dispatch,
+    index: int,
+    commit: str,
+    requirement: Requirement,
+    timeout_ms: int,
+    body: dict[str, Any] | None = None,
 ) -> JobResult:
+    """Run REQUIREMENT on COMMIT as a worker job; BODY (the receipt's) records which."""
     label = f"gate {requirement.check_id}"
-    return jobs.run(index, commit, requirement.argv, label, timeout_ms, requirement.check_id)
+    delivery = jobs.run(index, commit, requirement.argv, label, timeout_ms, requirement.check_id)
+    if body is not None:
+        body["worker_job"] = {
+            "repository_index": delivery.repository_index,
+            "worker_job_index": delivery.worker_job_index,
+            "attempt": delivery.attempt,
+            "worker_id": delivery.worker_id,
+        }
+    assert delivery.result is not None
+    return delivery.result
 
 
 def _measure(

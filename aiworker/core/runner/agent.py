@@ -106,7 +106,8 @@ def run_leased(
     pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
     token = str(claimed["lease_token"])
     cancel = cancel or threading.Event()
-    keeper = _LeaseKeeper(controller, pair, token, _lease_left(claimed), options, cancel)
+    leases = (_lease_left(claimed), float(claimed.get("lease_seconds") or _lease_left(claimed)))
+    keeper = _LeaseKeeper(controller, pair, token, leases, options, cancel)
     keeper.start()
     ran_ms = 0
     try:
@@ -133,6 +134,7 @@ def run_leased(
         if keeper.lost.is_set():
             log.warning("worker job %d/%d: the lease no longer holds; nothing delivered", *pair)
             return JobOutcome(pair, claimed["attempt"], "lease_lost", status, _ms(began) - ran_ms)
+        keeper.delivering = True
         delivered = deliver(controller, pair, kind, token, body, options.delivery_deadline_s)
     finally:
         keeper.stop()
@@ -236,29 +238,33 @@ def _filler(
 
 class _LeaseKeeper(threading.Thread):
     """Heartbeats, one at a time, every interval (at most a third of the lease); sets
-    CANCEL and LOST when the controller says the lease is gone or it expired unrenewed."""
+    CANCEL and LOST when the controller says the lease is gone or it expired unrenewed.
+    LEASES: what the claim had left, and what each renewal gives (seconds)."""
 
     def __init__(
         self,
         controller: Controller,
         pair: tuple[int, int],
         token: str,
-        lease_s: float,
+        leases: tuple[float, float],
         options: AgentOptions,
         cancel: threading.Event,
     ) -> None:
         super().__init__(daemon=True, name=f"lease-{pair[0]}-{pair[1]}")
         self.controller, self.pair, self.token, self.cancel = controller, pair, token, cancel
-        # Measured on this host's clock (the controller's may differ), from when the
-        # claim arrived, less a margin for the time it took to arrive.
-        self.lease_s = lease_s - min(2.0, lease_s / 5)
-        self.expires = time.monotonic() + self.lease_s
-        self.interval = max(0.2, min(options.heartbeat_interval_s, lease_s / 3))
+        # Counted on this host's clock (the controller's may differ), each less a margin
+        # for the time the answer took to arrive.
+        left, renewed = leases
+        self.lease_s = renewed - min(2.0, renewed / 5)
+        self.expires = time.monotonic() + left - min(2.0, left / 5)
+        self.interval = max(0.2, min(options.heartbeat_interval_s, renewed / 3))
+        self.first_beat = max(0.2, min(self.interval, left / 3))
         self.done = threading.Event()
         self.lost = threading.Event()
+        self.delivering = False  # a beat refused once the job is delivered is expected
 
     def run(self) -> None:
-        next_beat = time.monotonic() + self.interval
+        next_beat = time.monotonic() + self.first_beat
         while not self.done.wait(max(0.0, min(next_beat, self.expires) - time.monotonic())):
             sent = time.monotonic()
             if sent >= self.expires:  # woken at the expiry itself, not a beat later
@@ -272,7 +278,8 @@ class _LeaseKeeper(threading.Thread):
                 self.controller.heartbeat(self.pair, self.token, self.expires - sent)
                 self.expires = sent + self.lease_s
             except (LeaseGone, Refused) as exc:
-                self._lose(f"the controller refuses the lease: {exc.message}")
+                if not self.delivering:
+                    self._lose(f"the controller refuses the lease: {exc.message}")
                 return
             except Exception as exc:  # any failed beat: the expiry decides
                 log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)

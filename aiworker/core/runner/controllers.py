@@ -100,6 +100,7 @@ class LocalController:
             max_attempts=self.runners.max_attempts,
             repository_indexes=indexes,
             exact=(exact["repository_index"], exact["worker_job_index"]) if exact else None,
+            repeat_only=bool(body.get("repeat_only")),
         )
         if lease is None:
             return None

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from aiworker.config.models import Runners
-from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult
+from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery
 from aiworker.core.context import Environment
 from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
 from aiworker.core.runner.controllers import LocalController
@@ -26,6 +26,7 @@ from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
+from aiworker.runtime.processes import keep_memory_private
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import abandon, end_orphans, get_job, open_requests
 from aiworker.store.worker_jobs import TERMINAL, enqueue
@@ -55,8 +56,9 @@ class Dispatch:
 
     def run(
         self, index: int, commit: str, argv: Sequence[str], label: str, timeout_ms: int, suite: str
-    ) -> JobResult:
-        """Run ARGV (./ci/run ...) on COMMIT of repository INDEX as a worker job."""
+    ) -> Delivery:
+        """Run ARGV (./ci/run ...) on COMMIT of repository INDEX as a worker job; its
+        delivery, which holds a result (a job the runner could not run raises)."""
         locks = LockDir(self.state_dir)
         if self.runners.mode == "embedded":
             # Jobs whose embedded runner died with its controller: nobody else takes them.
@@ -93,6 +95,9 @@ class Dispatch:
                     remove_snapshot(self.state_dir, index, unused)
 
     def _run_here(self, pair: tuple[int, int]) -> None:
+        # The check runs as this user: keep this process's memory and environment (forge
+        # tokens among them) out of its reach.
+        keep_memory_private()
         controller = LocalController(self.db, self.state_dir, self.runners)
         options = AgentOptions(
             worker_id=f"embedded-{os.getpid()}",
@@ -126,12 +131,12 @@ class Dispatch:
                     raise Unavailable(f"worker job {pair[0]}/{pair[1]}: {why}")
             time.sleep(WAIT_STEP_S)
 
-    def _delivered(self, pair: tuple[int, int]) -> JobResult:
+    def _delivered(self, pair: tuple[int, int]) -> Delivery:
         stored = get_job(self.db, pair).result or {}
         if "contract" not in stored:
             raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]}: {stored.get('error')}")
         delivery = Delivery.model_validate(stored)
         if delivery.result is not None:
-            return delivery.result
+            return delivery
         assert delivery.error is not None
         raise RequestRejected(delivery.error.code, delivery.error.message, delivery.error.field)

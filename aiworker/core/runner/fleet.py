@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from aiworker.config.loader import LoadedConfig, read_token
+from aiworker.config.loader import LoadedConfig, read_token, token_path
+from aiworker.config.models import Identity
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult, RunnerError
 from aiworker.core.context import Environment
 from aiworker.core.runner.snapshots import snapshot_dir
@@ -46,20 +47,15 @@ CONTRACTS = (REQUEST_CONTRACT,)
 MIN_TOKEN_LENGTH = 32
 
 
-def accepted_tokens(loaded: LoadedConfig) -> list[str]:
-    """The runner tokens the configuration names; a source that is malformed or holds a
-    token shorter than MIN_TOKEN_LENGTH is skipped (and `doctor` names it)."""
-    base = loaded.path.parent
-    tokens = []
-    for identity in loaded.config.runners.tokens:
-        try:
-            token = read_token(identity, base)
-        except ConfigInvalid as exc:
-            log.warning("a runner token source is skipped: %s", exc.message)
-            continue
-        if token is not None and len(token) >= MIN_TOKEN_LENGTH:
-            tokens.append(token)
-    return tokens
+def usable_token(identity: Identity, base: Path) -> str | None:
+    """The runner token a source holds; None when it is missing, malformed or shorter
+    than MIN_TOKEN_LENGTH (and `doctor` names it)."""
+    try:
+        token = read_token(identity, base)
+    except ConfigInvalid as exc:
+        log.warning("a runner token source is skipped: %s", exc.message)
+        return None
+    return token if token is not None and len(token) >= MIN_TOKEN_LENGTH else None
 
 
 def _digest(token: str) -> bytes:
@@ -78,16 +74,31 @@ class RunnerService:
         self._lock = threading.Lock()
         self._read_at = -self.REFRESH_S
         self._env: Environment | None = None
-        self._digests: list[bytes] = []
+        self._digests: list[bytes | None] = []  # one per configured source, in order
         self._db: Database | None = None
 
     def env(self) -> Environment:
         with self._lock:
             if self._env is None or time.monotonic() - self._read_at >= self.REFRESH_S:
                 env = self._environment()
-                self._digests = [_digest(t) for t in accepted_tokens(env.loaded)]
+                self._digests = self._read_digests(env.loaded)
                 self._env, self._read_at = env, time.monotonic()
             return self._env
+
+    def _read_digests(self, loaded: LoadedConfig) -> list[bytes | None]:
+        """Each source's token digest. A token file caught half rewritten (there, but not
+        yet one whole token) keeps the digest it had; a removed file revokes its token."""
+        base = loaded.path.parent
+        digests: list[bytes | None] = []
+        for n, identity in enumerate(loaded.config.runners.tokens):
+            token = usable_token(identity, base)
+            if token is not None:
+                digests.append(_digest(token))
+            elif identity.token_file and token_path(identity, base).exists():
+                digests.append(self._digests[n] if n < len(self._digests) else None)
+            else:
+                digests.append(None)
+        return digests
 
     def db(self) -> Database:
         env = self.env()
@@ -105,7 +116,7 @@ class RunnerService:
         given = _digest(presented)
         found = False
         for digest in self._digests:
-            found |= hmac.compare_digest(given, digest)
+            found |= digest is not None and hmac.compare_digest(given, digest)
         return found
 
     def claim_once(
@@ -114,6 +125,7 @@ class RunnerService:
         request_key: str,
         repository_indexes: Sequence[int] | None,
         exact: tuple[int, int] | None,
+        repeat_only: bool = False,
     ) -> Lease | None:
         runners = self.env().loaded.config.runners
         return claim(
@@ -124,6 +136,7 @@ class RunnerService:
             max_attempts=runners.max_attempts,
             repository_indexes=repository_indexes,
             exact=exact,
+            repeat_only=repeat_only,
         )
 
     def anything_to_claim(

@@ -44,6 +44,8 @@ class Bounds:
     total_bytes: int = 512 * GIB
     pack_bytes: int = 16 * GIB
     depth: int = 256
+    path_bytes: int = 4096  # one path
+    all_path_bytes: int = 1024**3  # every path together: what the plan holds in memory
     transfers: int = 8
 
 
@@ -61,6 +63,7 @@ class _Plan:
     files: list[tuple[str, str, str]] = field(default_factory=list)  # path, mode, blob
     gitlinks: dict[str, str] = field(default_factory=dict)  # path -> commit
     total: int = 0
+    path_bytes: int = 0
 
 
 def materialise(
@@ -158,10 +161,7 @@ def _plan(manifest: SnapshotManifest, bounds: Bounds) -> _Plan:
         _check_names([e.name for e in entries], oid, prefix)
         for entry in entries:
             path = prefix + entry.name
-            if len(plan.directories) + len(plan.files) >= bounds.files:
-                raise SnapshotRejected(
-                    "snapshot_too_large", f"more than {bounds.files} files and directories"
-                )
+            _count(plan, bounds, path)
             if entry.mode == TREE_MODE:
                 if entry.id in ancestors:
                     raise SnapshotRejected("snapshot_cycle", f"tree {path} contains itself")
@@ -187,6 +187,21 @@ def _plan(manifest: SnapshotManifest, bounds: Bounds) -> _Plan:
             "snapshot_malformed", "the declared file count or size is not what the trees hold"
         )
     return plan
+
+
+def _count(plan: _Plan, bounds: Bounds, path: str) -> None:
+    """One more path: within the bounds on their number and on their bytes (one and all:
+    what the plan holds in memory)."""
+    plan.path_bytes += len(path)
+    if len(path) > bounds.path_bytes or plan.path_bytes > bounds.all_path_bytes:
+        raise SnapshotRejected(
+            "snapshot_too_large",
+            f"a path over {bounds.path_bytes} bytes or paths over {bounds.all_path_bytes}",
+        )
+    if len(plan.directories) + len(plan.files) >= bounds.files:
+        raise SnapshotRejected(
+            "snapshot_too_large", f"more than {bounds.files} files and directories"
+        )
 
 
 def _add_file(

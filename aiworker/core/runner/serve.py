@@ -156,9 +156,9 @@ def _run(
 
 def _give_back(controller: Controller, options: AgentOptions, key: str) -> None:
     """Stopped while a claim was waiting: if the controller leased a job to that claim,
-    hand it back unstarted (asking again with the same key gets that lease)."""
+    hand it back unstarted (asking again with the same key, for that lease only)."""
     try:
-        claimed = controller.claim(claim_body(options, key, 0))
+        claimed = controller.claim({**claim_body(options, key, 0), "repeat_only": True})
         if claimed is not None:
             pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
             controller.release(pair, str(claimed["lease_token"]))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from aiworker.config.models import Housekeeping
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
 from aiworker.core.scheduling.claims import claim_for_slot
@@ -33,6 +34,7 @@ from aiworker.store.tasks import (
     has_open_attempts,
     prune_events,
 )
+from aiworker.store.worker_jobs import WORKER_JOB_EVENTS
 
 CHECK_EVENT = "scheduler.check"
 
@@ -91,7 +93,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.transaction() as connection:
             append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
-            prune_events(connection, CHECK_EVENT, config.housekeeping.check_events)
+            _prune(connection, config.housekeeping)
     finally:
         db.dispose()
     update_state(
@@ -142,3 +144,10 @@ def _free_slots(env: Environment, report: TickReport) -> list[tuple[int, FileLoc
         else:
             report.busy_slots.append(slot)
     return own
+
+
+def _prune(connection: Any, housekeeping: Housekeeping) -> None:
+    """Keep the latest check events and worker job events (per kind), not every one."""
+    prune_events(connection, CHECK_EVENT, housekeeping.check_events)
+    for kind in WORKER_JOB_EVENTS:
+        prune_events(connection, kind, housekeeping.worker_job_events)
