@@ -9,6 +9,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from aiworker.core.runner.snapshots import publish
 from aiworker.store.worker_jobs import enqueue
@@ -70,9 +71,15 @@ def write_config(tmp_path: Path, *, lease_seconds: int = 30, extra: str = "") ->
     return config
 
 
+class Listener(NamedTuple):
+    process: subprocess.Popen
+    url: str  # the runner API
+    operator: str  # the operator API, on loopback
+
+
 @contextmanager
 def runner_listener(listen: str = "127.0.0.1:0", env: dict | None = None, prefix=()):
-    """`aiworker web serve --runner-listen LISTEN`; yields (process, runner API URL)."""
+    """`aiworker web serve --runner-listen LISTEN`; yields its Listener."""
     argv = [*prefix, sys.executable, "-m", "aiworker", "web", "serve"]
     argv += ["--listen", "127.0.0.1:0", "--runner-listen", listen]
     if not listen.startswith("127."):
@@ -85,10 +92,10 @@ def runner_listener(listen: str = "127.0.0.1:0", env: dict | None = None, prefix
         env={**os.environ, **(env or {})},
     )
     try:
-        process.stdout.readline()
+        operator = process.stdout.readline().split(" at ", 1)[1].strip().rstrip("/")
         line = process.stdout.readline()
         assert line.startswith("aiworker runner API at "), line
-        yield process, line.split(" at ", 1)[1].strip().rstrip("/")
+        yield Listener(process, line.split(" at ", 1)[1].strip().rstrip("/"), operator)
     finally:
         process.terminate()
         try:

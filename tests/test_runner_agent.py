@@ -41,7 +41,7 @@ def controller(upgraded, tmp_path, monkeypatch, state_dir):
     repo = tmp_path / "repo"
     commit_tree(repo, {"ci/run": RUN, "README": "x\n"})
     db = Database(f"sqlite:///{upgraded}")
-    with runner_listener() as (_process, url):
+    with runner_listener() as (_process, url, _operator):
         yield db, url, repo
     db.dispose()
 
@@ -254,7 +254,7 @@ def test_a_lost_reply_to_complete_is_retried_and_already_finished_is_final(
     db = Database(f"sqlite:///{upgraded}")
     index = queue_job(db, state_dir, repo, 1, ("./ci/run", "once"))
     lost = {"AIWORKER_FAILPOINT": "runner_api.after_finish:raise"}
-    with runner_listener(env=lost) as (_process, url):
+    with runner_listener(env=lost) as (_process, url, _operator):
         done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["jobs"][0]["delivered"] == "complete"

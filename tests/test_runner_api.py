@@ -5,9 +5,6 @@ runner route on the operator's)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,49 +14,18 @@ import requests
 from aiworker.contracts.runner import JobResult
 from aiworker.store.engine import Database
 from aiworker.store.worker_jobs import enqueue
+from tests.fleet_fixtures import TOKEN, runner_listener, write_config
 
-TOKEN = "runner-token-7d2f9a61c0e4a1b2c3d4e5f60718293a"
 SHORT = "runner-short"
 
 
 @pytest.fixture
 def fleet(upgraded, tmp_path, monkeypatch):
-    token_file = tmp_path / "runner.token"
-    token_file.write_text(TOKEN + "\n")
-    os.chmod(token_file, 0o600)
-    config = tmp_path / "config.toml"
-    config.write_text(
-        f'[runners]\nlease_seconds = 30\ntokens = [{{token_file = "{token_file}"}}]\n'
-    )
-    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "aiworker",
-            "web",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--runner-listen",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        operator = process.stdout.readline().split(" at ", 1)[1].strip().rstrip("/")
-        line = process.stdout.readline()
-        assert line.startswith("aiworker runner API at "), line
-        runner = line.split(" at ", 1)[1].strip().rstrip("/")
-        db = Database(f"sqlite:///{upgraded}")
-        yield operator, runner, db
-        db.dispose()
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        process.stdout.close()
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path)))
+    db = Database(f"sqlite:///{upgraded}")
+    with runner_listener() as listener:
+        yield listener.operator, listener.url, db
+    db.dispose()
 
 
 def job_result(label, suite):

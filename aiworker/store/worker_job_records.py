@@ -12,7 +12,15 @@ from sqlalchemy import and_, or_, select, update
 
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow, worker_jobs
-from aiworker.store.worker_jobs import FAILED, LEASED, QUEUED, event, row_of
+from aiworker.store.worker_jobs import (
+    FAILED,
+    LEASED,
+    QUEUED,
+    ended_failed,
+    event,
+    held,
+    row_of,
+)
 
 
 @dataclass(frozen=True)
@@ -53,13 +61,7 @@ def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> boo
                 worker_jobs.c.worker_job_index == index[1],
                 worker_jobs.c.state.in_((QUEUED, LEASED)),
             )
-            .values(
-                state=FAILED,
-                lease_token=None,
-                result=result,
-                version=worker_jobs.c.version + 1,
-                updated_at=utcnow(),
-            )
+            .values(**ended_failed(result, utcnow()))
         )
         if changed.rowcount == 1:
             event(connection, "abandoned", index, (None, FAILED), why=result.get("error"))
@@ -82,13 +84,7 @@ def end_orphans(db: Database, older_than: timedelta, result: dict[str, Any]) -> 
                     and_(worker_jobs.c.state == LEASED, worker_jobs.c.lease_expires_at <= now),
                 )
             )
-            .values(
-                state=FAILED,
-                lease_token=None,
-                result=result,
-                version=worker_jobs.c.version + 1,
-                updated_at=now,
-            )
+            .values(**ended_failed(result, now))
         )
         if changed.rowcount:
             event(connection, "orphans_ended", (0, 0), (None, FAILED), count=changed.rowcount)
@@ -102,13 +98,7 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
     with db.transaction() as connection:
         changed = connection.execute(
             update(worker_jobs)
-            .where(
-                worker_jobs.c.repository_index == index[0],
-                worker_jobs.c.worker_job_index == index[1],
-                worker_jobs.c.lease_token == token,
-                worker_jobs.c.state == LEASED,
-                worker_jobs.c.lease_expires_at > utcnow(),
-            )
+            .where(*held(index, token), worker_jobs.c.lease_expires_at > utcnow())
             .values(
                 state=QUEUED,
                 lease_token=None,

@@ -156,13 +156,7 @@ def claim(
                 worker_jobs.c.lease_expires_at <= now,
                 worker_jobs.c.attempt_count >= max_attempts,
             )
-            .values(
-                state=FAILED,
-                lease_token=None,
-                result={"error": why},
-                version=worker_jobs.c.version + 1,
-                updated_at=now,
-            )
+            .values(**ended_failed({"error": why}, now))
             .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
         ).all()
         for ended in exhausted:
@@ -258,6 +252,27 @@ def anything_claimable(
     return found is not None
 
 
+def held(index: tuple[int, int], token: str) -> list[Any]:
+    """The conditions of job INDEX being leased under TOKEN."""
+    return [
+        worker_jobs.c.repository_index == index[0],
+        worker_jobs.c.worker_job_index == index[1],
+        worker_jobs.c.lease_token == token,
+        worker_jobs.c.state == LEASED,
+    ]
+
+
+def ended_failed(result: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The values that end a job as failed with RESULT (its lease void from now)."""
+    return {
+        "state": FAILED,
+        "lease_token": None,
+        "result": result,
+        "version": worker_jobs.c.version + 1,
+        "updated_at": now,
+    }
+
+
 def row_of(connection: Connection, index: tuple[int, int]) -> Any:
     row = connection.execute(
         select(worker_jobs).where(
@@ -280,12 +295,7 @@ def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timed
         expires = now + lease_for
         changed = connection.execute(
             update(worker_jobs)
-            .where(
-                worker_jobs.c.repository_index == index[0],
-                worker_jobs.c.worker_job_index == index[1],
-                worker_jobs.c.lease_token == token,
-                worker_jobs.c.state == LEASED,
-            )
+            .where(*held(index, token))
             .values(lease_expires_at=expires, updated_at=now)
         )
         if changed.rowcount != 1:
@@ -311,12 +321,7 @@ def finish(
             raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} expired")
         changed = connection.execute(
             update(worker_jobs)
-            .where(
-                worker_jobs.c.repository_index == index[0],
-                worker_jobs.c.worker_job_index == index[1],
-                worker_jobs.c.lease_token == token,
-                worker_jobs.c.state == LEASED,
-            )
+            .where(*held(index, token))
             .values(
                 state=outcome,
                 result=result,

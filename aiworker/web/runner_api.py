@@ -113,16 +113,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         lease = await _long_poll(env, request, indexes, exact, http)
         if lease is None:
             return Response(status_code=204)
-        return {
-            "repository_index": lease.repository_index,
-            "worker_job_index": lease.worker_job_index,
-            "request": lease.request,
-            "lease_token": lease.token,
-            "lease_expires_at": lease.expires_at.isoformat(),
-            "attempt": lease.attempt,
-            "lease_seconds": env.loaded.config.runners.lease_seconds,
-            "lease_remaining_ms": lease.remaining_ms(),
-        }
+        return fleet.lease_document(lease, env.loaded.config.runners.lease_seconds)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
     def heartbeat(

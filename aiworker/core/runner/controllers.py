@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from aiworker.adapters.runner_api import LeaseGone, RunnerApi, TooLarge
 from aiworker.config.models import Runners
-from aiworker.core.runner.fleet import CONTRACTS, accept
+from aiworker.core.runner.fleet import CONTRACTS, accept, lease_document
 from aiworker.core.runner.materialise import Fetcher, SnapshotRejected
 from aiworker.core.runner.snapshots import MANIFEST, create_new, pack_path, snapshot_dir
 from aiworker.store.engine import Database
@@ -102,18 +102,7 @@ class LocalController:
             exact=(exact["repository_index"], exact["worker_job_index"]) if exact else None,
             repeat_only=bool(body.get("repeat_only")),
         )
-        if lease is None:
-            return None
-        return {
-            "repository_index": lease.repository_index,
-            "worker_job_index": lease.worker_job_index,
-            "request": lease.request,
-            "lease_token": lease.token,
-            "lease_expires_at": lease.expires_at.isoformat(),
-            "attempt": lease.attempt,
-            "lease_seconds": self.runners.lease_seconds,
-            "lease_remaining_ms": lease.remaining_ms(),
-        }
+        return None if lease is None else lease_document(lease, self.runners.lease_seconds)
 
     def heartbeat(self, pair: tuple[int, int], token: str, timeout_s: float) -> str:
         del timeout_s  # in process: no transport to wait on

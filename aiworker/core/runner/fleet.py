@@ -58,6 +58,21 @@ def usable_token(identity: Identity, base: Path) -> str | None:
     return token if token is not None and len(token) >= MIN_TOKEN_LENGTH else None
 
 
+def lease_document(lease: Lease, lease_seconds: int) -> dict[str, Any]:
+    """A claim's answer: the job, its request and the lease proof, with what is left of
+    the lease by the controller's clock."""
+    return {
+        "repository_index": lease.repository_index,
+        "worker_job_index": lease.worker_job_index,
+        "request": lease.request,
+        "lease_token": lease.token,
+        "lease_expires_at": lease.expires_at.isoformat(),
+        "attempt": lease.attempt,
+        "lease_seconds": lease_seconds,
+        "lease_remaining_ms": lease.remaining_ms(),
+    }
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 

@@ -122,10 +122,7 @@ def serve(
             except ServerUnavailable as exc:
                 if once:
                     raise
-                failures += 1
-                delay = jittered(failures)
-                log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
-                signals.stop.wait(delay)
+                failures = _back_off(signals, failures, exc)
                 continue  # the same key: a claim whose answer was lost is answered again
             failures = 0
             if claimed is None:
@@ -176,11 +173,16 @@ def _connect(controller: Controller, once: bool, signals: Signals) -> str:
         except ServerUnavailable as exc:
             if once:
                 raise
-            failures += 1
-            delay = jittered(failures)
-            log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
-            signals.stop.wait(delay)
+            failures = _back_off(signals, failures, exc)
     return ""
+
+
+def _back_off(signals: Signals, failures: int, exc: ServerUnavailable) -> int:
+    """Wait (full jitter, up to 30 s; a stop ends the wait) after one more failure."""
+    delay = jittered(failures + 1)
+    log.warning("controller unreachable (%s); again in %.1f s", exc.message, delay)
+    signals.stop.wait(delay)
+    return failures + 1
 
 
 def _job(outcome: JobOutcome) -> dict[str, Any]:
