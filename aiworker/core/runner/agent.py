@@ -32,6 +32,7 @@ from aiworker.contracts.runner import (
 )
 from aiworker.core.runner.controllers import Controller
 from aiworker.core.runner.execute import RunnerSettings, run_attempt
+from aiworker.core.runner.lease_keeper import LeaseKeeper
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
 from aiworker.core.runner.requests import RequestRejected, parse_request
 from aiworker.errors import AiworkerError, InvalidInput, Refused
@@ -107,7 +108,7 @@ def run_leased(
     token = str(claimed["lease_token"])
     cancel = cancel or threading.Event()
     leases = (_lease_left(claimed), float(claimed.get("lease_seconds") or _lease_left(claimed)))
-    keeper = _LeaseKeeper(controller, pair, token, leases, options, cancel)
+    keeper = LeaseKeeper(controller, pair, token, leases, options.heartbeat_interval_s, cancel)
     keeper.start()
     ran_ms = 0
     try:
@@ -234,64 +235,6 @@ def _filler(
         return written
 
     return fill
-
-
-class _LeaseKeeper(threading.Thread):
-    """Heartbeats, one at a time, every interval (at most a third of the lease); sets
-    CANCEL and LOST when the controller says the lease is gone or it expired unrenewed.
-    LEASES: what the claim had left, and what each renewal gives (seconds)."""
-
-    def __init__(
-        self,
-        controller: Controller,
-        pair: tuple[int, int],
-        token: str,
-        leases: tuple[float, float],
-        options: AgentOptions,
-        cancel: threading.Event,
-    ) -> None:
-        super().__init__(daemon=True, name=f"lease-{pair[0]}-{pair[1]}")
-        self.controller, self.pair, self.token, self.cancel = controller, pair, token, cancel
-        # Counted on this host's clock (the controller's may differ), each less a margin
-        # for the time the answer took to arrive.
-        left, renewed = leases
-        self.lease_s = renewed - min(2.0, renewed / 5)
-        self.expires = time.monotonic() + left - min(2.0, left / 5)
-        self.interval = max(0.2, min(options.heartbeat_interval_s, renewed / 3))
-        self.first_beat = max(0.2, min(self.interval, left / 3))
-        self.done = threading.Event()
-        self.lost = threading.Event()
-        self.delivering = False  # a beat refused once the job is delivered is expected
-
-    def run(self) -> None:
-        next_beat = time.monotonic() + self.first_beat
-        while not self.done.wait(max(0.0, min(next_beat, self.expires) - time.monotonic())):
-            sent = time.monotonic()
-            if sent >= self.expires:  # woken at the expiry itself, not a beat later
-                self._lose("no heartbeat succeeded before the lease expired")
-                return
-            if sent < next_beat:
-                continue
-            next_beat = sent + self.interval
-            try:
-                # A beat that cannot be answered before the lease ends is not waited for.
-                self.controller.heartbeat(self.pair, self.token, self.expires - sent)
-                self.expires = sent + self.lease_s
-            except (LeaseGone, Refused) as exc:
-                if not self.delivering:
-                    self._lose(f"the controller refuses the lease: {exc.message}")
-                return
-            except Exception as exc:  # any failed beat: the expiry decides
-                log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)
-
-    def _lose(self, why: str) -> None:
-        log.warning("worker job %d/%d: %s; ending the job", *self.pair, why)
-        self.lost.set()
-        self.cancel.set()
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join()
 
 
 def _seconds_until(moment: str) -> float:

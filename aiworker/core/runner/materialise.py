@@ -1,14 +1,7 @@
-"""Remote snapshots, the runner's side: fetch a manifest and its packs, check everything
-before a byte is written, write the tree, and hash what was written.
-
-Fails closed, with a named code, on: a manifest over its bound or malformed, a snapshot id
-other than the one asked for, a tree or blob that is missing or never used, a cycle or
-excessive depth, a name that could escape (`/`, `.`, `..`, `.git`), more files or bytes
-than the bounds, a pack bigger than declared or with another SHA-256, a blob or tree whose
-git id does not match, a locked external tree the request does not name, and a written
-tree whose id is not the snapshot id. Entry points that are symbolic links are refused
-later by requests.resolve_entrypoint.
-"""
+"""Remote snapshots, the runner's side: fetch a manifest and its packs, check the whole
+plan before anything is written, write the tree (each blob checked as it is), and hash
+what was written. Every refusal has a named code (README: "The runner fleet"); entry
+points that are symbolic links are refused later, by requests.resolve_entrypoint."""
 
 from __future__ import annotations
 
@@ -26,7 +19,13 @@ from pydantic import ValidationError
 from aiworker.contracts.runner import Materialization
 from aiworker.contracts.snapshot import SnapshotManifest
 from aiworker.core.runner.requests import RequestRejected
-from aiworker.runtime.gitobjects import GITLINK_MODE, LINK_MODE, TREE_MODE, directory_tree_id
+from aiworker.runtime.gitobjects import (
+    GITLINK_MODE,
+    LINK_MODE,
+    TREE_MODE,
+    blob_id,
+    directory_tree_id,
+)
 from aiworker.runtime.gitobjects import tree_id as git_tree_id
 
 GIB = 1024**3
@@ -252,7 +251,8 @@ def _write(manifest: SnapshotManifest, plan: _Plan, target: Path, scratch: Path)
             fd = handles[blob.pack]
             if mode == LINK_MODE:
                 text = os.pread(fd, min(blob.size, 4096), blob.offset)
-                _check_blob([text], blob.size, oid, path)
+                if len(text) != blob.size or blob_id(text) != oid:
+                    raise SnapshotRejected("snapshot_checksum_mismatch", f"{path} is not {oid}")
                 if b"\0" in text:
                     raise SnapshotRejected("snapshot_path_escape", f"link {path} holds a NUL")
                 os.symlink(text, target / path)
@@ -290,14 +290,6 @@ def _copy_blob(src: int, dst: int, offset: int, size: int, oid: str, path: str) 
             view = view[os.write(dst, view) :]
         done += len(chunk)
     if done != size or digest.hexdigest() != oid:
-        raise SnapshotRejected("snapshot_checksum_mismatch", f"{path} is not blob {oid}")
-
-
-def _check_blob(chunks: list[bytes], size: int, oid: str, path: str) -> None:
-    digest = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
-    for chunk in chunks:
-        digest.update(chunk)
-    if sum(map(len, chunks)) != size or digest.hexdigest() != oid:
         raise SnapshotRejected("snapshot_checksum_mismatch", f"{path} is not blob {oid}")
 
 
