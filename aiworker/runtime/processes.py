@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
+import functools
 import os
 import selectors
 import shutil
@@ -18,24 +18,27 @@ from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 
 
+@functools.cache
 def _prctl() -> Any:
+    """libc's prctl, looked up once, in the parent (never between fork and exec); ctypes
+    is imported only by the commands that start jobs."""
+    import ctypes
+
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
 
-_PRCTL = _prctl()
-PR_SET_DUMPABLE = 4
-
-
 def keep_memory_private() -> bool:
     """Make this process undumpable: other processes of the same user (the jobs it runs)
     can no longer read its memory or /proc/PID/environ, where a token it was given sits.
     Its children are dumpable again after their exec. Returns whether it took effect."""
-    return _PRCTL is not None and _PRCTL(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,11 @@ def _popen_group(
     # The job is also killed if the thread that started it dies (a runner SIGKILLed
     # mid-job), so a job whose lease then expires never runs twice at once. prctl is
     # looked up before the fork; the call in the child is one system call.
+    prctl = _prctl()
+
     def join() -> None:
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if join_fd is not None:
             with contextlib.suppress(OSError):  # no cgroup then; the sweep still runs
                 os.write(join_fd, b"0")

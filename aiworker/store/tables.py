@@ -201,6 +201,12 @@ publications = Table(
 
 # Append-only audit trail: task events are never updated or deleted; only scheduler
 # check receipts (task_id NULL) are pruned to the latest N by the tick.
+# The kinds of worker job events (store/worker_jobs.py), pruned by the tick.
+WORKER_JOB_EVENTS = tuple(
+    f"worker_job.{k}"
+    for k in ("claimed", "finished", "expired", "released", "abandoned", "orphans_ended")
+)
+
 events = Table(
     "events",
     metadata,

@@ -27,10 +27,6 @@ from aiworker.store.tables import events, utcnow, worker_jobs
 
 QUEUED, LEASED, SUCCEEDED, FAILED = "queued", "leased", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
-WORKER_JOB_EVENTS = tuple(
-    f"worker_job.{k}"
-    for k in ("claimed", "finished", "expired", "released", "abandoned", "orphans_ended")
-)
 
 
 class LeaseLost(Exception):

@@ -27,6 +27,7 @@ from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
+from aiworker.store.tables import WORKER_JOB_EVENTS
 from aiworker.store.tasks import (
     active_claims,
     append_event,
@@ -34,7 +35,6 @@ from aiworker.store.tasks import (
     has_open_attempts,
     prune_events,
 )
-from aiworker.store.worker_jobs import WORKER_JOB_EVENTS
 
 CHECK_EVENT = "scheduler.check"
 
