@@ -142,6 +142,10 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     )
     bad = call(runner, "/claim", {"worker_id": "r 1", "request_key": "k"})
     assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_input")
+    # An index beyond what the database holds is refused, not a server error (found by
+    # the runner API's fuzz run).
+    huge = {"worker_id": "r1", "request_key": "k", "repository_indexes": [2**70]}
+    assert call(runner, "/claim", huge).status_code == 400
 
 
 def test_a_token_file_caught_mid_rewrite_keeps_its_token_and_a_removed_one_revokes_it(

@@ -42,7 +42,7 @@ class ClaimRequest(Strict):
     worker_id: Text
     request_key: Text  # the same key after a lost reply gets the same lease
     repository_indexes: (
-        Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=1000)] | None
+        Annotated[list[Annotated[int, Field(ge=1, le=2**63 - 1)]], Field(max_length=1000)] | None
     ) = None
     exact: Pair | None = None
     wait_ms: Annotated[int, Field(ge=0, le=30_000)] = 0
