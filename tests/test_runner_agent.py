@@ -278,20 +278,28 @@ def test_a_job_that_prints_a_lot_is_delivered_with_the_digest_of_every_byte(
     assert stdout["truncated"]
 
 
-def test_a_token_reaches_only_the_snapshots_of_leased_jobs(controller, state_dir, tmp_path):
+def test_a_snapshot_is_served_only_to_the_lease_of_a_job_that_names_it(
+    controller, state_dir, tmp_path
+):
     db, url, repo = controller
     index = queue_job(db, state_dir, repo, 1)
     snapshot = get_job(db, (1, index)).request["source"]["snapshot_id"]
     path = f"{url}/api/runner/v1/snapshots/1/{snapshot}/manifest.json"
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    assert requests.get(path, headers=headers, timeout=10).status_code == 404  # only queued
+
+    def fetch(lease=None):
+        sent = {**headers, "X-Aiworker-Lease": lease} if lease else headers
+        return requests.get(path, headers=sent, timeout=10).status_code
+
+    assert fetch() == 404  # queued: no lease names it
     claimed = requests.post(
         f"{url}/api/runner/v1/claim",
         json={"worker_id": "r1", "request_key": "k"},
         headers=headers,
         timeout=10,
     ).json()
-    assert requests.get(path, headers=headers, timeout=10).status_code == 200
+    # The token alone, or another lease's proof, reaches nothing; this lease does.
+    assert (fetch(), fetch("f" * 32), fetch(claimed["lease_token"])) == (404, 404, 200)
     # Handed back unstarted: queued again at once (the attempt counts), the snapshot closed.
     pair = f"{claimed['repository_index']}/{claimed['worker_job_index']}"
     released = requests.post(
@@ -303,7 +311,7 @@ def test_a_token_reaches_only_the_snapshots_of_leased_jobs(controller, state_dir
     assert released.json() == {"released": True}
     job = get_job(db, (1, index))
     assert (job.state, job.attempt) == ("queued", 1)
-    assert requests.get(path, headers=headers, timeout=10).status_code == 404
+    assert fetch(claimed["lease_token"]) == 404
 
 
 def test_a_revoked_token_ends_the_running_job_and_nothing_is_delivered(

@@ -17,6 +17,7 @@ import requests
 from aiworker.errors import AiworkerError, InvalidInput, Refused, Unavailable
 
 API = "/api/runner/v1"
+LEASE_HEADER = "X-Aiworker-Lease"  # a snapshot is served to the lease that needs it
 CALL_TIMEOUT_S = 10.0
 
 
@@ -103,10 +104,16 @@ class RunnerApi:
         path = f"/jobs/{pair[0]}/{pair[1]}/{kind}"
         return self._call("POST", path, {"lease_token": token, **body}).json()  # type: ignore[no-any-return]
 
-    def download(self, path: str, limit: int, dest: Path | None = None) -> bytes:
-        """GET PATH, at most LIMIT bytes, into DEST (returns b"") or into memory."""
+    def download(
+        self, path: str, limit: int, dest: Path | None = None, lease: str | None = None
+    ) -> bytes:
+        """GET PATH, at most LIMIT bytes, into DEST (returns b"") or into memory; LEASE,
+        the lease proof of the job that needs it, goes along as LEASE_HEADER."""
+        headers = {LEASE_HEADER: lease} if lease else None
         try:
-            response = self.session.get(self.base + path, stream=True, timeout=self.timeout_s)
+            response = self.session.get(
+                self.base + path, stream=True, timeout=self.timeout_s, headers=headers
+            )
         except requests.RequestException as exc:
             raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
         with response:

@@ -114,14 +114,16 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
     return bool(changed.rowcount == 1)
 
 
-def leased_snapshot(db: Database, repository_index: int, snapshot_id: str) -> bool:
-    """Whether a leased job names snapshot SNAPSHOT_ID of REPOSITORY_INDEX: as its source
-    (a job of that repository) or as a locked external ("INDEX:SNAPSHOT_ID", any job)."""
+def leased_snapshot(db: Database, repository_index: int, snapshot_id: str, lease: str) -> bool:
+    """Whether the job leased under LEASE names snapshot SNAPSHOT_ID of REPOSITORY_INDEX:
+    as its source (a job of that repository) or as a locked external ("INDEX:ID")."""
     external = f"{repository_index}:{snapshot_id}"
     with db.read() as session:
         rows = session.execute(
             select(worker_jobs.c.repository_index, worker_jobs.c.request).where(
-                worker_jobs.c.state == LEASED
+                worker_jobs.c.state == LEASED,
+                worker_jobs.c.lease_token == lease,
+                worker_jobs.c.lease_expires_at > utcnow(),
             )
         ).all()
     for row in rows:

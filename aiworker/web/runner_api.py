@@ -152,9 +152,15 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         return {"released": service.release(pair, proof.lease_token)}
 
     @app.get("/api/runner/v1/snapshots/{repository_index}/{snapshot_id}/{name}")
-    def snapshot(env: Env, repository_index: Index, snapshot_id: str, name: str) -> FileResponse:
+    def snapshot(
+        env: Env,
+        repository_index: Index,
+        snapshot_id: str,
+        name: str,
+        lease: Annotated[str, Header(alias=fleet.LEASE_HEADER, max_length=64)] = "",
+    ) -> FileResponse:
         del env
-        path = service.snapshot_file(repository_index, snapshot_id, name)
+        path = service.snapshot_file(repository_index, snapshot_id, name, lease)
         return FileResponse(path, media_type="application/octet-stream")
 
     async def _long_poll(

@@ -117,7 +117,7 @@ def run_leased(
             result = run_attempt(
                 request,
                 options.settings,
-                _filler(controller, request.source, options.bounds, cancel),  # type: ignore[arg-type]
+                _filler(controller, request.source, options.bounds, cancel, token),  # type: ignore[arg-type]
                 cancel=cancel,
             )
             ran_ms = result.duration_ms
@@ -205,6 +205,7 @@ def _filler(
     source: RemoteSnapshotSource,
     bounds: Bounds,
     cancel: threading.Event,
+    lease: str,
 ) -> Callable[[Path, Path], Materialization]:
     locked: dict[str, tuple[int, str]] = {}
     for path, ref in source.external.items():
@@ -223,10 +224,12 @@ def _filler(
         for number, (path, (index, snapshot)) in enumerate(sorted(locked.items())):
 
             def one(target: Path, i: int = index, s: str = snapshot, n: int = number) -> Any:
-                return materialise(controller.fetcher(i, s), s, target, scratch / f"x{n}", bounds)
+                return materialise(
+                    controller.fetcher(i, s, lease), s, target, scratch / f"x{n}", bounds
+                )
 
             externals[path] = one
-        fetcher = controller.fetcher(source.repository_index, source.snapshot_id)
+        fetcher = controller.fetcher(source.repository_index, source.snapshot_id, lease)
         written = materialise(
             fetcher, source.snapshot_id, workspace, scratch / "main", bounds, externals
         )

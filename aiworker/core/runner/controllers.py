@@ -33,7 +33,7 @@ class Controller(Protocol):
 
     def release(self, pair: tuple[int, int], token: str) -> None: ...
 
-    def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher: ...
+    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher: ...
 
 
 class RemoteController:
@@ -59,23 +59,23 @@ class RemoteController:
     def release(self, pair: tuple[int, int], token: str) -> None:
         self.api.finish(pair, "release", token, {})
 
-    def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher:
-        return _RemoteFetcher(self.api, f"/snapshots/{repository_index}/{snapshot_id}")
+    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher:
+        return _RemoteFetcher(self.api, f"/snapshots/{repository_index}/{snapshot_id}", lease)
 
 
 class _RemoteFetcher:
-    def __init__(self, api: RunnerApi, prefix: str) -> None:
-        self.api, self.prefix = api, prefix
+    def __init__(self, api: RunnerApi, prefix: str, lease: str) -> None:
+        self.api, self.prefix, self.lease = api, prefix, lease
 
     def manifest(self, limit: int) -> bytes:
         try:
-            return self.api.download(f"{self.prefix}/{MANIFEST}", limit)
+            return self.api.download(f"{self.prefix}/{MANIFEST}", limit, lease=self.lease)
         except TooLarge as exc:
             raise SnapshotRejected("snapshot_too_large", str(exc)) from None
 
     def pack(self, number: int, dest: Path, limit: int) -> None:
         try:
-            self.api.download(f"{self.prefix}/pack-{number}", limit, dest)
+            self.api.download(f"{self.prefix}/pack-{number}", limit, dest, self.lease)
         except TooLarge as exc:
             raise SnapshotRejected("snapshot_checksum_mismatch", str(exc)) from None
 
@@ -124,7 +124,8 @@ class LocalController:
     def release(self, pair: tuple[int, int], token: str) -> None:
         release(self.db, pair, token)
 
-    def fetcher(self, repository_index: int, snapshot_id: str) -> Fetcher:
+    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher:
+        del lease  # in process: the files are the controller's own
         return _LocalFetcher(snapshot_dir(self.state_dir, repository_index, snapshot_id))
 
 

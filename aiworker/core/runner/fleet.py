@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from aiworker.adapters import runner_api
 from aiworker.config.loader import LoadedConfig, read_token, token_path
 from aiworker.config.models import Identity
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult, RunnerError
@@ -41,6 +42,7 @@ from aiworker.store.worker_jobs import (
 )
 
 log = logging.getLogger(__name__)
+LEASE_HEADER = runner_api.LEASE_HEADER  # the lease a snapshot download is for
 CONTRACTS = (REQUEST_CONTRACT,)
 
 
@@ -176,10 +178,12 @@ class RunnerService:
     def release(self, index: tuple[int, int], token: str) -> bool:
         return release(self.db(), index, token)
 
-    def snapshot_file(self, index: int, snapshot_id: str, name: str) -> Path:
-        """A file of a snapshot that a leased job names (a token reaches no other)."""
-        if not leased_snapshot(self.db(), index, snapshot_id):
-            raise InvalidInput(f"no leased job names snapshot {snapshot_id}", code="not_found")
+    def snapshot_file(self, index: int, snapshot_id: str, name: str, lease: str) -> Path:
+        """A file of a snapshot that the job leased under LEASE names (no other)."""
+        if not lease or not leased_snapshot(self.db(), index, snapshot_id, lease):
+            raise InvalidInput(
+                f"no job of this lease names snapshot {snapshot_id}", code="not_found"
+            )
         return snapshot_file(self.env().state_dir, index, snapshot_id, name)
 
     def close(self) -> None:
