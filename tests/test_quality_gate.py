@@ -29,6 +29,20 @@ def jobs(db, cache):
     return Dispatch(db, cache, cache.root.parent, Runners(), {})
 
 
+def gate_slot_1(db, cache, requirements, **more):
+    """The gate on slot 1's pinned head of repository 1, with no task."""
+    return run_gate(
+        db,
+        jobs(db, cache),
+        index=1,
+        slot=1,
+        task_id=None,
+        scope=SCOPE,
+        requirements=requirements,
+        **more,
+    )
+
+
 @pytest.fixture
 def setup(upgraded, state_dir, tmp_path):
     origin = tmp_path / "origin.git"
@@ -68,16 +82,7 @@ def test_passing_head_gets_receipts_that_authorise_only_that_head(setup, tmp_pat
     head = result_head(cache, tmp_path, "def add(a, b):\n    return a + b\n")
     base = cache.pinned(1, 1, "base")
     requirements = requirements_from_issue("no checks block here")
-    report = run_gate(
-        db,
-        jobs(db, cache),
-        index=1,
-        slot=1,
-        task_id=None,
-        scope=SCOPE,
-        requirements=requirements,
-        claimed=claim(),
-    )
+    report = gate_slot_1(db, cache, requirements, claimed=claim())
     assert report.passed, report.checks
     assert (report.head, report.base) == (head, base)
     assert report.findings == []
@@ -105,16 +110,7 @@ def test_a_claimed_pass_that_fails_on_rerun_is_a_finding(setup, tmp_path):
     db, cache = setup
     head = result_head(cache, tmp_path, "def add(a, b):\n    return a * b\n")
     requirements = [Requirement("ci", ("./ci/run",))]
-    report = run_gate(
-        db,
-        jobs(db, cache),
-        index=1,
-        slot=1,
-        task_id=None,
-        scope=SCOPE,
-        requirements=requirements,
-        claimed=claim(),
-    )
+    report = gate_slot_1(db, cache, requirements, claimed=claim())
     assert not report.passed
     assert report.findings == [
         f"check ci was reported passing by the agent but exited 1 on re-run at {head}"
@@ -183,15 +179,7 @@ def measured(upgraded, state_dir, tmp_path):
         requirements = requirements_from_issue(f"```aiworker-checks\n{block}\n```\n")
         db = Database(f"sqlite:///{upgraded}")
         try:
-            report = run_gate(
-                db,
-                jobs(db, cache),
-                index=1,
-                slot=1,
-                task_id=None,
-                scope=SCOPE,
-                requirements=requirements,
-            )
+            report = gate_slot_1(db, cache, requirements)
         finally:
             db.dispose()
         return report, base
@@ -250,15 +238,7 @@ def test_checks_are_worker_jobs_and_a_job_left_by_a_dead_controller_is_ended(set
     assert worker_jobs.claim(db, "embedded-1", "k", lease_for=short, max_attempts=3)
     time.sleep(0.1)
     head = result_head(cache, tmp_path, "def add(a, b):\n    return a + b\n")
-    report = run_gate(
-        db,
-        jobs(db, cache),
-        index=1,
-        slot=1,
-        task_id=None,
-        scope=SCOPE,
-        requirements=requirements_from_issue("no checks block"),
-    )
+    report = gate_slot_1(db, cache, requirements_from_issue("no checks block"))
     assert report.passed
     ended = worker_job_records.get_job(db, (1, stale))
     assert ended.state == "failed"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,18 +13,11 @@ from starlette.exceptions import HTTPException
 
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
-from aiworker.secrets import redact
+from aiworker.web.errors import error_response
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import Protection
 
 STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (LockHeld, 409), (Unavailable, 503))
-
-
-def _error(status: int, code: str, message: str, details: list[str] | None = None) -> JSONResponse:
-    error: dict[str, Any] = {"code": code, "message": redact(message)}
-    if details:
-        error["details"] = [redact(d) for d in details]
-    return JSONResponse({"error": error}, status_code=status, headers={"cache-control": "no-store"})
 
 
 def create_app(
@@ -45,16 +37,16 @@ def create_app(
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
         status = next((s for kind, s in STATUS_OF if isinstance(exc, kind)), 500)
-        return _error(status, exc.code, exc.message, getattr(exc, "problems", None))
+        return error_response(status, exc.code, exc.message, getattr(exc, "problems", None))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:20]]
-        return _error(400, "invalid_input", "the request is not valid", details)
+        return error_response(400, "invalid_input", "the request is not valid", details)
 
     @app.exception_handler(HTTPException)
     async def http(_request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, "http", str(exc.detail))
+        return error_response(exc.status_code, "http", str(exc.detail))
 
     page = resources.files("aiworker.web").joinpath("page.html").read_text(encoding="utf-8")
 

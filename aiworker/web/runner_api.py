@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.failpoints import failpoint
-from aiworker.secrets import redact
 from aiworker.store.worker_jobs import LeaseLost
+from aiworker.web.errors import error_response
 from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -59,10 +59,6 @@ class Completion(LeaseProof):
 
 class Failure(LeaseProof):
     error: dict[str, Any]  # ait.runner.error.v1: why the runner could not run the job
-
-
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
 def create_runner_app(environment: Callable[[], Environment]) -> Protection:
@@ -195,21 +191,23 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
         status = 503 if isinstance(exc, Unavailable) else 404 if exc.code == "not_found" else 400
-        return _error(status, exc.code, redact(exc.message))
+        return error_response(status, exc.code, exc.message)
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_request: Request, _exc: Exception) -> JSONResponse:
-        return _error(401, "unauthorized", "a runner token is required (Authorization: Bearer)")
+        return error_response(
+            401, "unauthorized", "a runner token is required (Authorization: Bearer)"
+        )
 
     @app.exception_handler(LeaseLost)
     async def lost(_request: Request, exc: Exception) -> JSONResponse:
-        return _error(409, "lease_lost", str(exc))
+        return error_response(409, "lease_lost", str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
         where = ".".join(str(p) for p in first["loc"])
-        return _error(400, "invalid_input", f"{where}: {first['msg']}")
+        return error_response(400, "invalid_input", f"{where}: {first['msg']}")
 
 
 class _Unauthorized(Exception):

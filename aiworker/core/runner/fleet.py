@@ -186,10 +186,6 @@ class RunnerService:
             )
         return snapshot_file(self.env().state_dir, index, snapshot_id, name)
 
-    def close(self) -> None:
-        if self._db is not None:
-            self._db.dispose()
-
 
 def accept(
     db: Database, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]

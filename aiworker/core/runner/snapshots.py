@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from aiworker.contracts.snapshot import BlobRecord, PackRecord, SnapshotManifest, TreeEntry
-from aiworker.runtime.gitobjects import GITLINK_MODE, TREE_MODE, list_tree, read_blobs
+from aiworker.runtime.gitobjects import GITLINK_MODE, TREE_MODE, Entry, list_tree, read_blobs
 
 PACK_TARGET = 8 * 1024 * 1024  # packs this big let a runner fetch up to 8 at once
 MANIFEST = "manifest.json"
@@ -54,15 +54,11 @@ def publish(state_dir: Path, repo: Path, index: int, commit: str) -> str:
     return root
 
 
-def _build(repo: Path, root: str, entries: list, folder: Path) -> SnapshotManifest:  # type: ignore[type-arg]
+def _build(repo: Path, root: str, entries: list[Entry], folder: Path) -> SnapshotManifest:
     trees: dict[str, list[TreeEntry]] = {root: []}
     first_path = {root: ""}  # a tree shared by several paths is listed once
-    tree_at = {"": root}
-    sizes: dict[str, int] = {}
-    for entry in entries:
-        if entry.mode == TREE_MODE:
-            tree_at[entry.path] = entry.oid
-    files = total = 0
+    tree_at = {"": root} | {e.path: e.oid for e in entries if e.mode == TREE_MODE}
+    blob_ids: set[str] = set()
     for entry in entries:
         parent, _, name = entry.path.rpartition("/")
         owner = tree_at[parent]
@@ -73,20 +69,20 @@ def _build(repo: Path, root: str, entries: list, folder: Path) -> SnapshotManife
             continue
         trees[owner].append(TreeEntry(name=name, mode=entry.mode, id=entry.oid))
         if entry.mode not in (TREE_MODE, GITLINK_MODE):
-            sizes.setdefault(entry.oid, 0)
+            blob_ids.add(entry.oid)
     blobs: dict[str, BlobRecord] = {}
-    packs: list[PackRecord] = []
     writer = _PackWriter(folder)
-    for oid, data in read_blobs(repo, sorted(sizes)):
+    for oid, data in read_blobs(repo, sorted(blob_ids)):
         pack, offset = writer.add(data)
         blobs[oid] = BlobRecord(pack=pack, offset=offset, size=len(data))
-    packs = writer.close()
-    for entry in entries:
-        if entry.oid in blobs:
-            files += 1
-            total += blobs[entry.oid].size
+    files = [blobs[e.oid].size for e in entries if e.oid in blobs]  # one per path
     return SnapshotManifest(
-        snapshot_id=root, trees=trees, blobs=blobs, packs=packs, file_count=files, total_bytes=total
+        snapshot_id=root,
+        trees=trees,
+        blobs=blobs,
+        packs=writer.close(),
+        file_count=len(files),
+        total_bytes=sum(files),
     )
 
 
@@ -117,10 +113,6 @@ class _PackWriter:
     def close(self) -> list[PackRecord]:
         self._seal()
         return self.records
-
-
-def read_manifest(folder: Path) -> bytes:
-    return (folder / MANIFEST).read_bytes()
 
 
 def published(state_dir: Path, index: int) -> set[str]:
