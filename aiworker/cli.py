@@ -26,6 +26,7 @@ COMMANDS = {
     "db": ("db", "app", True),
     "scheduler": ("scheduler", "app", True),
     "runner": ("runner", "app", True),
+    "qemu": ("qemu", "app", True),
     "sandbox": ("sandbox", "app", True),
     "web": ("web", "app", True),
     "providers": ("providers", "app", True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Literal
 
@@ -232,6 +233,58 @@ class Housekeeping(Strict):
     worker_job_events: Annotated[int, Field(ge=100, le=10_000_000)] = 100_000
 
 
+EGRESS_PHASES = ("default", "planning", "implementation", "review", "repair", "setup", "ci")
+HOST_PATTERN = r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^[0-9a-fA-F:.]{2,45}$"
+
+
+class Execution(Strict):
+    """Where phases and checks run: `qemu` (a disposable guest of the provisioned image)
+    or `local` (a directory on this host); unset, `qemu` wherever an image is
+    provisioned and QEMU is installed."""
+
+    backend: Literal["qemu", "local"] | None = None
+    # Images, overlays and running guests; default $STATE_DIR/guests.
+    guests_dir: str | None = None
+    memory_mib: Annotated[int, Field(ge=256, le=262_144)] = 1024
+    cpus: Annotated[int, Field(ge=1, le=64)] = 2
+    # The guest's root filesystem (the image recipe's DISK_SIZE).
+    disk_size: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}[MG]$")] = "8G"
+    boot_deadline_s: Annotated[int, Field(ge=10, le=3600)] = 180
+    # The repository's own ci/setup, run in the guest before any credential is there.
+    setup_timeout_s: Annotated[int, Field(ge=10, le=86_400)] = 1800
+    # The image recipe's inputs.
+    suite: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = "bookworm"
+    mirror: Annotated[str, Field(pattern=r"^https?://\S+$")] = "http://deb.debian.org/debian"
+    extra_packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{0,99}$")]] = []
+    # Hosts a guest may reach through the egress proxy, per phase ("default" applies to
+    # every phase not named): exact names, "*.suffix", or literal addresses; ports 80
+    # and 443 only. Empty: the guest reaches nothing.
+    egress: dict[str, list[Annotated[str, Field(pattern=HOST_PATTERN)]]] = {}
+    # Networks the proxy reaches although they are not public (an internal mirror).
+    trusted_networks: list[str] = []
+
+    @field_validator("egress")
+    @classmethod
+    def _phases(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        unknown = set(value) - set(EGRESS_PHASES)
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; known: {', '.join(EGRESS_PHASES)}")
+        return value
+
+    @field_validator("trusted_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{network!r} is not a network: {exc}") from exc
+        return value
+
+    def allowlist(self, phase: str) -> list[str]:
+        return self.egress.get(phase, self.egress.get("default", []))
+
+
 class Config(Strict):
     forge: Forge | None = None
     repositories: list[Repository] = []
@@ -250,6 +303,7 @@ class Config(Strict):
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()
     runners: Runners = Runners()
+    execution: Execution = Execution()
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

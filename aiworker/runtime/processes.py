@@ -162,6 +162,14 @@ def _popen_group(
     )
 
 
+def run_interactive(argv: Sequence[str]) -> int:
+    """ARGV on this terminal (an operator's shell); its exit status."""
+    try:
+        return subprocess.call(list(argv))
+    except FileNotFoundError:
+        return 127
+
+
 def run_binary(
     argv: Sequence[str],
     *,
@@ -218,6 +226,31 @@ def spawn_detached(
     _DETACHED[:] = [c for c in _DETACHED if c.poll() is None]
     _DETACHED.append(child)
     return child.pid
+
+
+def spawn_tied(argv: Sequence[str], *, cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ARGV in its own session with output to LOG_PATH; it is SIGKILLed when the
+    thread that started it dies (a guest of a killed job does not outlive it)."""
+    prctl = _prctl()
+
+    def tie() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=tie,  # noqa: PLW1509 - one system call, no lock taken
+        )
+    finally:
+        os.close(fd)
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []

@@ -3,8 +3,8 @@
 The workspace holds the repository checkout (`repo/`), the phase's inputs
 (`aiworker/`: prompt, context, settings, result schema; outside the checkout so
 they are never committed) and a private home for credentials, created after
-dependency setup and removed at teardown whatever happened. A `qemu` backend
-will implement the same steps inside a guest.
+dependency setup and removed at teardown whatever happened. The `qemu` backend
+(runtime/guests/backend.py) implements the same steps inside a guest.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Protocol
 
 from aiworker.errors import AiworkerError
 from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.credentials import adopt, copy_home, credential_files
 from aiworker.runtime.processes import run_command
 
 
@@ -170,43 +171,87 @@ def sandboxed(
 
 class ExecutionBackend(Protocol):
     """Where a phase runs: `local` (a directory on this host, in bubblewrap when installed)
-    now; a `qemu` guest implements the same steps."""
+    or `qemu` (a disposable guest); the same steps either way."""
 
     name: str
+
+    def describe(self) -> dict[str, str]: ...
 
     def prepare(
         self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
     ) -> Workspace: ...
 
-    def open_home(self, workspace: Workspace) -> Path: ...
+    def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]: ...
 
-    def wrap(
-        self, argv: list[str], workspace: Workspace, writable: list[Path], hidden: list[Path]
-    ) -> list[str]: ...
+    def close_home(self, workspace: Workspace) -> list[str]: ...
+
+    def command(
+        self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
+    ) -> tuple[list[str], dict[str, str]]: ...
+
+    def changed_lines(self, workspace: Workspace) -> int: ...
 
     def result_bundle(self, workspace: Workspace, target: Path) -> Path | None: ...
 
     def teardown(self, workspace: Workspace, *, preserve: bool) -> bool: ...
 
 
+def translated(env: dict[str, str], mapping: dict[str, str]) -> dict[str, str]:
+    """ENV with every value that is a leased home replaced by the run's copy."""
+    return {key: mapping.get(value, value) for key, value in env.items()}
+
+
 class LocalBackend:
+    """Each provider home the run names is copied into the workspace's private home for
+    the run (not a shared parent), adopted back when refreshed, and removed after it."""
+
     name = "local"
+
+    def __init__(self) -> None:
+        self.leases: dict[Path, list[tuple[Path, Path, dict[str, bytes]]]] = {}
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.name}
 
     def prepare(
         self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
     ) -> Workspace:
         return prepare_workspace(root, bundle, base_ref, inputs)
 
-    def open_home(self, workspace: Workspace) -> Path:
-        return open_private_home(workspace)
+    def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]:
+        open_private_home(workspace)
+        mapping: dict[str, str] = {}
+        leases = self.leases.setdefault(workspace.root, [])
+        for number, home in enumerate(dict.fromkeys(homes)):
+            if workspace.root in home.parents or home == workspace.root:
+                home.mkdir(mode=0o700, parents=True, exist_ok=True)
+                continue
+            copy = workspace.home / "providers" / f"{number}-{home.name}"
+            copy.parent.mkdir(mode=0o700, exist_ok=True)
+            copy_home(home, copy)
+            leases.append((home, copy, credential_files(home)))
+            mapping[str(home)] = str(copy)
+        return mapping
 
-    def wrap(
-        self, argv: list[str], workspace: Workspace, writable: list[Path], hidden: list[Path]
-    ) -> list[str]:
-        return sandboxed(argv, workspace, writable, hidden=hidden)
+    def close_home(self, workspace: Workspace) -> list[str]:
+        notes = []
+        for source, copy, before in self.leases.pop(workspace.root, []):
+            if source.is_dir():
+                notes.append(adopt(source, before, credential_files(copy)))
+            remove_attempt(copy)
+        return notes
+
+    def command(
+        self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
+    ) -> tuple[list[str], dict[str, str]]:
+        return sandboxed(argv, workspace, [], hidden=hidden), env
+
+    def changed_lines(self, workspace: Workspace) -> int:
+        return changed_lines(workspace)
 
     def result_bundle(self, workspace: Workspace, target: Path) -> Path | None:
         return result_bundle(workspace, target)
 
     def teardown(self, workspace: Workspace, *, preserve: bool) -> bool:
+        self.close_home(workspace)
         return teardown(workspace, preserve=preserve)

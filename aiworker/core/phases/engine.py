@@ -30,11 +30,9 @@ from aiworker.core.providers.registry import (
     read_provider,
 )
 from aiworker.runtime.failpoints import failpoint
-from aiworker.runtime.workspace import LocalBackend, Workspace
+from aiworker.runtime.workspace import Workspace
 from aiworker.store.engine import Database
 from aiworker.store.observations import record_run, running_jobs
-
-BACKEND = LocalBackend()
 
 
 @dataclass
@@ -113,8 +111,14 @@ def run_model_phase(
     provider and validate its result document. RECORDED joins the attempt's settings."""
     name = admission.provider
     assert name is not None
+    backend = guard.backend
+    assert backend is not None
+    # The attempt says where it ran: the backend and, for a guest, its accelerator and image.
     attempt = guard.start(
-        name, {**admission.settings, **recorded}, admission.model, admission.effort
+        name,
+        {**admission.settings, **recorded, **backend.describe()},
+        admission.model,
+        admission.effort,
     )
     failpoint(f"{guard.phase}.attempt_started")
     inputs = {
@@ -126,7 +130,7 @@ def run_model_phase(
     }
     root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
     try:
-        workspace = guard.track(BACKEND.prepare(root, bundle, ref, inputs))
+        workspace = guard.track(backend.prepare(root, bundle, ref, inputs))
     finally:
         bundle.unlink(missing_ok=True)
     guard.spent = True
@@ -137,7 +141,7 @@ def run_model_phase(
         admission.effort,
         env.attempt_tag(guard.phase, attempt),
         guard.phase,
-        backend=BACKEND,
+        backend=backend,
         hidden=provider_homes(env),
     )
     failpoint(f"{guard.phase}.after_run")

@@ -19,10 +19,11 @@ from aiworker.core.context import Environment
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.images import fetch_images
 from aiworker.core.intake.scope import Requirement, check_inputs, fingerprint
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import (
     ImplementReport,
@@ -72,7 +73,7 @@ def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
                 env, db, task.id, S.RUNNING, running.version, PHASE, reason, retry_state=S.READY
             )
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
             report = _implement(env, db, guard, running)
         if report.outcome != "unavailable":
             follow_up_if_asked(env)
@@ -200,7 +201,10 @@ def _conclude(
     run: ModelRun,
 ) -> ImplementReport:
     repo, slot = running.repo, running.slot
-    outcome_bundle = BACKEND.result_bundle(run.workspace, run.workspace.root / "result.bundle")
+    assert guard.backend is not None
+    outcome_bundle = guard.backend.result_bundle(
+        run.workspace, run.workspace.root / "result.bundle"
+    )
     if run.failure is not None:
         quota = run.failure == "quota_exhausted"
         if quota and outcome_bundle is not None:

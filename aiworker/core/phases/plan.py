@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.engine import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport
 from aiworker.core.phases.prompts import plan_prompt
@@ -62,7 +63,7 @@ def plan(env: Environment, task_id: int, slot: int) -> ImplementReport:
             )
             report.state = landed or "unchanged"
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
             _plan(env, db, guard, task, repo, slot, report)
         if report.outcome != "unavailable":
             follow_up_if_asked(env)

@@ -26,8 +26,9 @@ from aiworker.core.context import Environment
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.engine import BACKEND, ModelRun, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport, Running, retained
 from aiworker.core.phases.prompts import repair_prompt
@@ -71,7 +72,7 @@ def repair(env: Environment, task_id: int, slot: int) -> ImplementReport:
         def recover(reason: str) -> None:
             again(env, db, running, request, request.start, [], reason)
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
             report = _repair(env, db, guard, running, request)
         if report.outcome != "unavailable":
             follow_up_if_asked(env)
@@ -174,7 +175,10 @@ def _conclude(
     run: ModelRun,
 ) -> ImplementReport:
     repo, slot = running.repo, running.slot
-    outcome_bundle = BACKEND.result_bundle(run.workspace, run.workspace.root / "result.bundle")
+    assert guard.backend is not None
+    outcome_bundle = guard.backend.result_bundle(
+        run.workspace, run.workspace.root / "result.bundle"
+    )
     head, refused = request.start, []
     # Work is taken from a success, and from a quota failure (the next episode goes on with it).
     if outcome_bundle is not None and run.failure in (None, "quota_exhausted"):

@@ -19,8 +19,9 @@ from aiworker.contracts.agent import AgentResult, Finding
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.engine import BACKEND, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.engine import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.prompts import review_prompt
 from aiworker.core.report import Report
@@ -103,7 +104,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
             )
             report.state = landed or "unchanged"
 
-        with PhaseGuard(db, task.id, PHASE, recover, BACKEND, lock) as guard:
+        with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
             reviewer = ForgeAccess(env.loaded).required("reviewer")
             pull = pull_at_head(reviewer, delivery)
             exhausted = budget_spent(env, db, task.id, PHASE)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.runtime.execution import Limits, run_job
-from aiworker.runtime.workspace import ExecutionBackend, LocalBackend, Workspace, changed_lines
+from aiworker.runtime.workspace import ExecutionBackend, LocalBackend, Workspace, translated
 
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
@@ -32,7 +32,6 @@ def run_provider(
     hidden: list[Path] | None = None,
 ) -> RunReport:
     backend = backend or LocalBackend()
-    backend.open_home(workspace)
     prompt = (workspace.inputs / "prompt.md").read_text()
     spec = provider.command(
         phase,
@@ -43,23 +42,29 @@ def run_provider(
         prompt,
     )
     tag = f"AIWORKER_ATTEMPT_ID={attempt_tag}"
-    env = {**spec.env, "AIWORKER_ATTEMPT_ID": attempt_tag}
     stdin_path = None
     if spec.stdin is not None:
         stdin_path = workspace.inputs / "stdin"
         stdin_path.write_bytes(spec.stdin)
-    # A provider's own home (CODEX_HOME, CLAUDE_CONFIG_DIR, ...) stays writable for its login.
+    # The provider's own homes (HOME, CODEX_HOME, CLAUDE_CONFIG_DIR, ...) are lent to this
+    # run only: a private copy (a tmpfs in a guest), refreshed logins adopted back after.
     homes = [Path(v) for k, v in spec.env.items() if k.endswith(("HOME", "_DIR")) and v]
+    leased = backend.open_home(workspace, homes)
+    env = {**translated(spec.env, leased), "AIWORKER_ATTEMPT_ID": attempt_tag}
     # Other providers' homes (their credentials) are not even visible: file modes do not
     # separate jobs that run as the same user.
-    outcome = run_job(
-        backend.wrap(spec.argv, workspace, homes, hidden or []),
-        cwd=workspace.repo,
-        env=env,
-        tag=tag,
-        stdin_path=stdin_path,
-        limits=Limits(timeout_s=RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL),
-    )
+    argv, env = backend.command(spec.argv, env, workspace, hidden or [])
+    try:
+        outcome = run_job(
+            argv,
+            cwd=workspace.repo,
+            env=env,
+            tag=tag,
+            stdin_path=stdin_path,
+            limits=Limits(timeout_s=RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL),
+        )
+    finally:
+        backend.close_home(workspace)
     stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
     if outcome.timed_out:
         return RunReport(None, "transient", "the provider run timed out")
@@ -71,7 +76,7 @@ def run_provider(
         return RunReport(None, provider.classify(message), (parsed.error or "no result")[:300])
     budget = getattr(provider, "diff_budget_lines", None)
     if budget:
-        changed = changed_lines(workspace)
+        changed = backend.changed_lines(workspace)
         if changed > budget:
             return RunReport(
                 None,

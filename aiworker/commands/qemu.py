@@ -1,0 +1,107 @@
+"""`aiworker qemu`: the guest image and the guests phases and checks run in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+app = typer.Typer(
+    help="Provision the guest image; list, boot, enter and stop guests.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@app.command("provision")
+def provision(
+    ctx: typer.Context,
+    wait: Annotated[
+        float,
+        typer.Option("--wait", min=0, help="Seconds to wait for running jobs (else exit 75)."),
+    ] = 0,
+    recipe: Annotated[
+        Path | None, typer.Option("--recipe", help="The image recipe folder (build.sh).")
+    ] = None,
+    saved_state: Annotated[
+        bool,
+        typer.Option("--saved-state/--no-saved-state", help="Save a booted state for fast starts."),
+    ] = True,
+) -> None:
+    """Build a new guest image under the maintenance gate; it becomes current only once
+    it booted and answered SSH."""
+    from aiworker.core.guests.provision import provision as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), wait_s=wait, recipe=recipe, save_state=saved_state).to_json()
+    line = (
+        f"provisioned {report['image']} ({report['accel']}; built in {report['build_s']} s, "
+        f"cold boot {report['cold_boot_s']} s, saved state: {report['saved_state']})"
+    )
+    emit(inv.json, report, lambda c: c.print(line, markup=False))
+
+
+@app.command("list")
+def list_guests(ctx: typer.Context) -> None:
+    """Images, running guests and their overlays, and who owns each."""
+    from aiworker.core.guests.operator import inventory
+
+    inv: Invocation = ctx.obj
+    report = inventory(inv.environment()).to_json()
+
+    def human(console: Any) -> None:
+        console.print(f"backend: {report['backend']} ({report['backend_reason']})", markup=False)
+        for image in report["images"]:
+            mark = "*" if image["current"] else " "
+            console.print(
+                f"{mark} image {image['name']}  {image['accel'] or 'building'}  "
+                f"{image['bytes'] // 2**20} MiB  used by {len(image['used_by'])}",
+                markup=False,
+            )
+        for guest in report["guests"]:
+            console.print(
+                f"  guest {guest['name']}  {guest['purpose']}  pid {guest['pid']}  "
+                f"owner {guest['owner']}  port {guest['port']}",
+                markup=False,
+            )
+
+    emit(inv.json, report, human)
+
+
+@app.command("boot")
+def boot(ctx: typer.Context) -> None:
+    """Start a throwaway guest for an operator and print its NAME (it reaches nothing)."""
+    from aiworker.core.guests.operator import boot as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment()).to_json()
+    emit(inv.json, report, lambda c: c.print(report["name"], markup=False))
+
+
+@app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The guest's NAME (qemu list).")],
+) -> None:
+    """A root shell in guest NAME, or `-- CMD...` run there with its exit code."""
+    from aiworker.core.guests.operator import ssh as run
+
+    inv: Invocation = ctx.obj
+    raise typer.Exit(run(inv.environment(), name, list(ctx.args)))
+
+
+@app.command("stop")
+def stop(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The guest's NAME (qemu list).")],
+) -> None:
+    """Power guest NAME off and remove its overlay."""
+    from aiworker.core.guests.operator import stop as run
+
+    inv: Invocation = ctx.obj
+    report = run(inv.environment(), name).to_json()
+    emit(inv.json, report, lambda c: c.print(f"stopped {report['name']}", markup=False))

@@ -1,0 +1,100 @@
+"""Which execution backend a phase or check gets, from `execution.backend`: `qemu` or
+`local`; unset, `qemu` wherever an image is provisioned and QEMU is installed (else
+`local`, which doctor warns about)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from aiworker.core.context import Environment
+from aiworker.errors import Unavailable
+from aiworker.runtime.guests.images import Image, ImageStore
+from aiworker.runtime.processes import which
+from aiworker.runtime.workspace import ExecutionBackend, LocalBackend
+
+TOOLS = ("qemu-system-x86_64", "qemu-img", "socat")
+
+
+def guest_store(env: Environment) -> ImageStore:
+    configured = env.loaded.config.execution.guests_dir
+    if configured is None:
+        return ImageStore(env.state_dir / "guests")
+    path = Path(configured).expanduser()
+    return ImageStore(path if path.is_absolute() else env.loaded.path.parent / path)
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in TOOLS if which(tool) is None]
+
+
+def backend_choice(env: Environment) -> tuple[str, str]:
+    """(backend, why)."""
+    configured = env.loaded.config.execution.backend
+    if configured is not None:
+        return configured, "execution.backend says so"
+    missing = missing_tools()
+    if missing:
+        return "local", f"{', '.join(missing)} not installed"
+    image = guest_store(env).current()
+    if image is None:
+        return "local", "no guest image is provisioned (`aiworker qemu provision`)"
+    return "qemu", f"the guest image {image.name} is provisioned"
+
+
+def backend_for(env: Environment, phase: str) -> ExecutionBackend:
+    """The backend for one phase (its egress allowlist is the phase's own)."""
+    if backend_choice(env)[0] == "local":
+        return LocalBackend()
+    from aiworker.runtime.guests.backend import GuestSettings, QemuBackend
+    from aiworker.runtime.guests.egress import EgressPolicy
+    from aiworker.runtime.guests.machine import MachineSpec
+
+    execution = env.loaded.config.execution
+    store = guest_store(env)
+    image = store.current()
+    policy = EgressPolicy(
+        hosts=tuple(execution.allowlist(phase)), trusted=tuple(execution.trusted_networks)
+    )
+    machine = MachineSpec(execution.memory_mib, execution.cpus, accel_of(image))
+    settings = GuestSettings(
+        machine=machine,
+        boot_deadline_s=execution.boot_deadline_s,
+        setup_timeout_s=execution.setup_timeout_s,
+        model_target=model_target(env),
+    )
+    return QemuBackend(store, image, phase, policy, settings, unavailable=why_unavailable(image))
+
+
+def accel_of(image: Image | None) -> str:
+    return str(image.manifest().get("accel", "tcg")) if image is not None else "tcg"
+
+
+def why_unavailable(image: Image | None) -> str | None:
+    missing = missing_tools()
+    if missing:
+        return f"execution.backend is qemu, but {', '.join(missing)} is not installed"
+    if image is None:
+        return (
+            "execution.backend is qemu, but no guest image is provisioned: "
+            "run `aiworker qemu provision`"
+        )
+    return None
+
+
+def model_target(env: Environment) -> str | None:
+    """host:port of the local llama.cpp server, for the guest's model forwarder."""
+    options = env.loaded.config.provider_options.get("llama")
+    if options is None or not options.base_url:
+        return None
+    url = urlsplit(options.base_url)
+    return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
+
+
+def require_image(env: Environment) -> tuple[ImageStore, Image]:
+    store = guest_store(env)
+    image = store.current()
+    reason = why_unavailable(image)
+    if reason is not None or image is None:
+        raise Unavailable((reason or "").replace("execution.backend is qemu, but ", ""))
+    return store, image

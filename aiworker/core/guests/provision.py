@@ -1,0 +1,221 @@
+"""`aiworker qemu provision`: build a new guest image and make it current.
+
+Under the maintenance gate (ticks start nothing while it is held): wait for running
+jobs to finish or refuse (exit 75); build with the recipe into a new image folder
+(a new host key and control key, generated here; the guest's private host key exists
+only inside the image); boot it cold, log in over SSH, save its state for fast starts;
+only then switch `current`, and remove images nothing uses any more. A failed build
+removes its own folder and leaves `current` as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.guests.backends import guest_store, missing_tools
+from aiworker.core.report import Report
+from aiworker.errors import AiworkerError, InvalidInput, LockHeld, Unavailable
+from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
+from aiworker.runtime.guests.guest import Guest, StartOptions
+from aiworker.runtime.guests.images import Image, ImageStore
+from aiworker.runtime.guests.keys import new_key_pair
+from aiworker.runtime.guests.machine import MachineSpec
+from aiworker.runtime.guests.probe import choose_accel
+from aiworker.runtime.processes import run_command, which
+
+BUILD_TIMEOUT_S = 3600
+
+
+@dataclass
+class ProvisionReport(Report):
+    image: str
+    path: str
+    accel: str
+    accel_reason: str
+    build_s: float
+    cold_boot_s: float
+    saved_state: bool
+    previous: str | None
+    removed: list[str] = field(default_factory=list)
+    files: dict[str, Any] = field(default_factory=dict)
+
+
+def recipe_dir() -> Path:
+    """Inside a wheel the recipe ships as aiworker/_guest_image; in a checkout, at the top."""
+    package = Path(__file__).resolve().parents[2]
+    packaged = package / "_guest_image"
+    return packaged if packaged.is_dir() else package.parent / "guest-image"
+
+
+def provision(
+    env: Environment, *, wait_s: float = 0, recipe: Path | None = None, save_state: bool = True
+) -> ProvisionReport:
+    recipe = recipe or recipe_dir()
+    if not (recipe / "build.sh").is_file():
+        raise InvalidInput(f"no image recipe at {recipe} (build.sh missing); give --recipe")
+    missing = [t for t in (*missing_tools(), "mmdebstrap", "mkfs.ext4") if which(t) is None]
+    if missing:
+        raise Unavailable(f"provisioning needs {', '.join(missing)}: install them first")
+    if os.geteuid() != 0:
+        raise InvalidInput("provisioning builds the root filesystem as root; run it as root")
+    maintenance = env.locks.lock("maintenance")
+    if not maintenance.try_acquire():
+        raise LockHeld("another maintenance operation holds maintenance.lock")
+    try:
+        _wait_for_jobs(env, guest_store(env), wait_s)
+        return _provision(env, recipe, save_state)
+    finally:
+        maintenance.release()
+
+
+def running_jobs(env: Environment, store: ImageStore) -> list[str]:
+    """Slots whose job runs, and guests a live job owns."""
+    busy = [
+        f"slot {n}" for n in range(1, env.loaded.config.shares + 1) if env.locks.slot(n).is_locked()
+    ]
+    guests = [g for g in store.guests() if g.record.get("owner_pid") and g.owner_alive]
+    return busy + [f"guest {g.name}" for g in guests]
+
+
+def _wait_for_jobs(env: Environment, store: ImageStore, wait_s: float) -> None:
+    end = time.monotonic() + wait_s
+    while busy := running_jobs(env, store):
+        if time.monotonic() >= end:
+            raise Unavailable(
+                f"jobs are running ({', '.join(busy)}); provisioning waits for them with "
+                "--wait SECONDS, or try again later"
+            )
+        time.sleep(1)
+
+
+def _provision(env: Environment, recipe: Path, save_state: bool) -> ProvisionReport:
+    store = guest_store(env)
+    execution = env.loaded.config.execution
+    path = store.new_image_dir()
+    image = Image(path)
+    try:
+        started = time.monotonic()
+        _build(recipe, path, execution)
+        build_s = time.monotonic() - started
+        choice = choose_accel(image)
+        machine = MachineSpec(execution.memory_mib, execution.cpus, choice.accel)
+        boot_s = _boot_and_save(store, image, machine, execution.boot_deadline_s, save_state)
+        files = _record(image, machine, choice.accel)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    previous = store.current()
+    store.publish(image)
+    return ProvisionReport(
+        image=image.name,
+        path=str(path),
+        accel=choice.accel,
+        accel_reason=choice.reason,
+        build_s=round(build_s, 1),
+        cold_boot_s=round(boot_s, 1),
+        saved_state=image.restorable,
+        previous=previous.name if previous else None,
+        removed=store.prune(),
+        files=files,
+    )
+
+
+def _build(recipe: Path, path: Path, execution: Any) -> None:
+    keys = Path(tempfile.mkdtemp(prefix="aiworker-keys-"))
+    try:
+        host_pub = new_key_pair(keys / "host_key", "aiworker-guest")
+        new_key_pair(keys / "client_key", "aiworker-control")
+        log = path.parent / f".{path.name}.build.log"
+        done = run_command(
+            ["bash", str(recipe / "build.sh")],
+            env={
+                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "OUT": str(path),
+                "HOST_KEY": str(keys / "host_key"),
+                "CLIENT_KEY_PUB": str(keys / "client_key.pub"),
+                "SUITE": execution.suite,
+                "MIRROR": execution.mirror,
+                "DISK_SIZE": execution.disk_size,
+                "EXTRA_PACKAGES": " ".join(execution.extra_packages),
+                "LANG": "C.UTF-8",
+            },
+            timeout=BUILD_TIMEOUT_S,
+        )
+        log.write_text(done.stdout + done.stderr)
+        if not done.ok:
+            tail = (done.stderr.strip() or done.stdout.strip())[-600:]
+            raise AiworkerError(
+                f"the image recipe failed (exit {done.returncode}; its output is in {log}): {tail}"
+            )
+        log.unlink()
+        (path / "host_key.pub").write_text(host_pub + "\n")
+        shutil.move(keys / "client_key", path / "client_key")
+        shutil.move(keys / "client_key.pub", path / "client_key.pub")
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)
+
+
+def _boot_and_save(
+    store: ImageStore, image: Image, machine: MachineSpec, deadline_s: float, save: bool
+) -> float:
+    """Boot the new image cold and log in (it must answer SSH to become current); keep
+    the booted guest's disk (warm.qcow2) and state (state.bin) for restores."""
+    proxy = EgressProxy(EgressPolicy(), DecisionLog(None, "provision"))
+    started = time.monotonic()
+    options = StartOptions(
+        "provision",
+        proxy.port,
+        machine,
+        restore=False,
+        boot_deadline_s=deadline_s,
+        overlay=image.warm,
+    )
+    guest = Guest.start(store, image, options)
+    try:
+        boot_s = time.monotonic() - started
+        assert guest.shell is not None
+        guest.shell.check("id dev && git --version && python3 --version", timeout=60)
+        # The warm disk keeps what the first boot wrote; each clone gets its own id.
+        guest.shell.check(": > /etc/machine-id", timeout=30)
+        if save:
+            guest.save_state(image.state)
+    finally:
+        guest.stop()
+        proxy.close()
+    if not save:
+        image.warm.unlink(missing_ok=True)
+    return boot_s
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _record(image: Image, machine: MachineSpec, accel: str) -> dict[str, Any]:
+    """The manifest gains what provisioning produced: digests of every file, the machine
+    the saved state belongs to, the accelerator."""
+    manifest = image.manifest()
+    for name in ("host_key.pub", "warm.qcow2", "state.bin"):
+        path = image.path / name
+        if path.is_file():
+            manifest["files"][name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+    manifest["machine"] = asdict(machine)
+    manifest["accel"] = accel
+    temporary = image.path / "manifest.json.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(temporary, image.path / "manifest.json")
+    files: dict[str, Any] = manifest["files"]
+    return files

@@ -1,0 +1,331 @@
+"""The `qemu` execution backend: each phase in a fresh guest of the current image.
+
+The host keeps a small workspace (the phase's inputs, the result bundle, the spec of the
+remote command); the repository lives in the guest at /home/dev/work/repo, checked out
+from a bundle sent over SFTP, and every command runs there as the unprivileged `dev`
+with the egress proxy as its only way out. Dependency setup (an executable `ci/setup`)
+runs before any credential is in the guest; then the provider's homes are copied into a
+tmpfs, and taken back (refreshed logins adopted only for the same identity) and the
+tmpfs removed before the phase ends. Forge tokens never enter the guest.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiworker.errors import Unavailable
+from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.credentials import adopt, credential_files, is_credential
+from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
+from aiworker.runtime.guests.guest import Guest, StartOptions
+from aiworker.runtime.guests.images import Image, ImageStore
+from aiworker.runtime.guests.machine import PROXY_ADDRESS, PROXY_PORT, MachineSpec
+from aiworker.runtime.guests.ssh import GuestShell
+from aiworker.runtime.workspace import Workspace, WorkspaceError
+
+WORK = "/home/dev/work"
+CREDS = "/home/dev/creds"
+GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
+PROXY = f"http://{PROXY_ADDRESS}:{PROXY_PORT}"
+
+
+class GuestUnavailable(Unavailable):
+    code = "guest_unavailable"
+
+
+@dataclass(frozen=True)
+class GuestSettings:
+    machine: MachineSpec = field(default_factory=MachineSpec)
+    boot_deadline_s: float = 180
+    setup_timeout_s: float = 1800
+    model_target: str | None = None
+
+
+def as_dev(command: str, env: dict[str, str], cwd: str = f"{WORK}/repo") -> str:
+    """COMMAND (a shell line) as the unprivileged user, in CWD, with only ENV."""
+    variables = [f"{k}={v}" for k, v in sorted(env.items())]
+    return (
+        f"cd {shlex.quote(cwd)} && exec setpriv --reuid=1000 --regid=1000 --clear-groups "
+        f"env -i {shlex.join(variables)} sh -c {shlex.quote(command)}"
+    )
+
+
+def proxy_env(home: str = f"{WORK}/home") -> dict[str, str]:
+    return {
+        "PATH": GUEST_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "http_proxy": PROXY,
+        "https_proxy": PROXY,
+        "HTTP_PROXY": PROXY,
+        "HTTPS_PROXY": PROXY,
+        "no_proxy": "localhost,127.0.0.1",
+    }
+
+
+@dataclass
+class Session:
+    guest: Guest
+    proxy: EgressProxy
+    leases: list[tuple[Path, str, dict[str, bytes]]] = field(default_factory=list)
+    mapping: dict[str, str] = field(default_factory=dict)  # host path -> guest path
+    home_open: bool = False
+
+    @property
+    def shell(self) -> GuestShell:
+        assert self.guest.shell is not None
+        return self.guest.shell
+
+
+class QemuBackend:
+    name = "qemu"
+
+    def __init__(
+        self,
+        store: ImageStore,
+        image: Image | None,
+        phase: str,
+        policy: EgressPolicy,
+        settings: GuestSettings,
+        unavailable: str | None = None,
+    ) -> None:
+        self.store, self.phase = store, phase
+        self.policy, self.settings = policy, settings
+        self.sessions: dict[Path, Session] = {}
+        # No image or no QEMU: every phase fails (retried, refunded) until provisioned.
+        self.unavailable = unavailable if image is not None else unavailable or "no image"
+        self._image = image
+
+    @property
+    def image(self) -> Image:
+        if self._image is None or self.unavailable is not None:
+            raise GuestUnavailable(self.unavailable or "no guest image")
+        return self._image
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "backend": self.name,
+            "accel": self.settings.machine.accel,
+            "image": self.image.name,
+        }
+
+    def start_guest(self, purpose: str) -> Session:
+        proxy = EgressProxy(self.policy, DecisionLog(self.store.root / "egress.jsonl", purpose))
+        try:
+            guest = Guest.start(
+                self.store,
+                self.image,
+                StartOptions(
+                    purpose=purpose,
+                    proxy_port=proxy.port,
+                    machine=self.settings.machine,
+                    model_target=self.settings.model_target,
+                    boot_deadline_s=self.settings.boot_deadline_s,
+                ),
+            )
+        except BaseException:
+            proxy.close()
+            raise
+        return Session(guest, proxy)
+
+    def prepare(
+        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+    ) -> Workspace:
+        self.image  # noqa: B018 - raises GuestUnavailable before anything is made
+        if root.exists():
+            raise WorkspaceError(f"workspace {root} already exists")
+        root.mkdir(mode=0o700, parents=True)
+        workspace = Workspace(root)
+        workspace.repo.mkdir()
+        workspace.inputs.mkdir(mode=0o700)
+        for name, content in inputs.items():
+            path = workspace.inputs / name
+            if workspace.inputs.resolve() not in path.resolve().parents:
+                raise WorkspaceError(f"input {name!r} would land outside the inputs")
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        session = self.sessions[root] = self.start_guest(self.phase)
+        session.mapping[str(root)] = WORK
+        try:
+            self._send(session, workspace, bundle, base_ref)
+            self._setup(session)
+        except BaseException:
+            self.teardown(workspace, preserve=False)
+            raise
+        return workspace
+
+    def _send(self, session: Session, workspace: Workspace, bundle: Path, base_ref: str) -> None:
+        shell = session.shell
+        shell.check(
+            f"install -d -o dev -g dev -m 0700 {WORK} {WORK}/aiworker {WORK}/home {WORK}/files"
+        )
+        shell.put(bundle, f"{WORK}/input.bundle")
+        for path in sorted(p for p in workspace.inputs.rglob("*") if p.is_file()):
+            target = f"{WORK}/aiworker/{path.relative_to(workspace.inputs)}"
+            shell.check(f"mkdir -p {shlex.quote(str(Path(target).parent))}")
+            shell.put(path, target)
+        shell.check(f"chown -R dev:dev {WORK}")
+        ref = shlex.quote(f"{base_ref}:refs/heads/base")
+        self._check(
+            session,
+            f"git init -q {WORK}/repo && cd {WORK}/repo && "
+            f"git fetch -q ../input.bundle {ref} && git checkout -q -b work base",
+            cwd=WORK,
+        )
+
+    def _check(
+        self, session: Session, command: str, *, cwd: str = f"{WORK}/repo", timeout: float = 300
+    ) -> bytes:
+        return session.shell.check(as_dev(command, proxy_env(), cwd), timeout=timeout)
+
+    def _setup(self, session: Session) -> None:
+        """The repository's own dependency setup, before any credential is present."""
+        setup = session.shell.run(f"test -x {WORK}/repo/ci/setup")
+        if setup.exit_code != 0:
+            return
+        done = session.shell.run(
+            as_dev("./ci/setup", proxy_env()), timeout=self.settings.setup_timeout_s
+        )
+        if not done.ok:
+            what = "timed out" if done.exit_code is None else f"exited {done.exit_code}"
+            raise WorkspaceError(f"the repository's ci/setup {what} in the guest")
+
+    def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]:
+        session = self.sessions[workspace.root]
+        shell = session.shell
+        shell.check(
+            f"install -d -o dev -g dev -m 0700 {CREDS} && "
+            f"mount -t tmpfs -o size=256m,mode=0700,uid=1000,gid=1000 tmpfs {CREDS}"
+        )
+        session.home_open = True
+        leased = {}
+        for number, home in enumerate(dict.fromkeys(homes)):
+            if workspace.root in home.parents or home == workspace.root:
+                continue
+            target = f"{CREDS}/{number}-{home.name}"
+            shell.check(f"install -d -o dev -g dev -m 0700 {shlex.quote(target)}")
+            files = (
+                [p for p in home.rglob("*") if p.is_file() and not p.is_symlink()]
+                if home.is_dir()
+                else []
+            )
+            for path in files:
+                remote = f"{target}/{path.relative_to(home)}"
+                shell.check(f"install -d -o dev -g dev {shlex.quote(str(Path(remote).parent))}")
+                shell.put(path, remote)
+            shell.check(f"chown -R dev:dev {shlex.quote(target)}")
+            session.leases.append((home, target, credential_files(home)))
+            leased[str(home)] = session.mapping[str(home)] = target
+        return leased
+
+    def close_home(self, workspace: Workspace) -> list[str]:
+        session = self.sessions.get(workspace.root)
+        if session is None or not session.home_open or session.guest.shell is None:
+            return []
+        notes = []
+        for source, target, before in session.leases:
+            after = self._credentials(session.shell, target)
+            if source.is_dir():
+                notes.append(adopt(source, before, after))
+            session.mapping.pop(str(source), None)
+        session.leases.clear()
+        session.home_open = False
+        session.shell.run(f"umount {CREDS}; rm -rf {CREDS}")
+        return notes
+
+    def _credentials(self, shell: GuestShell, target: str) -> dict[str, bytes]:
+        listing = shell.run(f"cd {shlex.quote(target)} && find . -type f -size -1024k")
+        found = {}
+        with shell.client.open_sftp() as sftp:
+            for line in listing.stdout.decode(errors="replace").splitlines():
+                relative = line.removeprefix("./")
+                if relative and is_credential(relative):
+                    with sftp.open(f"{target}/{relative}", "rb") as handle:
+                        found[relative] = handle.read()
+        return found
+
+    def _to_guest(self, session: Session, workspace: Workspace, value: str) -> str:
+        for host, guest in sorted(session.mapping.items(), key=lambda kv: -len(kv[0])):
+            if value == host or value.startswith(host + "/"):
+                return guest + value[len(host) :]
+        return value
+
+    def command(
+        self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
+    ) -> tuple[list[str], dict[str, str]]:
+        session = self.sessions[workspace.root]
+        remote = list(argv)
+        if remote[0] == sys.executable:
+            remote[0] = "python3"
+            if remote[1:2] == ["-m"] and remote[2].startswith("aiworker."):
+                # A stdlib-only helper of ours (the script provider's agent): its file goes in.
+                module = remote[2].removeprefix("aiworker.")
+                source = Path(__file__).resolve().parents[2] / f"{module}.py"
+                remote[1:3] = [self._upload(session, source)]
+        for i, value in enumerate(remote):
+            path = Path(value)
+            inside = value.startswith(str(workspace.root))
+            if i and path.is_absolute() and path.is_file() and not inside:
+                remote[i] = self._upload(session, path)  # a file the command names
+        remote = [self._to_guest(session, workspace, v) for v in remote]
+        guest_env = {
+            **proxy_env(),
+            **{k: self._to_guest(session, workspace, v) for k, v in env.items() if k != "PATH"},
+        }
+        spec = {
+            "port": session.guest.port,
+            "host_key": self.image.host_key,
+            "client_key": str(self.image.client_key),
+            "command": as_dev(shlex.join(remote), guest_env),
+        }
+        spec_path = workspace.root / "remote.json"
+        spec_path.write_text(json.dumps(spec))
+        spec_path.chmod(0o600)
+        local_env = {
+            "PATH": "/usr/bin:/bin",
+            "AIWORKER_ATTEMPT_ID": env.get("AIWORKER_ATTEMPT_ID", ""),
+        }
+        return [sys.executable, "-m", "aiworker.runtime.guests.remote", str(spec_path)], local_env
+
+    def _upload(self, session: Session, path: Path) -> str:
+        target = f"{WORK}/files/{len(session.mapping)}-{path.name}"
+        session.shell.put(path, target)
+        session.shell.check(f"chown dev:dev {shlex.quote(target)}")
+        session.mapping[str(path)] = target
+        return target
+
+    def changed_lines(self, workspace: Workspace) -> int:
+        session = self.sessions[workspace.root]
+        total = 0
+        for line in self._check(session, "git diff --numstat base...work").decode().splitlines():
+            added, removed, _ = line.split("\t", 2)
+            total += int(added) + int(removed) if added.isdigit() and removed.isdigit() else 1
+        return total
+
+    def result_bundle(self, workspace: Workspace, target: Path) -> Path | None:
+        session = self.sessions[workspace.root]
+        if self._check(session, "git rev-list --count base..work").strip() == b"0":
+            return None
+        self._check(session, f"git bundle create -q {WORK}/result.bundle base..work")
+        session.shell.get(f"{WORK}/result.bundle", target)
+        return target
+
+    def teardown(self, workspace: Workspace, *, preserve: bool) -> bool:
+        session = self.sessions.get(workspace.root)
+        if session is not None:
+            try:
+                self.close_home(workspace)
+                if preserve and session.guest.shell is not None:
+                    self._check(session, f"git bundle create -q {WORK}/all.bundle --all")
+                    session.shell.get(f"{WORK}/all.bundle", workspace.root / "repo.bundle")
+            finally:
+                self.sessions.pop(workspace.root, None)
+                session.guest.stop()
+                session.proxy.close()
+        if preserve:
+            return False
+        return remove_attempt(workspace.root).removed

@@ -1,0 +1,65 @@
+"""A command in a guest, as a local process: `python -m aiworker.runtime.guests.remote
+SPEC` logs in (pinned host key), runs SPEC's command, copies its stdin in and its stdout
+and stderr out as they come, and exits with the command's exit status (255 when the
+guest could not be reached). The runner core runs this like any job, so timeouts,
+cancellation and bounded output work the same through SSH; killing it ends the
+session."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable, HostKeyRefused
+
+
+def _feed(channel: object, stream: int) -> None:
+    try:
+        while data := os.read(stream, 65536):
+            channel.sendall(data)  # type: ignore[attr-defined]
+    except OSError:
+        pass
+    finally:
+        channel.shutdown_write()  # type: ignore[attr-defined]
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        shell = GuestShell.connect(
+            int(spec["port"]), spec["host_key"], Path(spec["client_key"]), time.monotonic() + 30
+        )
+    except (GuestUnreachable, HostKeyRefused) as exc:
+        sys.stderr.write(f"aiworker: {exc.message}\n")
+        return 255
+    transport = shell.client.get_transport()
+    assert transport is not None
+    channel = transport.open_session(timeout=10)
+    channel.exec_command(spec["command"])
+    threading.Thread(target=_feed, args=(channel, 0), daemon=True).start()
+    channel.settimeout(0.2)
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    while True:
+        try:
+            chunk = channel.recv(65536)
+        except TimeoutError:
+            chunk = b"?"
+        else:
+            out.write(chunk)
+            out.flush()
+        while channel.recv_stderr_ready():
+            err.write(channel.recv_stderr(65536))
+            err.flush()
+        if not chunk and channel.exit_status_ready():
+            while channel.recv_stderr_ready():
+                err.write(channel.recv_stderr(65536))
+            err.flush()
+            return int(channel.recv_exit_status())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

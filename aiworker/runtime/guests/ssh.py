@@ -1,0 +1,165 @@
+"""SSH to a guest over its loopback-forwarded port: the pinned host key only (RejectPolicy:
+an unknown or different key is refused, never learnt), key login, commands with
+deadlines and bounded output, files over SFTP."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from aiworker.errors import AiworkerError
+
+# paramiko logs each refused attempt of a booting guest from its own thread; the
+# outcome is reported by the caller.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+class GuestUnreachable(AiworkerError):
+    code = "guest_unreachable"
+
+
+class HostKeyRefused(AiworkerError):
+    code = "guest_host_key"
+
+
+@dataclass
+class Completed:
+    exit_code: int | None  # None: the deadline passed first
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def _public_key(line: str) -> paramiko.PKey:
+    kind, data = line.split()[:2]
+    if kind != "ssh-ed25519":
+        raise HostKeyRefused(f"the pinned host key is {kind}, not ssh-ed25519")
+    return paramiko.Ed25519Key(data=base64.b64decode(data))
+
+
+def _banner(port: int, timeout: float) -> bool:
+    """Whether sshd answers with its banner (slirp accepts connections long before)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(4) == b"SSH-"
+    except OSError:
+        return False
+
+
+class GuestShell:
+    def __init__(self, client: paramiko.SSHClient) -> None:
+        self.client = client
+
+    @classmethod
+    def connect(
+        cls, port: int, host_key: str, client_key: Path, deadline: float, user: str = "root"
+    ) -> GuestShell:
+        """Log in as USER before DEADLINE (monotonic), retrying while the guest boots."""
+        key = paramiko.Ed25519Key.from_private_key_file(str(client_key))
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if not _banner(port, min(2.0, max(0.1, deadline - time.monotonic()))):
+                time.sleep(0.05)
+                continue
+            client = paramiko.SSHClient()
+            client.get_host_keys().add(f"[127.0.0.1]:{port}", "ssh-ed25519", _public_key(host_key))
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            wait = max(0.5, min(5.0, deadline - time.monotonic()))
+            try:
+                client.connect(
+                    "127.0.0.1",
+                    port,
+                    username=user,
+                    pkey=key,
+                    look_for_keys=False,
+                    allow_agent=False,
+                    timeout=wait,
+                    banner_timeout=wait,
+                    auth_timeout=wait,
+                )
+                return cls(client)
+            except paramiko.BadHostKeyException as exc:
+                client.close()
+                raise HostKeyRefused(
+                    "the guest presented a host key other than the pinned one; refused"
+                ) from exc
+            except paramiko.AuthenticationException as exc:
+                client.close()
+                raise GuestUnreachable(f"the guest refused the control key: {exc}") from exc
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                client.close()
+                last = str(exc) or type(exc).__name__
+                time.sleep(0.1)
+        raise GuestUnreachable(f"no SSH login before the deadline ({last})")
+
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float = 60,
+        stdin: bytes | None = None,
+        limit: int = 1 << 20,
+    ) -> Completed:
+        """COMMAND (a shell line) with a deadline; at most LIMIT bytes of each stream."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestUnreachable("the SSH connection to the guest is closed")
+        channel = transport.open_session(timeout=10)
+        try:
+            channel.settimeout(0.2)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    chunk = channel.recv(65536)
+                    if chunk and len(out) < limit:
+                        out += chunk[: limit - len(out)]
+                except TimeoutError:
+                    chunk = b"?"
+                while channel.recv_stderr_ready():
+                    data = channel.recv_stderr(65536)
+                    if len(err) < limit:
+                        err += data[: limit - len(err)]
+                if not chunk and channel.exit_status_ready():
+                    return Completed(channel.recv_exit_status(), bytes(out), bytes(err))
+            return Completed(None, bytes(out), bytes(err))
+        finally:
+            channel.close()
+
+    def check(self, command: str, *, timeout: float = 60, stdin: bytes | None = None) -> bytes:
+        done = self.run(command, timeout=timeout, stdin=stdin)
+        if not done.ok:
+            what = "timed out" if done.exit_code is None else f"exited {done.exit_code}"
+            detail = done.stderr.decode(errors="replace").strip()[-300:]
+            raise GuestUnreachable(f"`{command[:80]}` in the guest {what}: {detail}")
+        return done.stdout
+
+    def put(self, local: Path, remote: str) -> None:
+        with self.client.open_sftp() as sftp:
+            sftp.put(str(local), remote)
+
+    def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
+        with self.client.open_sftp() as sftp, sftp.open(remote, "wb") as handle:
+            handle.write(data)
+            handle.chmod(mode)
+
+    def get(self, remote: str, local: Path) -> None:
+        with self.client.open_sftp() as sftp:
+            sftp.get(remote, str(local))
+
+    def close(self) -> None:
+        self.client.close()
