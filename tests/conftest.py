@@ -53,3 +53,4 @@ def upgraded(cli, state_dir: Path) -> Path:
 
 # Imported last: these fixtures use the helpers above.
 from tests.delivery_fixtures import claimed  # noqa: E402, F401 - shared fixture
+from tests.guest_fixtures import guests_dir, shared_image  # noqa: E402, F401 - shared fixtures

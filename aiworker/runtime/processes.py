@@ -200,6 +200,7 @@ def spawn_detached(
     log_path: Path,
     keep_fds: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> int:
     """Start ARGV in its own session, outliving us, with output appended to LOG_PATH.
 
@@ -218,6 +219,7 @@ def spawn_detached(
             env={**os.environ, **env} if env else None,
             pass_fds=tuple(keep_fds),
             close_fds=True,
+            cwd=cwd,
         )
     finally:
         os.close(fd)

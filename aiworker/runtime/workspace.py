@@ -196,9 +196,23 @@ class ExecutionBackend(Protocol):
     def teardown(self, workspace: Workspace, *, preserve: bool) -> bool: ...
 
 
+def moved(value: str, mapping: dict[str, str]) -> str:
+    """VALUE with its longest leading path in MAPPING replaced by where that went."""
+    for source in sorted(mapping, key=len, reverse=True):
+        if value == source or value.startswith(source.rstrip("/") + "/"):
+            return mapping[source] + value[len(source) :]
+    return value
+
+
 def translated(env: dict[str, str], mapping: dict[str, str]) -> dict[str, str]:
-    """ENV with every value that is a leased home replaced by the run's copy."""
-    return {key: mapping.get(value, value) for key, value in env.items()}
+    """ENV with every path in a leased home pointing into the run's copy instead."""
+    return {key: moved(value, mapping) for key, value in env.items()}
+
+
+def outermost(homes: list[Path]) -> list[Path]:
+    """HOMES without those inside another (XDG_CONFIG_HOME inside HOME goes with HOME)."""
+    unique = list(dict.fromkeys(homes))
+    return [h for h in unique if not any(o != h and o in h.parents for o in unique)]
 
 
 class LocalBackend:
@@ -222,7 +236,7 @@ class LocalBackend:
         open_private_home(workspace)
         mapping: dict[str, str] = {}
         leases = self.leases.setdefault(workspace.root, [])
-        for number, home in enumerate(dict.fromkeys(homes)):
+        for number, home in enumerate(outermost(homes)):
             if workspace.root in home.parents or home == workspace.root:
                 home.mkdir(mode=0o700, parents=True, exist_ok=True)
                 continue

@@ -39,11 +39,16 @@ class ScriptProvider:
     measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
-        self, scenario: Path | None, name: str = "script", like: object | None = None
+        self,
+        scenario: Path | None,
+        name: str = "script",
+        like: object | None = None,
+        home: Path | None = None,
     ) -> None:
         # Any provider may replay a scenario instead of its CLI (a dry run of that slot),
         # keeping that provider's capabilities (LIKE): its phases, simple-only, budgets.
         self.scenario = scenario
+        self.home = home  # a persistent home to be lent, as a CLI's login is
         self.name = name  # type: ignore[misc]
         if like is not None:
             self.phases = like.phases  # type: ignore[attr-defined,misc]
@@ -107,7 +112,9 @@ class ScriptProvider:
             str(self.scenario),
             phase,
         ]
-        return CommandSpec(argv, minimal_env(workspace.parent / "home"), prompt.encode())
+        return CommandSpec(
+            argv, minimal_env(self.home or workspace.parent / "home"), prompt.encode()
+        )
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
         events = [e for e in json_lines(stdout) if e.get("type") == "result"]

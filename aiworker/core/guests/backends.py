@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiworker.core.context import Environment
+from aiworker.core.guests.paths import guests_root
 from aiworker.errors import Unavailable
 from aiworker.runtime.guests.images import Image, ImageStore
 from aiworker.runtime.processes import which
@@ -17,11 +18,7 @@ TOOLS = ("qemu-system-x86_64", "qemu-img", "socat")
 
 
 def guest_store(env: Environment) -> ImageStore:
-    configured = env.loaded.config.execution.guests_dir
-    if configured is None:
-        return ImageStore(env.state_dir / "guests")
-    path = Path(configured).expanduser()
-    return ImageStore(path if path.is_absolute() else env.loaded.path.parent / path)
+    return ImageStore(guests_root(env))
 
 
 def missing_tools() -> list[str]:
@@ -46,7 +43,23 @@ def backend_for(env: Environment, phase: str) -> ExecutionBackend:
     """The backend for one phase (its egress allowlist is the phase's own)."""
     if backend_choice(env)[0] == "local":
         return LocalBackend()
-    from aiworker.runtime.guests.backend import GuestSettings, QemuBackend
+    from aiworker.runtime.guests.backend import QemuBackend
+
+    return QemuBackend(*_guest_parts(env, phase))
+
+
+def guest_checks(env: Environment) -> Any:
+    """What runs repository checks in a guest (GuestChecks) when the backend is qemu."""
+    if backend_choice(env)[0] == "local":
+        return None
+    from aiworker.runtime.guests.checks import GuestChecks
+
+    store, image, _, policy, settings, unavailable = _guest_parts(env, "ci")
+    return GuestChecks(store, image, settings, policy, unavailable)
+
+
+def _guest_parts(env: Environment, phase: str) -> tuple[Any, ...]:
+    from aiworker.runtime.guests.backend import GuestSettings
     from aiworker.runtime.guests.egress import EgressPolicy
     from aiworker.runtime.guests.machine import MachineSpec
 
@@ -63,7 +76,7 @@ def backend_for(env: Environment, phase: str) -> ExecutionBackend:
         setup_timeout_s=execution.setup_timeout_s,
         model_target=model_target(env),
     )
-    return QemuBackend(store, image, phase, policy, settings, unavailable=why_unavailable(image))
+    return store, image, phase, policy, settings, why_unavailable(image)
 
 
 def accel_of(image: Image | None) -> str:

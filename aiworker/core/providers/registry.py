@@ -57,7 +57,11 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
     if options.scenario:
         real = {"llama": LlamaProvider("http://127.0.0.1:9", options.diff_budget_lines)}
-        return ScriptProvider(_path(loaded, options.scenario), name=name, like=real.get(name))
+        # With `home` set, the replay is lent that home as a CLI would be (its login).
+        home = _path(loaded, options.home) if options.home else None
+        return ScriptProvider(
+            _path(loaded, options.scenario), name=name, like=real.get(name), home=home
+        )
     home = _path(loaded, options.home) if options.home else env.state_dir / "providers" / name
     if name in ("codex", "claude", "kimi"):
         # Each provider's own private home: no CLI can read another's credentials.

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from aiworker.config.models import Runners
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery
@@ -47,12 +48,17 @@ class Dispatch:
     state_dir: Path
     runners: Runners
     names: dict[int, str]
+    guest: Any = None  # GuestChecks: the embedded runner runs checks in a guest
 
     @classmethod
     def of(cls, env: Environment, db: Database) -> Dispatch:
+        from aiworker.core.guests.backends import guest_checks
+
         config = env.loaded.config
         names = {r.index: f"{r.owner}/{r.name}" for r in config.repositories}
-        return cls(db, GitCache(env.state_dir), env.state_dir, config.runners, names)
+        return cls(
+            db, GitCache(env.state_dir), env.state_dir, config.runners, names, guest_checks(env)
+        )
 
     def run(
         self, index: int, commit: str, argv: Sequence[str], label: str, timeout_ms: int, suite: str
@@ -102,7 +108,7 @@ class Dispatch:
         options = AgentOptions(
             worker_id=f"embedded-{os.getpid()}",
             settings=RunnerSettings(
-                source_root=self.state_dir, attempt_root=default_attempt_root()
+                source_root=self.state_dir, attempt_root=default_attempt_root(), guest=self.guest
             ),
             heartbeat_interval_s=self.runners.lease_seconds / 3,
         )

@@ -51,6 +51,8 @@ class RunnerSettings:
     tail_bytes: int = DEFAULT_TAIL_BYTES
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_BYTES
+    # Runs the command in a disposable guest instead of on this host (GuestChecks).
+    guest: Any = None
 
 
 def job_environment(
@@ -124,16 +126,20 @@ def run_attempt(
         ]
         argv = [str(workdir / entry), *request.command.argv[1:]]
         log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, workdir)
-        outcome = run_job(
+        limits = Limits(
+            timeout_s=request.timeout_ms / 1000,
+            kill_grace_s=settings.kill_grace_s,
+            drain_timeout_s=settings.drain_timeout_s,
+            tail_bytes=settings.tail_bytes,
+        )
+        run = settings.guest.run if settings.guest is not None else _on_host
+        outcome = run(
+            attempt.workspace,
+            home,
             argv,
             cwd=workdir,
             env=env,
-            limits=Limits(
-                timeout_s=request.timeout_ms / 1000,
-                kill_grace_s=settings.kill_grace_s,
-                drain_timeout_s=settings.drain_timeout_s,
-                tail_bytes=settings.tail_bytes,
-            ),
+            limits=limits,
             tag=f"AIWORKER_ATTEMPT_ID={attempt.attempt_id}",
             secrets=secrets,
             on_event=on_event or (lambda _kind, _data: None),
@@ -149,6 +155,10 @@ def run_attempt(
         error=removal.error,
     )
     return build_result(request, attempt.attempt_id, outcome, materialization, cleanup)
+
+
+def _on_host(_workspace: Path, _home: Path, argv: list[str], **job: Any) -> Outcome:
+    return run_job(argv, **job)
 
 
 def build_result(

@@ -50,6 +50,7 @@ class TickReport(Report):
     delivering: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     cleaned: list[dict[str, Any]] = field(default_factory=list)
+    guests_swept: list[str] = field(default_factory=list)
     next_deadline: str | None = None
 
 
@@ -74,6 +75,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         own = _free_slots(env, report)
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
+            report.guests_swept = _sweep_guests(env)
             kinds, report.skipped = runnable_kinds(env)
             if starting:
                 for slot, lock in own:
@@ -112,6 +114,20 @@ def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[
 
     found = [*recover_slots(env, db, own_slots), *recover_attempts(env, db)]
     return [{"task": r.task, "state": r.state, "reason": r.reason} for r in found]
+
+
+def _sweep_guests(env: Environment) -> list[str]:
+    """Guests whose job died (their QEMU died with it): overlays and folders removed. The
+    guest module is imported only when some guest folder exists."""
+    from aiworker.core.guests.paths import guests_root
+
+    run = guests_root(env) / "run"
+    if not run.is_dir() or not any(run.iterdir()):
+        return []
+    from aiworker.runtime.guests.guest import sweep_guests
+    from aiworker.runtime.guests.images import ImageStore
+
+    return sweep_guests(ImageStore(run.parent))
 
 
 def _keep_house(env: Environment, db: Database) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import Image, ImageStore
 from aiworker.runtime.guests.machine import PROXY_ADDRESS, PROXY_PORT, MachineSpec
 from aiworker.runtime.guests.ssh import GuestShell
-from aiworker.runtime.workspace import Workspace, WorkspaceError
+from aiworker.runtime.workspace import Workspace, WorkspaceError, moved, outermost
 
 WORK = "/home/dev/work"
 CREDS = "/home/dev/creds"
@@ -203,7 +203,7 @@ class QemuBackend:
         )
         session.home_open = True
         leased = {}
-        for number, home in enumerate(dict.fromkeys(homes)):
+        for number, home in enumerate(outermost(homes)):
             if workspace.root in home.parents or home == workspace.root:
                 continue
             target = f"{CREDS}/{number}-{home.name}"
@@ -248,12 +248,6 @@ class QemuBackend:
                         found[relative] = handle.read()
         return found
 
-    def _to_guest(self, session: Session, workspace: Workspace, value: str) -> str:
-        for host, guest in sorted(session.mapping.items(), key=lambda kv: -len(kv[0])):
-            if value == host or value.startswith(host + "/"):
-                return guest + value[len(host) :]
-        return value
-
     def command(
         self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
     ) -> tuple[list[str], dict[str, str]]:
@@ -271,10 +265,10 @@ class QemuBackend:
             inside = value.startswith(str(workspace.root))
             if i and path.is_absolute() and path.is_file() and not inside:
                 remote[i] = self._upload(session, path)  # a file the command names
-        remote = [self._to_guest(session, workspace, v) for v in remote]
+        remote = [moved(v, session.mapping) for v in remote]
         guest_env = {
             **proxy_env(),
-            **{k: self._to_guest(session, workspace, v) for k, v in env.items() if k != "PATH"},
+            **{k: moved(v, session.mapping) for k, v in env.items() if k != "PATH"},
         }
         spec = {
             "port": session.guest.port,

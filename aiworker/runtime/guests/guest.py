@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -113,7 +114,7 @@ class Guest:
             incoming=self.image.state if restore else None,
         )
         if options.detached:
-            self.pid = spawn_detached(argv, log_path=self.path / "qemu.log")
+            self.pid = spawn_detached(argv, log_path=self.path / "qemu.log", cwd=self.path)
         else:
             self.process = spawn_tied(argv, cwd=self.path, log_path=self.path / "qemu.log")
             self.pid = self.process.pid
@@ -164,7 +165,7 @@ class Guest:
         deadline = time.monotonic() + deadline_s
         self.shell.check("sync", timeout=60)
         self.qmp.execute("stop")
-        self.qmp.execute("migrate", uri=f"exec:cat > {target}")
+        self.qmp.execute("migrate", uri=f"exec:cat > {shlex.quote(str(target))}")
         while True:
             status = self.qmp.execute("query-migrate").get("status")
             if status == "completed":

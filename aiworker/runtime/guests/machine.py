@@ -9,6 +9,7 @@ and is reached only through SSH forwarded from an ephemeral port on 127.0.0.1.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +99,8 @@ def qemu_argv(
         "-serial",
         f"file:{run / 'console.log'}",
         "-qmp",
-        f"unix:{run / 'qmp.sock'},server=on,wait=off",
+        "unix:qmp.sock,server=on,wait=off",  # in QEMU's working directory, the guest's
     ]
     if incoming is not None:
-        argv += ["-incoming", f"exec:cat {incoming}"]
+        argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
     return argv

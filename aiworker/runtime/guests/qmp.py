@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import time
@@ -19,14 +20,20 @@ class QmpError(AiworkerError):
 class Qmp:
     def __init__(self, path: Path, deadline: float) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        while True:
-            try:
-                self.sock.connect(str(path))
-                break
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if time.monotonic() > deadline:
-                    raise QmpError(f"QEMU's monitor did not open: {exc}") from exc
-                time.sleep(0.02)
+        # A socket path may hold 107 bytes; a deep state directory is longer. The folder
+        # is reached through a descriptor of it instead (/proc/self/fd/N/qmp.sock).
+        folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            while True:
+                try:
+                    self.sock.connect(f"/proc/self/fd/{folder}/{path.name}")
+                    break
+                except (FileNotFoundError, ConnectionRefusedError) as exc:
+                    if time.monotonic() > deadline:
+                        raise QmpError(f"QEMU's monitor did not open: {exc}") from exc
+                    time.sleep(0.02)
+        finally:
+            os.close(folder)
         self.sock.settimeout(max(1.0, deadline - time.monotonic()))
         self.reader = self.sock.makefile("rb")
         self._line()  # the greeting

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import shlex
 import socket
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +149,28 @@ class GuestShell:
             detail = done.stderr.decode(errors="replace").strip()[-300:]
             raise GuestUnreachable(f"`{command[:80]}` in the guest {what}: {detail}")
         return done.stdout
+
+    def put_tree(self, local: Path, remote: str, timeout: float = 600) -> None:
+        """LOCAL's tree (links kept as links) into REMOTE, owned by the unprivileged user."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestUnreachable("the SSH connection to the guest is closed")
+        channel = transport.open_session(timeout=10)
+        try:
+            channel.settimeout(timeout)
+            target = shlex.quote(remote)
+            channel.exec_command(
+                f"mkdir -p {target} && tar -x -C {target} --no-same-owner && "
+                f"chown -R dev:dev {target}"
+            )
+            with channel.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
+                tar.add(local, arcname=".")
+            channel.shutdown_write()
+            status = channel.recv_exit_status()
+        finally:
+            channel.close()
+        if status != 0:
+            raise GuestUnreachable(f"unpacking the tree into the guest exited {status}")
 
     def put(self, local: Path, remote: str) -> None:
         with self.client.open_sftp() as sftp:

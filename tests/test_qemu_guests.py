@@ -1,0 +1,357 @@
+"""Phases, checks and operators' guests in real QEMU (TCG here), on the image the
+fixture provisioned with `aiworker qemu provision`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from aiworker.runtime.guests.backend import as_dev, proxy_env
+from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
+from aiworker.runtime.guests.guest import Guest, StartOptions
+from aiworker.runtime.guests.images import ImageStore
+from aiworker.runtime.guests.keys import new_key_pair
+from aiworker.runtime.guests.machine import MachineSpec
+from aiworker.runtime.guests.ssh import GuestShell, HostKeyRefused
+from aiworker.runtime.processes import process_alive
+from tests.helpers import run_process
+
+pytestmark = pytest.mark.slow
+
+FIX = "def add(a, b):\n    return a + b\n"
+# Part of the change the agent makes: the gate's ./ci/run runs it, so the gate passes only
+# when the check ran in the guest as its unprivileged user.
+WHERE = (
+    "import os\nimport unittest\n\n\nclass WhereTest(unittest.TestCase):\n"
+    "    def test_runs_in_the_guest(self):\n"
+    "        self.assertEqual(os.uname().nodename, 'guest')\n"
+    "        self.assertEqual(os.getuid(), 1000)\n"
+)
+RESULT = {
+    "contract": "ait.agent.result.v1",
+    "completion": "complete",
+    "summary": "Fixed add()",
+    "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
+}
+# Looks for a secret (given base64-encoded, so the command line does not hold it) in the
+# guest's files where a token would land, and in every process's environment and argv.
+FIND = """
+import base64, os, sys
+secret = base64.b64decode(sys.argv[1])
+hits = []
+for top in ("/home", "/root", "/tmp", "/etc", "/var/tmp", "/run", "/opt", "/srv"):
+    for folder, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                if os.path.isfile(path) and secret in open(path, "rb").read():
+                    hits.append(path)
+            except OSError:
+                pass
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for part in ("environ", "cmdline"):
+        try:
+            if secret in open(f"/proc/{pid}/{part}", "rb").read():
+                hits.append(f"/proc/{pid}/{part}")
+        except OSError:
+            pass
+print(hits)
+"""
+
+
+def query(db, sql):
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def qemu_config(guests_dir: Path, home: Path | None = None) -> str:
+    lines = ['providers = ["script"]', "[provider_options.script]", 'scenario = "scenario.json"']
+    if home is not None:
+        lines.append(f'home = "{home}"')
+    lines += ["[execution]", 'backend = "qemu"', f'guests_dir = "{guests_dir}"']
+    return "\n".join(lines) + "\n"
+
+
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_phase_left():
+    yield
+    while STARTED:
+        phase = STARTED.pop()
+        if phase.poll() is None:
+            phase.kill()
+        phase.communicate()
+
+
+def start_implement(task: int) -> subprocess.Popen:
+    STARTED.append(phase := _implement(task))
+    return phase
+
+
+def _implement(task: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiworker",
+            "--json",
+            "implement",
+            "--task",
+            str(task),
+            "--slot",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def guest_of(phase: subprocess.Popen, purpose: str, timeout: float = 240) -> dict:
+    """The running guest of PURPOSE, once it appears in `qemu list` with its SSH port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = run_process("--json", "qemu", "list").json()
+        for guest in listed["guests"]:
+            if guest["purpose"] == purpose and guest["port"]:
+                return guest
+        if phase.poll() is not None:
+            raise AssertionError(f"the phase ended first: {phase.communicate()}")
+        time.sleep(0.5)
+    raise AssertionError(f"no {purpose} guest appeared")
+
+
+def in_guest(name: str, *command: str, timeout: float = 120):
+    return run_process("qemu", "ssh", name, "--", *command, timeout=timeout)
+
+
+def wait_until(predicate, timeout: float = 120, step: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(step)
+    raise AssertionError("condition not reached in time")
+
+
+def qemu_processes(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in argv and marker.encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+def test_a_phase_runs_in_a_guest_with_its_login_lent_and_its_commits_come_back(
+    claimed, upgraded, guests_dir, forge, tmp_path
+):
+    login = tmp_path / "login"
+    login.mkdir()
+    (login / "auth.json").write_text(json.dumps({"account_id": "acct-1", "token": "old"}))
+    refreshed = json.dumps({"account_id": "acct-1", "token": "refreshed"})
+    task = claimed(
+        qemu_config(guests_dir, login),
+        edits={"calc.py": FIX, "test_where.py": WHERE},
+        result=RESULT,
+        home_files={"auth.json": refreshed},
+        sleep_s=25,
+    )
+    phase = start_implement(task)
+    guest = guest_of(phase, "implementation")
+    name = guest["name"]
+    # While the provider runs: its login is in a tmpfs, the checkout is the guest's own,
+    # and the forge token the host holds is nowhere in the guest.
+    wait_until(lambda: in_guest(name, "mountpoint", "-q", "/home/dev/creds").exit_code == 0)
+    listing = in_guest(
+        name,
+        "sh",
+        "-c",
+        "ls /home/dev/creds/*/ && git -c safe.directory=* -C /home/dev/work/repo rev-parse "
+        "--abbrev-ref HEAD",
+    )
+    assert listing.exit_code == 0, listing
+    assert "auth.json" in listing.stdout
+    assert listing.stdout.strip().endswith("work")
+    canary = base64.b64encode(forge.tokens["worker-bot"].encode()).decode()
+    found = in_guest(name, "python3", "-c", FIND, canary)
+    assert (found.exit_code, found.stdout.strip()) == (0, "[]"), found
+    out, err = phase.communicate(timeout=600)
+    assert phase.returncode == 0, err
+    report = json.loads(out)
+    assert (report["outcome"], report["gate"]["passed"]) == ("implemented", True), report
+    assert query(upgraded, "select check_id, outcome, head_commit from receipts") == [
+        ("ci", "pass", report["head"])
+    ]
+    [settings] = query(upgraded, "select settings from attempts")
+    recorded = json.loads(settings[0])
+    assert (recorded["backend"], recorded["accel"]) == ("qemu", "tcg")
+    # The refreshed login (same account) came back; the guest and its overlay are gone.
+    assert json.loads((login / "auth.json").read_text())["token"] == "refreshed"
+    assert list((guests_dir / "run").iterdir()) == []
+    assert qemu_processes(str(guests_dir)) == []
+
+
+class _Mirror(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the mirror\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+PROBE = """
+import json, os, socket, urllib.request
+os.environ.pop("no_proxy", None)  # "localhost" must go to the proxy too
+proxy = urllib.request.ProxyHandler({"http": "http://10.0.2.100:3128"})
+opener = urllib.request.build_opener(proxy)
+out = {}
+def fetch(key, url):
+    try:
+        with opener.open(url, timeout=20) as reply:
+            out[key] = [reply.status, reply.read().decode()]
+    except urllib.error.HTTPError as exc:
+        out[key] = [exc.code, exc.read().decode()]
+    except Exception as exc:
+        out[key] = ["error", type(exc).__name__]
+def connect(key, host, port):
+    try:
+        socket.create_connection((host, port), timeout=4).close()
+        out[key] = "open"
+    except OSError as exc:
+        out[key] = type(exc).__name__
+fetch("mirror", "http://127.0.0.77/")
+fetch("loopback_name", "http://localhost/")
+fetch("unlisted", "http://example.org/")
+fetch("other_port", "http://127.0.0.77:8080/")
+tunnel = socket.create_connection(("10.0.2.100", 3128), timeout=20)
+tunnel.sendall(b"CONNECT 127.0.0.77:80 HTTP/1.1\\r\\nHost: 127.0.0.77:80\\r\\n\\r\\n")
+answer = tunnel.recv(4096)
+tunnel.sendall(b"GET / HTTP/1.0\\r\\nHost: 127.0.0.77\\r\\n\\r\\n")
+data = b""
+while chunk := tunnel.recv(4096):
+    data += chunk
+out["tunnel"] = [answer.split(b"\\r\\n")[0].decode(), data.endswith(b"hello from the mirror\\n")]
+connect("host_loopback", "10.0.2.2", HOST_PORT)
+connect("private", "192.168.1.1", 80)
+connect("dns", "10.0.2.3", 53)
+connect("public", "1.1.1.1", 443)
+print(json.dumps(out))
+"""
+
+
+def test_a_guest_reaches_only_allowlisted_hosts_through_the_proxy_and_pins_its_host_key(
+    guests_dir, tmp_path
+):
+    mirror = ThreadingHTTPServer(("127.0.0.77", 80), _Mirror)
+    local = ThreadingHTTPServer(("127.0.0.1", 0), _Mirror)  # a host loopback service
+    for server in (mirror, local):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = ImageStore(guests_dir)
+    image = store.current()
+    decisions = tmp_path / "egress.jsonl"
+    policy = EgressPolicy(
+        hosts=("127.0.0.77", "localhost", "*.example.org"), trusted=("127.0.0.77/32",)
+    )
+    proxy = EgressProxy(policy, DecisionLog(decisions, "test"))
+    machine = MachineSpec(**image.manifest()["machine"])
+    guest = Guest.start(store, image, StartOptions("egress", proxy.port, machine))
+    try:
+        assert guest.restored
+        script = PROBE.replace("HOST_PORT", str(local.server_address[1]))
+        done = guest.shell.run(
+            as_dev(f"python3 -c {shlex.quote(script)}", proxy_env(), cwd="/home/dev"), timeout=120
+        )
+        assert done.exit_code == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["mirror"] == [200, "hello from the mirror\n"]
+        assert out["tunnel"] == ["HTTP/1.1 200 Connection Established", True]
+        assert out["loopback_name"][0] == 403
+        assert "non-public address (127.0.0.1)" in out["loopback_name"][1]
+        assert out["unlisted"][0] == 403
+        assert "not on the allowlist" in out["unlisted"][1]
+        assert out["other_port"][0] == 403
+        assert "port 8080" in out["other_port"][1]
+        for key in ("host_loopback", "private", "dns", "public"):
+            assert out[key] != "open", (key, out)
+        logged = [json.loads(line) for line in decisions.read_text().splitlines()]
+        assert {(d["host"], d["allowed"]) for d in logged} >= {
+            ("127.0.0.77", True),
+            ("localhost", False),
+            ("example.org", False),
+        }
+        # Another key than the pinned one is refused, never learnt.
+        other = new_key_pair(tmp_path / "other", "other")
+        with pytest.raises(HostKeyRefused):
+            GuestShell.connect(guest.port, other, image.client_key, time.monotonic() + 20)
+    finally:
+        guest.stop()
+        proxy.close()
+        for server in (mirror, local):
+            server.shutdown()
+            server.server_close()
+    assert list((guests_dir / "run").iterdir()) == []
+
+
+def test_killing_a_job_mid_phase_leaves_no_qemu_and_recovery_removes_the_overlay(
+    claimed, upgraded, guests_dir
+):
+    task = claimed(qemu_config(guests_dir), edits={"calc.py": FIX}, result=RESULT, sleep_s=120)
+    phase = start_implement(task)
+    guest = guest_of(phase, "implementation")
+    wait_until(
+        lambda: in_guest(guest["name"], "mountpoint", "-q", "/home/dev/creds").exit_code == 0
+    )
+    phase.send_signal(signal.SIGKILL)
+    phase.communicate()
+    wait_until(lambda: not process_alive(guest["pid"]), timeout=10, step=0.1)
+    assert (guests_dir / "run" / guest["name"] / "overlay.qcow2").exists()
+    tick = run_process("--json", "scheduler", "tick", timeout=120)
+    assert tick.exit_code == 0, tick
+    assert tick.json()["guests_swept"] == [guest["name"]]
+    assert list((guests_dir / "run").iterdir()) == []
+    assert query(upgraded, "select outcome from attempts") == [("abandoned",)]
+
+
+def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkeypatch):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[execution]\nguests_dir = "{guests_dir}"\n')
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    booted = run_process("--json", "qemu", "boot", timeout=300)
+    assert booted.exit_code == 0, booted
+    name = booted.json()["name"]
+    listed = run_process("--json", "qemu", "list").json()
+    assert listed["backend"] == "qemu"
+    [guest] = listed["guests"]
+    assert (guest["name"], guest["owner"], guest["alive"]) == (name, "operator", True)
+    assert listed["images"][0]["used_by"] == [name]
+    ran = in_guest(name, "sh", "-c", "id -un; exit 7")
+    assert (ran.exit_code, ran.stdout) == (7, "root\n")
+    stopped = run_process("--json", "qemu", "stop", name)
+    assert stopped.exit_code == 0, stopped
+    wait_until(lambda: not process_alive(guest["pid"]), timeout=10, step=0.1)
+    assert run_process("--json", "qemu", "list").json()["guests"] == []
+    missing = run_process("qemu", "ssh", name, "--", "true")
+    assert missing.exit_code == 2
+    assert f"no guest named {name!r}" in missing.stderr
