@@ -18,8 +18,22 @@ def test_fresh_machine_has_no_failures(cli, upgraded):
     assert checks["git"]["status"] == "ok"
     assert checks["git"]["detail"].startswith("git version")
     assert checks["config"]["status"] == "warn"  # no file: embedded defaults
-    assert checks["kvm"]["status"] in ("ok", "warn")
+    assert checks["accelerator"]["status"] in ("ok", "warn")
+    # No guest image here: phases fall back to this host, and doctor says so.
+    assert checks["guest-image"]["status"] == "warn"
+    assert checks["execution"]["status"] == "warn"
+    assert checks["execution"]["detail"].startswith("local: ")
     assert result.json()["ok"] is True
+
+
+def test_a_configured_qemu_backend_without_an_image_fails(cli, upgraded, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[execution]\nbackend = "qemu"\n')
+    result = cli("--json", "--config", str(path), "doctor")
+    assert result.exit_code == 1, result
+    execution = checks_by_name(result)["execution"]
+    assert execution["status"] == "fail"
+    assert "qemu configured, but" in execution["detail"]
 
 
 def test_missing_database_is_a_warning_with_the_fix(cli):

@@ -355,3 +355,48 @@ def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkey
     missing = run_process("qemu", "ssh", name, "--", "true")
     assert missing.exit_code == 2
     assert f"no guest named {name!r}" in missing.stderr
+
+
+BROKEN_RECIPE = """#!/bin/sh
+# An image that cannot boot: no kernel, an empty disk.
+set -eu
+echo not-a-kernel > "$OUT/vmlinuz"
+echo not-an-initrd > "$OUT/initrd.img"
+qemu-img create -q -f qcow2 "$OUT/base.qcow2" 64M
+printf '{"files": {}, "append": "console=ttyS0"}' > "$OUT/manifest.json"
+"""
+
+
+def test_provisioning_replaces_the_image_only_with_one_that_boots_and_refuses_while_jobs_run(
+    guests_dir, tmp_path, monkeypatch
+):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[execution]\nguests_dir = "{guests_dir}"\nboot_deadline_s = 10\n')
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    current = (guests_dir / "current").resolve()
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    (recipe / "build.sh").write_text(BROKEN_RECIPE)
+    failed = run_process("--json", "qemu", "provision", "--recipe", str(recipe), timeout=300)
+    assert failed.exit_code == 1, failed
+    assert "QEMU exited" in failed.json()["error"]["message"]
+    assert (guests_dir / "current").resolve() == current
+    assert [p.name for p in (guests_dir / "images").iterdir()] == [current.name]
+    assert list((guests_dir / "run").iterdir()) == []
+    # A job holds its slot: provisioning refuses (75) and builds nothing.
+    from aiworker.runtime.locks import LockDir
+
+    slot = LockDir(tmp_path / "state").slot(1)
+    assert slot.try_acquire()
+    try:
+        busy = run_process(
+            "--state-dir", str(tmp_path / "state"), "--json", "qemu", "provision", "--wait", "1"
+        )
+    finally:
+        slot.release()
+    assert busy.exit_code == 75, busy
+    assert "jobs are running (slot 1)" in busy.json()["error"]["message"]
+    assert [p.name for p in (guests_dir / "images").iterdir()] == [current.name]
+    no_recipe = run_process("--json", "qemu", "provision", "--recipe", str(tmp_path / "none"))
+    assert no_recipe.exit_code == 2
+    assert "build.sh missing" in no_recipe.json()["error"]["message"]

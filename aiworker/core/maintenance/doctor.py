@@ -17,7 +17,6 @@ from aiworker.config.loader import (
 from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.report import Report
 from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
-from aiworker.runtime.accel import kvm_static_verdict
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer
@@ -62,6 +61,9 @@ def _checks(state_dir: Path, config_path: Path, config_required: bool) -> list[C
     checks.append(_check_database(Environment(state_dir, loaded)))
     checks.append(_check_git())
     checks.extend(_check_guests())
+    from aiworker.core.guests.health import guest_findings
+
+    checks.extend(Check(*finding) for finding in guest_findings(Environment(state_dir, loaded)))
     return checks
 
 
@@ -164,8 +166,4 @@ def _check_guests() -> list[Check]:
     else:
         version = run_command([qemu, "--version"], timeout=10).stdout.splitlines()
         qemu_check = Check("qemu", "ok", version[0] if version else qemu)
-    verdict = kvm_static_verdict()
-    kvm_check = Check(
-        "kvm", "ok" if verdict.kvm else "warn", verdict.reason + ("" if verdict.kvm else "; TCG")
-    )
-    return [qemu_check, kvm_check]
+    return [qemu_check]

@@ -119,6 +119,16 @@ class Guest:
             self.process = spawn_tied(argv, cwd=self.path, log_path=self.path / "qemu.log")
             self.pid = self.process.pid
         self._record(options)
+        try:
+            self._connect(options, restore, deadline)
+        except (OSError, QmpError, GuestUnreachable) as exc:
+            if self.pid is not None and not process_alive(self.pid):
+                raise GuestUnreachable(f"QEMU exited: {self._log_tail()}") from exc
+            if isinstance(exc, GuestUnreachable):
+                raise
+            raise GuestUnreachable(f"the guest did not come up: {exc}") from exc
+
+    def _connect(self, options: StartOptions, restore: bool, deadline: float) -> None:
         self.qmp = Qmp(self.path / "qmp.sock", deadline)
         if restore:
             self.qmp.wait_status("paused", deadline)
@@ -126,8 +136,13 @@ class Guest:
             self.restored = True
         self.port = self.qmp.ssh_port()
         self._record(options)
+        pid = self.pid
         self.shell = GuestShell.connect(
-            self.port, self.image.host_key, self.image.client_key, deadline
+            self.port,
+            self.image.host_key,
+            self.image.client_key,
+            deadline,
+            alive=lambda: pid is not None and process_alive(pid),
         )
         self.refresh_identity()
 
@@ -145,6 +160,13 @@ class Guest:
         temporary = self.path / "guest.json.tmp"
         temporary.write_text(json.dumps(record))
         os.replace(temporary, self.path / "guest.json")
+
+    def _log_tail(self) -> str:
+        try:
+            text = (self.path / "qemu.log").read_text(errors="replace").strip()
+        except OSError:
+            text = ""
+        return text[-300:] or "no message"
 
     def refresh_identity(self) -> None:
         """The host's clock, a new machine id and new entropy: a restored clone shares

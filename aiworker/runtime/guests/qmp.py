@@ -28,7 +28,7 @@ class Qmp:
                 try:
                     self.sock.connect(f"/proc/self/fd/{folder}/{path.name}")
                     break
-                except (FileNotFoundError, ConnectionRefusedError) as exc:
+                except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as exc:
                     if time.monotonic() > deadline:
                         raise QmpError(f"QEMU's monitor did not open: {exc}") from exc
                     time.sleep(0.02)

@@ -10,6 +10,7 @@ import shlex
 import socket
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,12 +65,19 @@ class GuestShell:
 
     @classmethod
     def connect(
-        cls, port: int, host_key: str, client_key: Path, deadline: float, user: str = "root"
+        cls,
+        port: int,
+        host_key: str,
+        client_key: Path,
+        deadline: float,
+        user: str = "root",
+        alive: Callable[[], bool] = lambda: True,
     ) -> GuestShell:
-        """Log in as USER before DEADLINE (monotonic), retrying while the guest boots."""
+        """Log in as USER before DEADLINE (monotonic), retrying while the guest boots and
+        ALIVE (its QEMU still runs) holds."""
         key = paramiko.Ed25519Key.from_private_key_file(str(client_key))
         last = "no answer"
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and alive():
             if not _banner(port, min(2.0, max(0.1, deadline - time.monotonic()))):
                 time.sleep(0.05)
                 continue

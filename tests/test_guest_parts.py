@@ -1,0 +1,210 @@
+"""The parts of the qemu backend that run without QEMU: the egress proxy on real sockets,
+the image store's pruning, the sweep of dead guests, the credential lease of the local
+backend, provisioning's refusals, and a qemu backend with nothing provisioned."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy, decide
+from aiworker.runtime.guests.guest import sweep_guests
+from aiworker.runtime.guests.images import ImageStore
+from tests.helpers import run_process
+
+FIX = "def add(a, b):\n    return a + b\n"
+RESULT = {
+    "contract": "ait.agent.result.v1",
+    "completion": "complete",
+    "summary": "Fixed add()",
+    "validation": [{"check_id": "ci", "command": ["./ci/run"], "exit_code": 0}],
+}
+
+
+def test_the_policy_admits_allowlisted_public_names_only():
+    policy = EgressPolicy(hosts=("deb.debian.org", "*.pypi.org", "localhost"))
+    assert not decide(policy, "deb.debian.org", 22).allowed  # ports 80 and 443 only
+    assert "not on the allowlist" in decide(policy, "example.org", 443).reason
+    assert not decide(policy, "pypi.org", 443).allowed  # "*.pypi.org" is subdomains only
+    assert not decide(policy, "evil-pypi.org", 443).allowed
+    # A listed name that resolves to loopback is refused after resolution.
+    refused = decide(policy, "localhost", 80)
+    assert not refused.allowed
+    assert "non-public address (127.0.0.1)" in refused.reason
+    # Addresses: private, link-local (metadata) and shared ranges are never reached...
+    literal = EgressPolicy(hosts=("10.1.2.3", "169.254.169.254", "100.64.0.1", "8.8.8.8"))
+    for private in ("10.1.2.3", "169.254.169.254", "100.64.0.1"):
+        assert not decide(literal, private, 80).allowed, private
+    assert decide(literal, "8.8.8.8", 443).allowed
+    # ...unless the operator trusts that network; the metadata address never.
+    trusted = EgressPolicy(
+        hosts=("10.1.2.3", "169.254.169.254"), trusted=("10.0.0.0/8", "169.254.0.0/16")
+    )
+    assert decide(trusted, "10.1.2.3", 80).allowed
+    assert not decide(trusted, "169.254.169.254", 80).allowed
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"path={self.path} proxy-auth={self.headers.get('Proxy-Authorization')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(request)
+        data = b""
+        while chunk := client.recv(4096):
+            data += chunk
+        return data
+
+
+def test_the_proxy_forwards_http_and_tunnels_connect_and_logs_every_decision(tmp_path):
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = upstream.server_address[1]
+    log = tmp_path / "egress.jsonl"
+    policy = EgressPolicy(hosts=("127.0.0.1",), trusted=("127.0.0.1/32",), ports=(port,))
+    proxy = EgressProxy(policy, DecisionLog(log, "implementation"))
+    try:
+        plain = _exchange(
+            proxy.port,
+            f"GET http://127.0.0.1:{port}/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Proxy-Authorization: Basic c2VjcmV0\r\n\r\n".encode(),
+        )
+        assert plain.startswith(b"HTTP/1.0 200")
+        # Origin-form upstream, and the proxy's own headers are not passed on.
+        assert plain.endswith(b"path=/x?y=1 proxy-auth=None")
+        tunnel = _exchange(
+            proxy.port,
+            f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nGET /t HTTP/1.0\r\n\r\n".encode(),
+        )
+        assert tunnel.startswith(b"HTTP/1.1 200 Connection Established\r\n\r\nHTTP/1.0 200")
+        assert tunnel.endswith(b"path=/t proxy-auth=None")
+        refused = _exchange(proxy.port, f"CONNECT 10.9.9.9:{port} HTTP/1.1\r\n\r\n".encode())
+        assert refused.startswith(b"HTTP/1.1 403")
+        assert b"10.9.9.9 is not on the allowlist" in refused
+        assert _exchange(proxy.port, b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400")
+    finally:
+        proxy.close()
+        upstream.shutdown()
+        upstream.server_close()
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(d["method"], d["host"], d["allowed"]) for d in logged] == [
+        ("GET", "127.0.0.1", True),
+        ("CONNECT", "127.0.0.1", True),
+        ("CONNECT", "10.9.9.9", False),
+    ]
+    assert {d["phase"] for d in logged} == {"implementation"}
+
+
+def _image(store: ImageStore, name: str, manifest: bool = True) -> None:
+    path = store.images_dir / name
+    path.mkdir(parents=True)
+    if manifest:
+        (path / "manifest.json").write_text("{}")
+
+
+def test_pruning_keeps_the_current_image_those_guests_use_and_those_being_built(tmp_path):
+    store = ImageStore(tmp_path / "guests")
+    store.ensure()
+    for name in ("img-a", "img-b", "img-c"):
+        _image(store, name)
+    _image(store, "img-building", manifest=False)
+    (store.run_dir / "g1").mkdir()
+    (store.run_dir / "g1" / "guest.json").write_text(json.dumps({"image": "img-a"}))
+    from aiworker.runtime.guests.images import Image
+
+    store.publish(Image(store.images_dir / "img-c"))
+    assert store.current().name == "img-c"
+    assert store.prune() == ["img-b"]
+    assert sorted(p.name for p in store.images_dir.iterdir()) == ["img-a", "img-building", "img-c"]
+
+
+def test_the_sweep_removes_guests_whose_owner_died_and_keeps_live_ones(tmp_path):
+    store = ImageStore(tmp_path / "guests")
+    store.ensure()
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    records = {
+        "orphaned": {"pid": dead, "owner_pid": dead, "image": "i"},
+        "live": {"pid": os.getpid(), "owner_pid": os.getpid(), "image": "i"},
+        "operator-exited": {"pid": dead, "owner_pid": None, "image": "i"},
+    }
+    for name, record in records.items():
+        (store.run_dir / name).mkdir()
+        (store.run_dir / name / "overlay.qcow2").write_bytes(b"x")
+        (store.run_dir / name / "guest.json").write_text(json.dumps(record))
+    assert sorted(sweep_guests(store)) == ["operator-exited", "orphaned"]
+    assert [p.name for p in store.run_dir.iterdir()] == ["live"]
+    assert os.getpid() > 0  # the live one's "QEMU" (this process) was not killed
+
+
+def _query(db, sql):
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _lent(home) -> str:
+    return (
+        'providers = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+        f'home = "{home}"\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("account", "adopted"), [("acct-1", True), ("acct-2", False)], ids=["same", "other"]
+)
+def test_a_lent_login_comes_back_only_for_the_same_identity(
+    claimed, upgraded, state_dir, tmp_path, account, adopted
+):
+    login = tmp_path / "login"
+    login.mkdir()
+    before = json.dumps({"tokens": {"account_id": "acct-1", "access_token": "old"}})
+    (login / "auth.json").write_text(before)
+    after = json.dumps({"tokens": {"account_id": account, "access_token": "new"}})
+    task = claimed(
+        _lent(login),
+        edits={"calc.py": FIX},
+        result=RESULT,
+        home_files={"auth.json": after, "notes.txt": "written in the run's home"},
+    )
+    done = run_process("--json", "implement", "--task", str(task), "--slot", "1", timeout=120)
+    assert done.json()["outcome"] == "implemented", done
+    assert (login / "auth.json").read_text() == (after if adopted else before)
+    # Only credentials come back; the run's copy of the home is gone with the workspace.
+    assert sorted(p.name for p in login.iterdir()) == ["auth.json"]
+    assert list((state_dir / "workspaces").iterdir()) == []
+
+
+def test_a_qemu_backend_with_no_image_refunds_the_attempt_and_says_why(claimed, upgraded):
+    config = (
+        'providers = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+        '[execution]\nbackend = "qemu"\n'
+    )
+    task = claimed(config, edits={"calc.py": FIX}, result=RESULT)
+    done = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert done.exit_code == 75, done
+    assert _query(upgraded, "select outcome, refunded, reason from attempts") == [
+        (
+            "unavailable",
+            1,
+            "execution.backend is qemu, but no guest image is provisioned: "
+            "run `aiworker qemu provision`",
+        )
+    ]
+    assert _query(upgraded, "select state from tasks") == [("ready",)]
