@@ -82,7 +82,9 @@ manifest = {
     "inputs": {"suite": suite, "mirror": mirror, "disk_size": size,
                "packages": packages.split(), "layers": layers.split()},
     "kernel": kernel,
-    "append": "root=/dev/vda rw console=ttyS0 panic=-1 quiet",
+    # init_on_free: freed pages are zeroed, so the saved state (dropped caches before
+    # the save) holds only pages in use and loads faster.
+    "append": "root=/dev/vda rw console=ttyS0 panic=-1 quiet init_on_free=1",
     "user": "dev",
     "files": files,
 }

@@ -254,6 +254,10 @@ while chunk := tunnel.recv(4096):
     data += chunk
 out["tunnel"] = [answer.split(b"\\r\\n")[0].decode(), data.endswith(b"hello from the mirror\\n")]
 connect("host_loopback", "10.0.2.2", HOST_PORT)
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+with direct.open("http://10.0.2.101:8080/model", timeout=20) as reply:
+    out["model"] = [reply.status, reply.read().decode()]
+connect("model_other_port", "10.0.2.101", 8081)
 connect("private", "192.168.1.1", 80)
 connect("dns", "10.0.2.3", 53)
 connect("public", "1.1.1.1", 443)
@@ -276,7 +280,12 @@ def test_a_guest_reaches_only_allowlisted_hosts_through_the_proxy_and_pins_its_h
     )
     proxy = EgressProxy(policy, DecisionLog(decisions, "test"))
     machine = MachineSpec(**image.manifest()["machine"])
-    guest = Guest.start(store, image, StartOptions("egress", proxy.port, machine))
+    # The local model server's own forwarder leads to that one server (here the loopback
+    # service the guest cannot otherwise reach).
+    model = f"127.0.0.1:{local.server_address[1]}"
+    guest = Guest.start(
+        store, image, StartOptions("egress", proxy.port, machine, model_target=model)
+    )
     try:
         assert guest.restored
         script = PROBE.replace("HOST_PORT", str(local.server_address[1]))
@@ -286,6 +295,8 @@ def test_a_guest_reaches_only_allowlisted_hosts_through_the_proxy_and_pins_its_h
         assert done.exit_code == 0, done.stderr
         out = json.loads(done.stdout)
         assert out["mirror"] == [200, "hello from the mirror\n"]
+        assert out["model"] == [200, "hello from the mirror\n"]
+        assert out["model_other_port"] != "open"
         assert out["tunnel"] == ["HTTP/1.1 200 Connection Established", True]
         assert out["loopback_name"][0] == 403
         assert "non-public address (127.0.0.1)" in out["loopback_name"][1]

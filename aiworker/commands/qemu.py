@@ -73,12 +73,17 @@ def list_guests(ctx: typer.Context) -> None:
 
 
 @app.command("boot")
-def boot(ctx: typer.Context) -> None:
+def boot(
+    ctx: typer.Context,
+    cold: Annotated[
+        bool, typer.Option("--cold", help="Boot the kernel instead of restoring the saved state.")
+    ] = False,
+) -> None:
     """Start a throwaway guest for an operator and print its NAME (it reaches nothing)."""
     from aiworker.core.guests.operator import boot as run
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment()).to_json()
+    report = run(inv.environment(), cold=cold).to_json()
     emit(inv.json, report, lambda c: c.print(report["name"], markup=False))
 
 

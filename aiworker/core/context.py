@@ -6,12 +6,14 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiworker.config.loader import LoadedConfig
 from aiworker.errors import LockHeld, StateUnusable
 from aiworker.runtime.locks import FileLock, LockDir
-from aiworker.store.engine import Database, default_url, sqlite_path
-from aiworker.store.schema import ensure_current, probe_file
+
+if TYPE_CHECKING:
+    from aiworker.store.engine import Database
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,9 @@ class Environment:
 
     @property
     def database_url(self) -> str:
+        # The store (SQLAlchemy) is imported by what opens it, not by every command.
+        from aiworker.store.engine import default_url
+
         return self.loaded.config.database.url or default_url(self.state_dir)
 
     @property
@@ -51,6 +56,9 @@ class Environment:
         """Open the store; by default refuse a schema that is missing, older or newer. A
         file that is not a database, or is newer than this code, is refused before
         anything is written to it."""
+        from aiworker.store.engine import Database, default_url, sqlite_path
+        from aiworker.store.schema import ensure_current, probe_file
+
         path = sqlite_path(self.database_url)
         if self.database_url == default_url(self.state_dir):
             self.ensure_state_dir()

@@ -104,8 +104,9 @@ def _describe(guest: RunningGuest) -> dict[str, Any]:
     }
 
 
-def boot(env: Environment) -> BootReport:
-    """A throwaway guest for an operator; it runs until `qemu stop NAME`."""
+def boot(env: Environment, *, cold: bool = False) -> BootReport:
+    """A throwaway guest for an operator (COLD: booted, not restored); it runs until
+    `qemu stop NAME`."""
     store, image = require_image(env)
     execution = env.loaded.config.execution
     machine = MachineSpec(execution.memory_mib, execution.cpus, str(image.manifest()["accel"]))
@@ -118,6 +119,7 @@ def boot(env: Environment) -> BootReport:
             NO_PROXY_PORT,
             machine,
             detached=True,
+            restore=not cold,
             boot_deadline_s=execution.boot_deadline_s,
         ),
     )

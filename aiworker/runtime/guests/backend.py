@@ -23,7 +23,13 @@ from aiworker.runtime.credentials import adopt, credential_files, is_credential
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import Image, ImageStore
-from aiworker.runtime.guests.machine import PROXY_ADDRESS, PROXY_PORT, MachineSpec
+from aiworker.runtime.guests.machine import (
+    MODEL_ADDRESS,
+    MODEL_PORT,
+    PROXY_ADDRESS,
+    PROXY_PORT,
+    MachineSpec,
+)
 from aiworker.runtime.guests.ssh import GuestShell
 from aiworker.runtime.workspace import Workspace, WorkspaceError, moved, outermost
 
@@ -63,7 +69,7 @@ def proxy_env(home: str = f"{WORK}/home") -> dict[str, str]:
         "https_proxy": PROXY,
         "HTTP_PROXY": PROXY,
         "HTTPS_PROXY": PROXY,
-        "no_proxy": "localhost,127.0.0.1",
+        "no_proxy": f"localhost,127.0.0.1,{MODEL_ADDRESS}",  # the model forwarder is direct
     }
 
 
@@ -265,10 +271,14 @@ class QemuBackend:
             inside = value.startswith(str(workspace.root))
             if i and path.is_absolute() and path.is_file() and not inside:
                 remote[i] = self._upload(session, path)  # a file the command names
-        remote = [moved(v, session.mapping) for v in remote]
+        remote = [self._model_route(moved(v, session.mapping)) for v in remote]
         guest_env = {
             **proxy_env(),
-            **{k: moved(v, session.mapping) for k, v in env.items() if k != "PATH"},
+            **{
+                k: self._model_route(moved(v, session.mapping))
+                for k, v in env.items()
+                if k != "PATH"
+            },
         }
         spec = {
             "port": session.guest.port,
@@ -284,6 +294,14 @@ class QemuBackend:
             "AIWORKER_ATTEMPT_ID": env.get("AIWORKER_ATTEMPT_ID", ""),
         }
         return [sys.executable, "-m", "aiworker.runtime.guests.remote", str(spec_path)], local_env
+
+    def _model_route(self, value: str) -> str:
+        """The local model server's address, as the guest reaches it: its own forwarder
+        (10.0.2.101:8080), which leads to that server and nowhere else."""
+        target = self.settings.model_target
+        if target is None:
+            return value
+        return value.replace(f"//{target}", f"//{MODEL_ADDRESS}:{MODEL_PORT}")
 
     def _upload(self, session: Session, path: Path) -> str:
         target = f"{WORK}/files/{len(session.mapping)}-{path.name}"

@@ -90,10 +90,10 @@ class RunningGuest:
 
 class ImageStore:
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.images_dir = root / "images"
-        self.run_dir = root / "run"
-        self.current_link = root / "current"
+        self.root = root.absolute()  # QEMU runs in the guest's folder: no relative paths
+        self.images_dir = self.root / "images"
+        self.run_dir = self.root / "run"
+        self.current_link = self.root / "current"
 
     def ensure(self) -> None:
         for folder in (self.root, self.images_dir, self.run_dir):

@@ -7,16 +7,17 @@ from __future__ import annotations
 import base64
 import logging
 import shlex
-import socket
 import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from aiworker.errors import AiworkerError
+
+if TYPE_CHECKING:
+    import paramiko
 
 # paramiko logs each refused attempt of a booting guest from its own thread; the
 # outcome is reported by the caller.
@@ -43,20 +44,12 @@ class Completed:
 
 
 def _public_key(line: str) -> paramiko.PKey:
+    import paramiko
+
     kind, data = line.split()[:2]
     if kind != "ssh-ed25519":
         raise HostKeyRefused(f"the pinned host key is {kind}, not ssh-ed25519")
     return paramiko.Ed25519Key(data=base64.b64decode(data))
-
-
-def _banner(port: int, timeout: float) -> bool:
-    """Whether sshd answers with its banner (slirp accepts connections long before)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            return sock.recv(4) == b"SSH-"
-    except OSError:
-        return False
 
 
 class GuestShell:
@@ -74,13 +67,13 @@ class GuestShell:
         alive: Callable[[], bool] = lambda: True,
     ) -> GuestShell:
         """Log in as USER before DEADLINE (monotonic), retrying while the guest boots and
-        ALIVE (its QEMU still runs) holds."""
+        ALIVE (its QEMU still runs) holds. paramiko is imported only now: a restoring
+        guest's first moments pay for it, not the command's start."""
+        import paramiko
+
         key = paramiko.Ed25519Key.from_private_key_file(str(client_key))
         last = "no answer"
         while time.monotonic() < deadline and alive():
-            if not _banner(port, min(2.0, max(0.1, deadline - time.monotonic()))):
-                time.sleep(0.05)
-                continue
             client = paramiko.SSHClient()
             client.get_host_keys().add(f"[127.0.0.1]:{port}", "ssh-ed25519", _public_key(host_key))
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -109,7 +102,7 @@ class GuestShell:
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 client.close()
                 last = str(exc) or type(exc).__name__
-                time.sleep(0.1)
+                time.sleep(0.05)
         raise GuestUnreachable(f"no SSH login before the deadline ({last})")
 
     def run(
