@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.json_keys import assert_keys
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = ("qemu-system-x86_64", "qemu-img", "socat", "mmdebstrap", "mkfs.ext4")
@@ -69,6 +72,7 @@ def shared_image() -> Path:
                 check=False,
             )
             assert done.returncode == 0, done.stderr[-3000:]
+            assert_keys("qemu provision", json.loads(done.stdout))
         return current.resolve()
 
 

@@ -47,6 +47,14 @@ KEYS: dict[str, frozenset[str] | str] = {
     "runner serve": frozenset({"worker_id", "contract", "jobs"}),
     "runner run-job": frozenset({"worker_id", "contract", "jobs"}),
     "runner doctor": frozenset({"checks"}),
+    "qemu provision": frozenset(
+        {"image", "path", "accel", "accel_reason", "build_s", "cold_boot_s", "saved_state"}
+        | {"previous", "removed", "files"}
+    ),
+    "qemu list": frozenset({"backend", "backend_reason", "current", "images", "guests", "swept"}),
+    "qemu boot": frozenset({"name", "image", "port", "restored", "seconds"}),
+    "qemu ssh": "the command's own output and exit code, or an interactive shell",
+    "qemu stop": frozenset({"name", "stopped"}),
     "sandbox serve": "serves until interrupted; prints its address, no document",
     "web serve": "serves until interrupted; prints its address, no document",
     "sandbox seed": frozenset({"users", "repositories"}),

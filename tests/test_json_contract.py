@@ -62,6 +62,7 @@ FRESH = {
     "task list": ("task", "list"),
     "providers status": ("providers", "status"),
     "cleanup": ("cleanup",),
+    "qemu list": ("qemu", "list"),
 }
 
 

@@ -27,6 +27,7 @@ from aiworker.runtime.guests.machine import MachineSpec
 from aiworker.runtime.guests.ssh import GuestShell, HostKeyRefused
 from aiworker.runtime.processes import process_alive
 from tests.helpers import run_process
+from tests.json_keys import assert_keys
 
 pytestmark = pytest.mark.slow
 
@@ -351,6 +352,8 @@ def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkey
     monkeypatch.setenv("AIWORKER_CONFIG", str(config))
     booted = run_process("--json", "qemu", "boot", timeout=300)
     assert booted.exit_code == 0, booted
+    assert_keys("qemu boot", booted.json())
+    assert booted.json()["restored"] is True
     name = booted.json()["name"]
     listed = run_process("--json", "qemu", "list").json()
     assert listed["backend"] == "qemu"
@@ -361,6 +364,7 @@ def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkey
     assert (ran.exit_code, ran.stdout) == (7, "root\n")
     stopped = run_process("--json", "qemu", "stop", name)
     assert stopped.exit_code == 0, stopped
+    assert_keys("qemu stop", stopped.json())
     wait_until(lambda: not process_alive(guest["pid"]), timeout=10, step=0.1)
     assert run_process("--json", "qemu", "list").json()["guests"] == []
     missing = run_process("qemu", "ssh", name, "--", "true")

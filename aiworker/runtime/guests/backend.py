@@ -293,7 +293,7 @@ class QemuBackend:
             "PATH": "/usr/bin:/bin",
             "AIWORKER_ATTEMPT_ID": env.get("AIWORKER_ATTEMPT_ID", ""),
         }
-        return [sys.executable, "-m", "aiworker.runtime.guests.remote", str(spec_path)], local_env
+        return [sys.executable, "-m", "aiworker.guest_exec", str(spec_path)], local_env
 
     def _model_route(self, value: str) -> str:
         """The local model server's address, as the guest reaches it: its own forwarder

@@ -74,7 +74,7 @@ class GuestChecks:
             spec_path.chmod(0o600)
             local_env = {"PATH": "/usr/bin:/bin", tag.split("=", 1)[0]: tag.split("=", 1)[1]}
             return run_job(
-                [sys.executable, "-m", "aiworker.runtime.guests.remote", str(spec_path)],
+                [sys.executable, "-m", "aiworker.guest_exec", str(spec_path)],
                 cwd=cwd,
                 env=local_env,
                 limits=limits,

@@ -122,7 +122,7 @@ class Guest:
         try:
             self._connect(options, restore, deadline)
         except (OSError, QmpError, GuestUnreachable) as exc:
-            if self.pid is not None and not process_alive(self.pid):
+            if self._exited(within=2.0):
                 raise GuestUnreachable(f"QEMU exited: {self._log_tail()}") from exc
             if isinstance(exc, GuestUnreachable):
                 raise
@@ -160,6 +160,22 @@ class Guest:
         temporary = self.path / "guest.json.tmp"
         temporary.write_text(json.dumps(record))
         os.replace(temporary, self.path / "guest.json")
+
+    def _exited(self, within: float) -> bool:
+        """Whether QEMU has exited (given WITHIN seconds: a broken monitor connection
+        comes a moment before the process is gone)."""
+        if self.process is not None:
+            try:
+                self.process.wait(within)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        end = time.monotonic() + within
+        while self.pid is not None and process_alive(self.pid):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _log_tail(self) -> str:
         try:

@@ -1,9 +1,8 @@
-"""A command in a guest, as a local process: `python -m aiworker.runtime.guests.remote
-SPEC` logs in (pinned host key), runs SPEC's command, copies its stdin in and its stdout
-and stderr out as they come, and exits with the command's exit status (255 when the
-guest could not be reached). The runner core runs this like any job, so timeouts,
-cancellation and bounded output work the same through SSH; killing it ends the
-session."""
+"""A command in a guest, as a local process: `python -m aiworker.guest_exec SPEC` logs
+in (pinned host key), runs SPEC's command, copies its stdin in and its stdout and stderr
+out as they come, and exits with the command's exit status (255 when the guest could not
+be reached). The runner core runs this like any job, so timeouts, cancellation and
+bounded output work the same through SSH; killing it ends the session."""
 
 from __future__ import annotations
 
