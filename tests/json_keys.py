@@ -51,6 +51,7 @@ KEYS: dict[str, frozenset[str] | str] = {
         {"image", "path", "accel", "accel_reason", "build_s", "cold_boot_s", "saved_state"}
         | {"previous", "removed", "files"}
     ),
+    "qemu layer": frozenset({"image", "layer", "build_s", "script_sha256"}),
     "qemu list": frozenset({"backend", "backend_reason", "current", "images", "guests", "swept"}),
     "qemu boot": frozenset({"name", "image", "port", "restored", "seconds"}),
     "qemu ssh": "the command's own output and exit code, or an interactive shell",

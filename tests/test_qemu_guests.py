@@ -415,3 +415,45 @@ def test_provisioning_replaces_the_image_only_with_one_that_boots_and_refuses_wh
     no_recipe = run_process("--json", "qemu", "provision", "--recipe", str(tmp_path / "none"))
     assert no_recipe.exit_code == 2
     assert "build.sh missing" in no_recipe.json()["error"]["message"]
+
+
+LAYER_SCRIPT = (
+    "#!/bin/sh\nset -eu\nmkdir -p /var/cache/deps\necho cached > /var/cache/deps/marker\n"
+)
+
+
+def test_a_cache_layer_keeps_what_its_script_wrote_without_rewriting_the_base(
+    guests_dir, tmp_path, monkeypatch
+):
+    name = f"t{os.getpid()}"
+    shared = (guests_dir / "current").resolve()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[execution]\nguests_dir = "{guests_dir}"\n')
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    script = tmp_path / "layer.sh"
+    script.write_text(LAYER_SCRIPT)
+    try:
+        built = run_process("--json", "qemu", "layer", name, "--script", str(script), timeout=600)
+        assert built.exit_code == 0, built
+        assert_keys("qemu layer", built.json())
+        broken = tmp_path / "broken.sh"
+        broken.write_text("#!/bin/sh\necho no-space-left >&2\nexit 3\n")
+        failed = run_process("--json", "qemu", "layer", "bad", "--script", str(broken), timeout=600)
+        assert failed.exit_code == 1
+        assert "the layer script exited 3: no-space-left" in failed.json()["error"]["message"]
+        assert not (shared / "layers" / "bad").exists()
+        seen = {}
+        for layer in (name, None):
+            lines = [f'[execution]\nguests_dir = "{guests_dir}"']
+            lines += [f'cache_layer = "{layer}"'] if layer else []
+            config.write_text("\n".join(lines) + "\n")
+            booted = run_process("--json", "qemu", "boot", timeout=300).json()
+            assert booted["restored"] is True
+            marker = in_guest(booted["name"], "cat", "/var/cache/deps/marker")
+            seen[layer] = marker.stdout.strip() if marker.exit_code == 0 else None
+            run_process("qemu", "stop", booted["name"])
+        assert seen == {name: "cached", None: None}
+    finally:
+        import shutil
+
+        shutil.rmtree(shared / "layers" / name, ignore_errors=True)

@@ -34,14 +34,36 @@ def provision(
 ) -> None:
     """Build a new guest image under the maintenance gate; it becomes current only once
     it booted and answered SSH."""
+    inv: Invocation = ctx.obj
     from aiworker.core.guests.provision import provision as run
 
-    inv: Invocation = ctx.obj
     report = run(inv.environment(), wait_s=wait, recipe=recipe, save_state=saved_state).to_json()
     line = (
         f"provisioned {report['image']} ({report['accel']}; built in {report['build_s']} s, "
         f"cold boot {report['cold_boot_s']} s, saved state: {report['saved_state']})"
     )
+    emit(inv.json, report, lambda c: c.print(line, markup=False))
+
+
+@app.command("layer")
+def layer(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The layer's NAME (execution.cache_layer).")],
+    script: Annotated[
+        Path, typer.Option("--script", help="Run as root in the guest; what it writes stays.")
+    ],
+    wait: Annotated[
+        float,
+        typer.Option("--wait", min=0, help="Seconds to wait for running jobs (else exit 75)."),
+    ] = 0,
+) -> None:
+    """Build cache layer NAME of the current image (a browser, dependency caches): an
+    overlay of the base with what SCRIPT wrote, and its own saved state."""
+    from aiworker.core.guests.layers import provision_layer
+
+    inv: Invocation = ctx.obj
+    report = provision_layer(inv.environment(), name, script, wait_s=wait).to_json()
+    line = f"layer {report['layer']} of {report['image']} built in {report['build_s']} s"
     emit(inv.json, report, lambda c: c.print(line, markup=False))
 
 

@@ -262,6 +262,8 @@ class Execution(Strict):
     egress: dict[str, list[Annotated[str, Field(pattern=HOST_PATTERN)]]] = {}
     # Networks the proxy reaches although they are not public (an internal mirror).
     trusted_networks: list[str] = []
+    # Start every guest from this cache layer of the current image (qemu provision --layer).
+    cache_layer: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")] | None = None
 
     @field_validator("egress")
     @classmethod

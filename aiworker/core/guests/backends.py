@@ -66,6 +66,8 @@ def _guest_parts(env: Environment, phase: str) -> tuple[Any, ...]:
     execution = env.loaded.config.execution
     store = guest_store(env)
     image = store.current()
+    if image is not None and execution.cache_layer:
+        image = image.with_layer(execution.cache_layer)
     policy = EgressPolicy(
         hosts=tuple(execution.allowlist(phase)), trusted=tuple(execution.trusted_networks)
     )
@@ -92,6 +94,8 @@ def why_unavailable(image: Image | None) -> str | None:
             "execution.backend is qemu, but no guest image is provisioned: "
             "run `aiworker qemu provision`"
         )
+    if image.layer and not image.restorable:
+        return f"execution.cache_layer {image.layer} is not provisioned (qemu provision --layer)"
     return None
 
 
@@ -104,9 +108,13 @@ def model_target(env: Environment) -> str | None:
     return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
 
 
-def require_image(env: Environment) -> tuple[ImageStore, Image]:
+def require_image(env: Environment, *, layered: bool = True) -> tuple[ImageStore, Image]:
+    """The current image (with the configured cache layer, when LAYERED), or Unavailable."""
     store = guest_store(env)
     image = store.current()
+    layer = env.loaded.config.execution.cache_layer if layered else None
+    if image is not None and layer:
+        image = image.with_layer(layer)
     reason = why_unavailable(image)
     if reason is not None or image is None:
         raise Unavailable((reason or "").replace("execution.backend is qemu, but ", ""))

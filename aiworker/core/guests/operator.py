@@ -71,6 +71,7 @@ def inventory(env: Environment) -> GuestList:
                 "age_s": round(image.age_s()) if manifest else None,
                 "accel": manifest.get("accel"),
                 "restorable": image.restorable,
+                "layers": image.layers(),
                 "bytes": _size(image.path),
                 "used_by": [g.name for g in guests if g.record.get("image") == image.name],
             }

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from aiworker.runtime.guests.images import Image, ImageStore
 from aiworker.runtime.guests.keys import new_key_pair
 from aiworker.runtime.guests.machine import MachineSpec
 from aiworker.runtime.guests.probe import choose_accel
+from aiworker.runtime.guests.ssh import GuestShell
 from aiworker.runtime.processes import run_command, which
 
 BUILD_TIMEOUT_S = 3600
@@ -71,7 +73,7 @@ def provision(
     if not maintenance.try_acquire():
         raise LockHeld("another maintenance operation holds maintenance.lock")
     try:
-        _wait_for_jobs(env, guest_store(env), wait_s)
+        wait_for_jobs(env, guest_store(env), wait_s)
         return _provision(env, recipe, save_state)
     finally:
         maintenance.release()
@@ -86,7 +88,7 @@ def running_jobs(env: Environment, store: ImageStore) -> list[str]:
     return busy + [f"guest {g.name}" for g in guests]
 
 
-def _wait_for_jobs(env: Environment, store: ImageStore, wait_s: float) -> None:
+def wait_for_jobs(env: Environment, store: ImageStore, wait_s: float) -> None:
     end = time.monotonic() + wait_s
     while busy := running_jobs(env, store):
         if time.monotonic() >= end:
@@ -108,7 +110,7 @@ def _provision(env: Environment, recipe: Path, save_state: bool) -> ProvisionRep
         build_s = time.monotonic() - started
         choice = choose_accel(image)
         machine = MachineSpec(execution.memory_mib, execution.cpus, choice.accel)
-        boot_s = _boot_and_save(store, image, machine, execution.boot_deadline_s, save_state)
+        boot_s = boot_and_save(store, image, machine, execution.boot_deadline_s, save_state)
         files = _record(image, machine, choice.accel)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
@@ -164,12 +166,19 @@ def _build(recipe: Path, path: Path, execution: Any) -> None:
         shutil.rmtree(keys, ignore_errors=True)
 
 
-def _boot_and_save(
-    store: ImageStore, image: Image, machine: MachineSpec, deadline_s: float, save: bool
+def boot_and_save(
+    store: ImageStore,
+    image: Image,
+    machine: MachineSpec,
+    deadline_s: float,
+    save: bool,
+    prepare: Callable[[GuestShell], None] | None = None,
+    policy: EgressPolicy | None = None,
 ) -> float:
-    """Boot the new image cold and log in (it must answer SSH to become current); keep
-    the booted guest's disk (warm.qcow2) and state (state.bin) for restores."""
-    proxy = EgressProxy(EgressPolicy(), DecisionLog(None, "provision"))
+    """Boot IMAGE cold and log in (it must answer SSH to become current), run PREPARE
+    in it (a cache layer's script, with POLICY's egress), and keep the booted guest's
+    disk (warm.qcow2) and state (state.bin) for restores."""
+    proxy = EgressProxy(policy or EgressPolicy(), DecisionLog(None, "provision"))
     started = time.monotonic()
     options = StartOptions(
         "provision",
@@ -184,6 +193,8 @@ def _boot_and_save(
         boot_s = time.monotonic() - started
         assert guest.shell is not None
         guest.shell.check("id dev && git --version && python3 --version", timeout=60)
+        if prepare is not None:
+            prepare(guest.shell)
         # The warm disk keeps what the first boot wrote; each clone gets its own id.
         guest.shell.check(": > /etc/machine-id", timeout=30)
         if save:
@@ -196,7 +207,7 @@ def _boot_and_save(
     return boot_s
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -211,7 +222,7 @@ def _record(image: Image, machine: MachineSpec, accel: str) -> dict[str, Any]:
     for name in ("host_key.pub", "warm.qcow2", "state.bin"):
         path = image.path / name
         if path.is_file():
-            manifest["files"][name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+            manifest["files"][name] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
     manifest["machine"] = asdict(machine)
     manifest["accel"] = accel
     temporary = image.path / "manifest.json.tmp"

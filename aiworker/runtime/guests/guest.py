@@ -83,9 +83,12 @@ class Guest:
             options.restore
             and options.overlay is None
             and self.image.restorable
-            and self.image.manifest().get("machine") == asdict(options.machine)
+            and self.image.saved_machine() == asdict(options.machine)
         )
-        backing = self.image.warm if restore else self.image.base
+        if restore:
+            backing = self.image.warm
+        else:  # provisioning makes its warm disk from the base
+            backing = self.image.base if options.overlay else self.image.cold_disk
         overlay = options.overlay or self.path / "overlay.qcow2"
         made = run_command(
             [
@@ -150,6 +153,7 @@ class Guest:
         record = {
             "name": self.name,
             "image": self.image.name,
+            "layer": self.image.layer,
             "pid": self.pid,
             "owner_pid": None if options.detached else os.getpid(),
             "purpose": options.purpose,

@@ -26,10 +26,20 @@ from aiworker.runtime.processes import process_alive
 @dataclass(frozen=True)
 class Image:
     path: Path
+    # A cache layer (layers/NAME/ of this image): its own warm disk, backed by the base,
+    # holding what its script added (caches, a browser), and its own saved state.
+    layer: str | None = None
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    def with_layer(self, layer: str | None) -> Image:
+        return Image(self.path, layer)
+
+    @property
+    def layer_dir(self) -> Path:
+        return self.path / "layers" / str(self.layer)
 
     @property
     def base(self) -> Path:
@@ -45,11 +55,20 @@ class Image:
 
     @property
     def warm(self) -> Path:
-        return self.path / "warm.qcow2"
+        return (self.layer_dir if self.layer else self.path) / "warm.qcow2"
 
     @property
     def state(self) -> Path:
-        return self.path / "state.bin"
+        return (self.layer_dir if self.layer else self.path) / "state.bin"
+
+    @property
+    def cold_disk(self) -> Path:
+        """What a cold boot's overlay is backed by: the base, or the layer's disk."""
+        return self.warm if self.layer else self.base
+
+    def layers(self) -> list[str]:
+        folder = self.path / "layers"
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
     @property
     def client_key(self) -> Path:
@@ -62,6 +81,15 @@ class Image:
     def manifest(self) -> dict[str, Any]:
         document: dict[str, Any] = json.loads((self.path / "manifest.json").read_text())
         return document
+
+    def saved_machine(self) -> Any:
+        """The machine the saved state belongs to (a layer has its own)."""
+        if self.layer:
+            try:
+                return json.loads((self.layer_dir / "layer.json").read_text()).get("machine")
+            except (OSError, ValueError):
+                return None
+        return self.manifest().get("machine")
 
     @property
     def restorable(self) -> bool:
