@@ -26,7 +26,9 @@ TOOLS = ("qemu-system-x86_64", "qemu-img", "socat", "mmdebstrap", "mkfs.ext4")
 
 def _recipe_digest() -> str:
     digest = hashlib.sha256()
-    for path in sorted((REPO / "guest-image").rglob("*")):
+    # The recipe, and the machine a saved state belongs to.
+    machine = REPO / "aiworker" / "runtime" / "guests" / "machine.py"
+    for path in [*sorted((REPO / "guest-image").rglob("*")), machine]:
         if path.is_file():
             digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]

@@ -180,12 +180,12 @@ def test_a_phase_runs_in_a_guest_with_its_login_lent_and_its_commits_come_back(
     name = guest["name"]
     # While the provider runs: its login is in a tmpfs, the checkout is the guest's own,
     # and the forge token the host holds is nowhere in the guest.
-    wait_until(lambda: in_guest(name, "mountpoint", "-q", "/home/dev/creds").exit_code == 0)
+    wait_until(lambda: in_guest(name, "mountpoint", "-q", "/run/aiworker-creds").exit_code == 0)
     listing = in_guest(
         name,
         "sh",
         "-c",
-        "ls /home/dev/creds/*/ && git -c safe.directory=* -C /home/dev/work/repo rev-parse "
+        "ls /run/aiworker-creds/*/ && git -c safe.directory=* -C /home/dev/work/repo rev-parse "
         "--abbrev-ref HEAD",
     )
     assert listing.exit_code == 0, listing
@@ -300,7 +300,7 @@ def test_a_guest_reaches_only_allowlisted_hosts_through_the_proxy_and_pins_its_h
         assert out["model_other_port"] != "open"
         assert out["tunnel"] == ["HTTP/1.1 200 Connection Established", True]
         assert out["loopback_name"][0] == 403
-        assert "non-public address (127.0.0.1)" in out["loopback_name"][1]
+        assert "resolves to a non-public address" in out["loopback_name"][1]
         assert out["unlisted"][0] == 403
         assert "not on the allowlist" in out["unlisted"][1]
         assert out["other_port"][0] == 403
@@ -333,7 +333,7 @@ def test_killing_a_job_mid_phase_leaves_no_qemu_and_recovery_removes_the_overlay
     phase = start_implement(task)
     guest = guest_of(phase, "implementation")
     wait_until(
-        lambda: in_guest(guest["name"], "mountpoint", "-q", "/home/dev/creds").exit_code == 0
+        lambda: in_guest(guest["name"], "mountpoint", "-q", "/run/aiworker-creds").exit_code == 0
     )
     phase.send_signal(signal.SIGKILL)
     phase.communicate()

@@ -2,9 +2,11 @@
 home for the run (a folder of the workspace, or a tmpfs in a guest), and a refreshed
 credential adopted back only when it still names the same identity.
 
-Credential files are those whose name says so (auth, credential, token); the identity
-is the set of account fields they hold (account ids, user ids, e-mail addresses). A run
-that logged into another account, or dropped the identity, changes nothing on the host.
+Credential files are JSON files whose name says so (auth, credential, token); the
+identity is the set of account fields they hold (account ids, user ids, e-mail
+addresses). Only files the host lent are taken back, only when they still name the same,
+known identity, and only where the host's copy is still the one lent (a concurrent run
+that refreshed it first wins). Anything else changes nothing on the host.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from aiworker.runtime.atomic import write_private_file
 
 log = logging.getLogger(__name__)
-CREDENTIAL_NAME = re.compile(r"auth|credential|token", re.IGNORECASE)
+CREDENTIAL_NAME = re.compile(r"(auth|credential|token)[^/]*\.json$", re.IGNORECASE)
 IDENTITY_KEYS = frozenset(
     {
         "account_id",
@@ -90,17 +92,25 @@ def copy_home(source: Path, target: Path) -> None:
 
 
 def adopt(source: Path, before: dict[str, bytes], after: dict[str, bytes]) -> str:
-    """Write back into SOURCE the credential files the run changed, if the identity held."""
-    changed = {p: data for p, data in after.items() if before.get(p) != data}
+    """Write back into SOURCE the lent credential files the run refreshed, if they still
+    name the same identity and the host's copies are still the ones lent."""
+    changed = {p: data for p, data in after.items() if p in before and before[p] != data}
     if not changed:
         return "unchanged"
-    if identity(after) != identity(before):
-        log.warning("a run changed the login in %s to another identity; not adopted", source)
-        return "identity changed: not adopted"
+    known = identity(before)
+    if not known or identity(after) != known:
+        log.warning("a run changed the login in %s to another or no identity; not adopted", source)
+        return "identity changed or unknown: not adopted"
+    adopted = 0
     for relative, data in sorted(changed.items()):
         target = source / relative
         if source.resolve() not in target.resolve().parents:
             continue
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            if target.read_bytes() != before[relative]:
+                continue  # refreshed on the host meanwhile: that one stays
+        except OSError:
+            continue
         write_private_file(target, data)
-    return f"adopted {len(changed)} refreshed credential file(s)"
+        adopted += 1
+    return f"adopted {adopted} refreshed credential file(s)"

@@ -57,9 +57,11 @@ def _backend(env: Environment) -> Finding:
 
 
 def _proxy(env: Environment) -> Finding:
-    """Start the proxy and ask it for the metadata address: it must refuse."""
+    """Start the proxy and ask it for the metadata address, allowlisted for the probe (and
+    within a trusted network, if one covers it): the address rule must refuse it."""
     execution = env.loaded.config.execution
-    policy = EgressPolicy(tuple(execution.allowlist("default")), tuple(execution.trusted_networks))
+    hosts = (*execution.allowlist("default"), "169.254.169.254")
+    policy = EgressPolicy(hosts, tuple(execution.trusted_networks))
     proxy = EgressProxy(policy, DecisionLog(None, "doctor"))
     try:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
@@ -71,9 +73,9 @@ def _proxy(env: Environment) -> Finding:
         proxy.close()
     if " 403 " not in f"{answer} ":
         return ("egress-proxy", "fail", f"the proxy let the metadata address through: {answer}")
-    hosts = len(policy.hosts)
+    allowed = len(policy.hosts) - 1
     return (
         "egress-proxy",
         "ok",
-        f"answers and refuses the metadata address; {hosts} hosts allowed",
+        f"answers and refuses the metadata address; {allowed} hosts allowed",
     )

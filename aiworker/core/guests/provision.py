@@ -188,7 +188,11 @@ def boot_and_save(
         boot_deadline_s=deadline_s,
         overlay=image.warm,
     )
-    guest = Guest.start(store, image, options)
+    try:
+        guest = Guest.start(store, image, options)
+    except BaseException:
+        proxy.close()
+        raise
     try:
         boot_s = time.monotonic() - started
         assert guest.shell is not None

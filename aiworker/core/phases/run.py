@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiworker.runtime.execution import Limits, run_job
-from aiworker.runtime.workspace import ExecutionBackend, LocalBackend, Workspace, translated
+from aiworker.runtime.workspace import (
+    ExecutionBackend,
+    LocalBackend,
+    Workspace,
+    moved,
+    translated,
+)
 
+log = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
 OUTPUT_TAIL = 4 * 1024 * 1024
@@ -53,7 +61,7 @@ def run_provider(
     env = {**translated(spec.env, leased), "AIWORKER_ATTEMPT_ID": attempt_tag}
     # Other providers' homes (their credentials) are not even visible: file modes do not
     # separate jobs that run as the same user.
-    argv, env = backend.command(spec.argv, env, workspace, hidden or [])
+    argv, env = backend.command([moved(a, leased) for a in spec.argv], env, workspace, hidden or [])
     try:
         outcome = run_job(
             argv,
@@ -64,7 +72,10 @@ def run_provider(
             limits=Limits(timeout_s=RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL),
         )
     finally:
-        backend.close_home(workspace)
+        try:
+            backend.close_home(workspace)
+        except Exception:  # the run's own outcome matters more; teardown tries again
+            log.exception("taking the provider's home back failed")
     stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
     if outcome.timed_out:
         return RunReport(None, "transient", "the provider run timed out")

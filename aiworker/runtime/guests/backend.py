@@ -12,8 +12,10 @@ tmpfs removed before the phase ends. Forge tokens never enter the guest.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +36,21 @@ from aiworker.runtime.guests.ssh import GuestShell
 from aiworker.runtime.workspace import Workspace, WorkspaceError, moved, outermost
 
 WORK = "/home/dev/work"
-CREDS = "/home/dev/creds"
+# Root-owned places (under /run, which `dev` cannot write): root never works on a path
+# the unprivileged user could have replaced with a link.
+CREDS = "/run/aiworker-creds"
+FILES = "/run/aiworker-files"
+MAX_BUNDLE_BYTES = 2 << 30
+MAX_CREDENTIAL_BYTES = 1 << 20
+# Every process of the unprivileged user, killed (and gone) before root touches what
+# they could write: after dependency setup, after the provider, before files come back.
+KILL_DEV = (
+    "pkill -KILL -u dev; for i in $(seq 1 100); do pgrep -u dev >/dev/null || exit 0; "
+    "sleep 0.05; done; exit 1"
+)
 GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 PROXY = f"http://{PROXY_ADDRESS}:{PROXY_PORT}"
+log = logging.getLogger(__name__)
 
 
 class GuestUnavailable(Unavailable):
@@ -167,7 +181,8 @@ class QemuBackend:
     def _send(self, session: Session, workspace: Workspace, bundle: Path, base_ref: str) -> None:
         shell = session.shell
         shell.check(
-            f"install -d -o dev -g dev -m 0700 {WORK} {WORK}/aiworker {WORK}/home {WORK}/files"
+            f"install -d -o dev -g dev -m 0700 {WORK} {WORK}/aiworker {WORK}/home && "
+            f"mkdir -m 0755 {FILES}"
         )
         shell.put(bundle, f"{WORK}/input.bundle")
         for path in sorted(p for p in workspace.inputs.rglob("*") if p.is_file()):
@@ -189,7 +204,8 @@ class QemuBackend:
         return session.shell.check(as_dev(command, proxy_env(), cwd), timeout=timeout)
 
     def _setup(self, session: Session) -> None:
-        """The repository's own dependency setup, before any credential is present."""
+        """The repository's own dependency setup, before any credential is present; what
+        it started is killed before a credential comes in."""
         setup = session.shell.run(f"test -x {WORK}/repo/ci/setup")
         if setup.exit_code != 0:
             return
@@ -203,8 +219,9 @@ class QemuBackend:
     def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]:
         session = self.sessions[workspace.root]
         shell = session.shell
+        shell.check(KILL_DEV, timeout=30)
         shell.check(
-            f"install -d -o dev -g dev -m 0700 {CREDS} && "
+            f"mkdir -m 0700 {CREDS} && "
             f"mount -t tmpfs -o size=256m,mode=0700,uid=1000,gid=1000 tmpfs {CREDS}"
         )
         session.home_open = True
@@ -213,45 +230,52 @@ class QemuBackend:
             if workspace.root in home.parents or home == workspace.root:
                 continue
             target = f"{CREDS}/{number}-{home.name}"
-            shell.check(f"install -d -o dev -g dev -m 0700 {shlex.quote(target)}")
             files = (
                 [p for p in home.rglob("*") if p.is_file() and not p.is_symlink()]
                 if home.is_dir()
                 else []
             )
+            folders = {str(Path(target, p.relative_to(home)).parent) for p in files}
+            shell.check(f"mkdir -p {shlex.join(sorted({target, *folders}))}")
             for path in files:
-                remote = f"{target}/{path.relative_to(home)}"
-                shell.check(f"install -d -o dev -g dev {shlex.quote(str(Path(remote).parent))}")
-                shell.put(path, remote)
+                shell.put(path, f"{target}/{path.relative_to(home)}")
             shell.check(f"chown -R dev:dev {shlex.quote(target)}")
             session.leases.append((home, target, credential_files(home)))
-            leased[str(home)] = session.mapping[str(home)] = target
+            leased[str(home)] = target
         return leased
 
     def close_home(self, workspace: Workspace) -> list[str]:
+        (workspace.root / "remote.json").unlink(missing_ok=True)  # it names the run's env
         session = self.sessions.get(workspace.root)
         if session is None or not session.home_open or session.guest.shell is None:
             return []
+        session.shell.check(KILL_DEV, timeout=30)  # nothing of the run changes files now
         notes = []
         for source, target, before in session.leases:
             after = self._credentials(session.shell, target)
             if source.is_dir():
                 notes.append(adopt(source, before, after))
-            session.mapping.pop(str(source), None)
         session.leases.clear()
         session.home_open = False
         session.shell.run(f"umount {CREDS}; rm -rf {CREDS}")
         return notes
 
     def _credentials(self, shell: GuestShell, target: str) -> dict[str, bytes]:
-        listing = shell.run(f"cd {shlex.quote(target)} && find . -type f -size -1024k")
+        """The credential files under TARGET: regular files only (no links), bounded."""
+        listing = shell.run(
+            f"cd {shlex.quote(target)} && find . -type f -size -{MAX_CREDENTIAL_BYTES // 1024}k "
+            "-print0"
+        )
         found = {}
         with shell.client.open_sftp() as sftp:
-            for line in listing.stdout.decode(errors="replace").splitlines():
-                relative = line.removeprefix("./")
-                if relative and is_credential(relative):
-                    with sftp.open(f"{target}/{relative}", "rb") as handle:
-                        found[relative] = handle.read()
+            for name in listing.stdout.split(b"\0"):
+                relative = name.decode(errors="replace").removeprefix("./")
+                if not relative or not is_credential(relative):
+                    continue
+                with sftp.open(f"{target}/{relative}", "rb") as handle:
+                    data = handle.read(MAX_CREDENTIAL_BYTES + 1)
+                if len(data) <= MAX_CREDENTIAL_BYTES:
+                    found[relative] = data
         return found
 
     def command(
@@ -268,7 +292,7 @@ class QemuBackend:
                 remote[1:3] = [self._upload(session, source)]
         for i, value in enumerate(remote):
             path = Path(value)
-            inside = value.startswith(str(workspace.root))
+            inside = moved(value, {str(workspace.root): WORK}) != value
             if i and path.is_absolute() and path.is_file() and not inside:
                 remote[i] = self._upload(session, path)  # a file the command names
         remote = [self._model_route(moved(v, session.mapping)) for v in remote]
@@ -304,11 +328,23 @@ class QemuBackend:
         return value.replace(f"//{target}", f"//{MODEL_ADDRESS}:{MODEL_PORT}")
 
     def _upload(self, session: Session, path: Path) -> str:
-        target = f"{WORK}/files/{len(session.mapping)}-{path.name}"
+        """PATH into the root-owned files folder, readable by the unprivileged user."""
+        target = f"{FILES}/{len(session.mapping)}-{path.name}"
         session.shell.put(path, target)
-        session.shell.check(f"chown dev:dev {shlex.quote(target)}")
+        session.shell.check(f"chmod 0644 {shlex.quote(target)}")
         session.mapping[str(path)] = target
         return target
+
+    def _fetch(self, session: Session, remote: str, target: Path) -> None:
+        """REMOTE to TARGET once no process of the run is left, if it is a regular file of
+        at most MAX_BUNDLE_BYTES."""
+        shell = session.shell
+        shell.check(KILL_DEV, timeout=30)
+        size = MAX_BUNDLE_BYTES // 1024
+        found = shell.run(f"find {shlex.quote(remote)} -maxdepth 0 -type f -size -{size}k")
+        if found.stdout.strip() != remote.encode():
+            raise WorkspaceError(f"{remote} in the guest is not a file under 2 GiB")
+        shell.get(remote, target)
 
     def changed_lines(self, workspace: Workspace) -> int:
         session = self.sessions[workspace.root]
@@ -323,21 +359,34 @@ class QemuBackend:
         if self._check(session, "git rev-list --count base..work").strip() == b"0":
             return None
         self._check(session, f"git bundle create -q {WORK}/result.bundle base..work")
-        session.shell.get(f"{WORK}/result.bundle", target)
+        self._fetch(session, f"{WORK}/result.bundle", target)
         return target
 
     def teardown(self, workspace: Workspace, *, preserve: bool) -> bool:
+        """Take the credentials back, keep the work when PRESERVE, stop the guest, remove
+        the host side; a failing step is logged and the others still run."""
         session = self.sessions.get(workspace.root)
         if session is not None:
             try:
-                self.close_home(workspace)
+                _settle(lambda: self.close_home(workspace))
                 if preserve and session.guest.shell is not None:
-                    self._check(session, f"git bundle create -q {WORK}/all.bundle --all")
-                    session.shell.get(f"{WORK}/all.bundle", workspace.root / "repo.bundle")
+                    _settle(lambda: self._keep(session, workspace))
             finally:
                 self.sessions.pop(workspace.root, None)
                 session.guest.stop()
                 session.proxy.close()
+        (workspace.root / "remote.json").unlink(missing_ok=True)
         if preserve:
             return False
         return remove_attempt(workspace.root).removed
+
+    def _keep(self, session: Session, workspace: Workspace) -> None:
+        self._check(session, f"git bundle create -q {WORK}/all.bundle --all")
+        self._fetch(session, f"{WORK}/all.bundle", workspace.root / "repo.bundle")
+
+
+def _settle(step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception:
+        log.exception("a guest teardown step failed; the others still run")

@@ -9,6 +9,7 @@ else that is not global is ever reached, whatever name points at it.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -25,7 +26,16 @@ log = logging.getLogger("aiworker.egress")
 PORTS = (80, 443)
 HEAD_LIMIT = 16 * 1024
 IDLE_S = 300.0
+HEAD_DEADLINE_S = 15.0
+MAX_CONNECTIONS = 64  # per proxy (one guest): more wait for none, they are refused
 METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+# Global by the standard library, yet they lead to IPv4 addresses that may not be:
+# 6to4 and NAT64 are refused whatever they embed.
+TRANSLATED = (
+    ipaddress.ip_network("2002::/16"),
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+)
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -46,33 +56,42 @@ class EgressPolicy:
         return False
 
     def allows_address(self, address: Address) -> bool:
+        if address in METADATA:
+            return False
         if any(address in ipaddress.ip_network(net, strict=False) for net in self.trusted):
-            return address not in METADATA
-        return address.is_global and address not in METADATA
+            return True
+        return address.is_global and not any(address in net for net in TRANSLATED)
 
 
 @dataclass
 class Decision:
     allowed: bool
     reason: str
-    address: str | None = None
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str | None:
+        return self.addresses[0] if self.addresses else None
 
 
 def decide(policy: EgressPolicy, host: str, port: int) -> Decision:
-    """Whether HOST:PORT may be reached, and at which address (resolved here, once)."""
+    """Whether HOST:PORT may be reached, and at which addresses (resolved here, once:
+    the connection goes to an address checked now, never to a name resolved again)."""
     if port not in policy.ports:
         return Decision(False, f"port {port} is not allowed (only {policy.ports})")
     if not policy.allows_name(host):
         return Decision(False, f"{host} is not on the allowlist")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    except (OSError, UnicodeError, ValueError) as exc:
         return Decision(False, f"{host} does not resolve: {exc}")
-    addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    if not addresses:
+        return Decision(False, f"{host} resolves to nothing")
     refused = [str(a) for a in addresses if not policy.allows_address(a)]
-    if refused or not addresses:
+    if refused:
         return Decision(False, f"{host} resolves to a non-public address ({refused[0]})")
-    return Decision(True, "allowlisted", str(addresses[0]))
+    return Decision(True, "allowlisted", tuple(dict.fromkeys(str(a) for a in addresses)))
 
 
 @dataclass
@@ -118,66 +137,145 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
             (b if source is a else a).sendall(data)
 
 
+class Refusal(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass
+class Request:
+    method: str
+    host: str
+    port: int
+    head: bytes  # what goes upstream for plain HTTP (rewritten), empty for CONNECT
+    body_bytes: int  # how many bytes of body follow the head (plain HTTP)
+    rest: bytes  # what the client sent after its head
+
+
+def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
+    deadline = time.monotonic() + HEAD_DEADLINE_S
+    head = b""
+    while b"\r\n\r\n" not in head:
+        client.settimeout(max(0.1, deadline - time.monotonic()))
+        chunk = client.recv(4096)
+        if not chunk or len(head) > HEAD_LIMIT or time.monotonic() > deadline:
+            raise Refusal(400, "incomplete or oversized request head")
+        head += chunk
+    header, _, rest = head.partition(b"\r\n\r\n")
+    return header, rest
+
+
+def parse(header: bytes, rest: bytes) -> Request:
+    """The request line and headers; plain HTTP is rewritten for the origin: its own
+    Host, no proxy headers, one request (Connection: close), no chunked bodies."""
+    lines = header.decode("latin-1").split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ")
+        if method == "CONNECT":
+            host, _, port_text = target.rpartition(":")
+            host = host.strip("[]")
+            if not port_text.isascii() or not port_text.isdecimal():
+                raise ValueError(port_text)
+            return Request(method, host, int(port_text), b"", 0, rest)
+        url = urlsplit(target)
+        if url.scheme != "http" or not url.hostname:
+            raise Refusal(400, "only absolute http:// URLs and CONNECT")
+        host, port = url.hostname, url.port or 80
+    except ValueError as exc:
+        raise Refusal(400, f"malformed request line: {exc}") from None
+    fields = [line.split(":", 1) for line in lines[1:] if ":" in line]
+    names = {name.strip().lower(): value.strip() for name, value in fields}
+    if "transfer-encoding" in names:
+        raise Refusal(411, "chunked request bodies are not forwarded; send Content-Length")
+    length = names.get("content-length", "0")
+    if not length.isascii() or not length.isdecimal():
+        raise Refusal(400, "malformed Content-Length")
+    dropped = ("host", "connection", "proxy-", "keep-alive", "upgrade")
+    kept = [f"{n}:{v}" for n, v in fields if not n.strip().lower().startswith(dropped)]
+    authority = host if port == 80 else f"{host}:{port}"
+    path = url._replace(scheme="", netloc="").geturl() or "/"
+    lines = [f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close"]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return Request(method, host, port, head, int(length), rest)
+
+
+def _connect(addresses: tuple[str, ...], port: int) -> socket.socket:
+    last: OSError = OSError("no address")
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout=30)
+        except OSError as exc:
+            last = exc
+    raise last
+
+
+def _forward_body(client: socket.socket, upstream: socket.socket, request: Request) -> None:
+    """Exactly the declared body, then nothing more from the client (no second request)."""
+    left = request.body_bytes
+    first = request.rest[:left]
+    upstream.sendall(request.head + first)
+    left -= len(first)
+    while left > 0:
+        chunk = client.recv(min(65536, left))
+        if not chunk:
+            return
+        upstream.sendall(chunk)
+        left -= len(chunk)
+
+
+def _copy(source: socket.socket, target: socket.socket) -> None:
+    while data := source.recv(65536):
+        target.sendall(data)
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: EgressProxy
 
     def handle(self) -> None:
         client: socket.socket = self.request
-        client.settimeout(30)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = client.recv(4096)
-            if not chunk or len(head) > HEAD_LIMIT:
-                return
-            head += chunk
-        header, _, rest = head.partition(b"\r\n\r\n")
-        lines = header.decode("latin-1").split("\r\n")
-        try:
-            method, target, version = lines[0].split(" ")
-        except ValueError:
-            client.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
-            return
-        if method == "CONNECT":
-            host, _, port_text = target.rpartition(":")
-            host = host.strip("[]")
-        else:
-            url = urlsplit(target)
-            if url.scheme != "http" or not url.hostname:
-                self._refuse(client, 400, "only absolute http:// URLs and CONNECT")
-                return
-            host, port_text = url.hostname, str(url.port or 80)
-        port = int(port_text) if port_text.isdigit() else -1
-        decision = decide(self.server.policy, host, port)
-        self.server.decisions.write(method, host, port, decision)
-        if not decision.allowed or decision.address is None:
-            self._refuse(client, 403, decision.reason)
+        if not self.server.slots.acquire(blocking=False):
+            self._refuse(client, 503, f"more than {MAX_CONNECTIONS} connections at once")
             return
         try:
-            upstream = socket.create_connection((decision.address, port), timeout=30)
+            self._serve(client)
+        except Refusal as exc:
+            self._refuse(client, exc.status, exc.reason)
+        except OSError:
+            pass  # a connection that broke: nothing to answer
+        finally:
+            self.server.slots.release()
+
+    def _serve(self, client: socket.socket) -> None:
+        request = parse(*_read_head(client))
+        decision = decide(self.server.policy, request.host, request.port)
+        self.server.decisions.write(request.method, request.host, request.port, decision)
+        if not decision.allowed:
+            raise Refusal(403, decision.reason)
+        try:
+            upstream = _connect(decision.addresses, request.port)
         except OSError as exc:
-            self._refuse(client, 502, f"{host}:{port} unreachable: {exc}")
-            return
+            raise Refusal(502, f"{request.host}:{request.port} unreachable: {exc}") from None
         with upstream:
-            upstream.settimeout(None)
-            client.settimeout(None)
-            if method == "CONNECT":
+            upstream.settimeout(IDLE_S)
+            client.settimeout(IDLE_S)
+            if request.method == "CONNECT":
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-                if rest:
-                    upstream.sendall(rest)
+                if request.rest:
+                    upstream.sendall(request.rest)
+                _relay(client, upstream)  # TLS, tunnelled as it is
             else:
-                path = urlsplit(target)._replace(scheme="", netloc="").geturl() or "/"
-                kept = [h for h in lines[1:] if not h.lower().startswith(("proxy-", "connection:"))]
-                request = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close"])
-                upstream.sendall(request.encode("latin-1") + b"\r\n\r\n" + rest)
-            _relay(client, upstream)
+                _forward_body(client, upstream, request)
+                _copy(upstream, client)
 
     def _refuse(self, client: socket.socket, status: int, reason: str) -> None:
         body = f"aiworker egress: {reason}\n".encode()
-        client.sendall(
-            f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\nContent-Length: "
-            f"{len(body)}\r\nConnection: close\r\n\r\n".encode()
-            + body
-        )
+        with contextlib.suppress(OSError):
+            client.sendall(
+                f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\nContent-Length: "
+                f"{len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
 
 
 class EgressProxy(socketserver.ThreadingTCPServer):
@@ -188,6 +286,7 @@ class EgressProxy(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.policy = policy
         self.decisions = decisions
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True, name="egress")
         self.thread.start()
 

@@ -90,6 +90,7 @@ class Guest:
         else:  # provisioning makes its warm disk from the base
             backing = self.image.base if options.overlay else self.image.cold_disk
         overlay = options.overlay or self.path / "overlay.qcow2"
+        self._record(options)  # before the overlay: pruning sees the image is in use
         made = run_command(
             [
                 "qemu-img",
@@ -132,14 +133,16 @@ class Guest:
             raise GuestUnreachable(f"the guest did not come up: {exc}") from exc
 
     def _connect(self, options: StartOptions, restore: bool, deadline: float) -> None:
-        self.qmp = Qmp(self.path / "qmp.sock", deadline)
+        pid = self.pid
+        self.qmp = Qmp(
+            self.path / "qmp.sock", deadline, alive=lambda: pid is not None and process_alive(pid)
+        )
         if restore:
             self.qmp.wait_status("paused", deadline)
             self.qmp.execute("cont")
             self.restored = True
         self.port = self.qmp.ssh_port()
         self._record(options)
-        pid = self.pid
         self.shell = GuestShell.connect(
             self.port,
             self.image.host_key,
@@ -262,7 +265,11 @@ def sweep_guests(store: ImageStore) -> list[str]:
     for guest in store.guests():
         if guest.owner_alive and guest.alive:
             continue
-        if not guest.record and time.time() - guest.path.stat().st_mtime < 60:
+        try:
+            fresh = time.time() - guest.path.stat().st_mtime < 60
+        except FileNotFoundError:
+            continue  # its owner removed it just now
+        if not guest.record and fresh:
             continue  # being created right now
         pid = guest.record.get("pid")
         if isinstance(pid, int):

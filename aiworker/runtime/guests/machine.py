@@ -96,6 +96,10 @@ def qemu_argv(
         "virtio-net-pci,netdev=n0",
         "-device",
         "virtio-rng-pci",
+        # A new generation id on every start: the kernel reseeds its random state, so
+        # clones restored from one saved state do not share it.
+        "-device",
+        "vmgenid,guid=auto",
         "-serial",
         f"file:{run / 'console.log'}",
         "-qmp",

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,21 @@ class QmpError(AiworkerError):
 
 
 class Qmp:
-    def __init__(self, path: Path, deadline: float) -> None:
+    def __init__(
+        self, path: Path, deadline: float, alive: Callable[[], bool] = lambda: True
+    ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._open(path, deadline, alive)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(max(1.0, deadline - time.monotonic()))
+        self.reader = self.sock.makefile("rb")
+        self._line()  # the greeting
+        self.execute("qmp_capabilities")
+
+    def _open(self, path: Path, deadline: float, alive: Callable[[], bool]) -> None:
         # A socket path may hold 107 bytes; a deep state directory is longer. The folder
         # is reached through a descriptor of it instead (/proc/self/fd/N/qmp.sock).
         folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
@@ -29,15 +43,11 @@ class Qmp:
                     self.sock.connect(f"/proc/self/fd/{folder}/{path.name}")
                     break
                 except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError) as exc:
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or not alive():
                         raise QmpError(f"QEMU's monitor did not open: {exc}") from exc
                     time.sleep(0.02)
         finally:
             os.close(folder)
-        self.sock.settimeout(max(1.0, deadline - time.monotonic()))
-        self.reader = self.sock.makefile("rb")
-        self._line()  # the greeting
-        self.execute("qmp_capabilities")
 
     def _line(self) -> dict[str, Any]:
         raw = self.reader.readline()
