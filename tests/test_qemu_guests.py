@@ -10,7 +10,6 @@ import shlex
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +27,7 @@ from aiworker.runtime.guests.ssh import GuestShell, HostKeyRefused
 from aiworker.runtime.processes import process_alive
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
+from tests.test_lifecycle import start_implement as implement_process
 
 pytestmark = pytest.mark.slow
 
@@ -99,27 +99,8 @@ def _no_phase_left():
 
 
 def start_implement(task: int) -> subprocess.Popen:
-    STARTED.append(phase := _implement(task))
+    STARTED.append(phase := implement_process(task))
     return phase
-
-
-def _implement(task: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "aiworker",
-            "--json",
-            "implement",
-            "--task",
-            str(task),
-            "--slot",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def guest_of(phase: subprocess.Popen, purpose: str, timeout: float = 240) -> dict:

@@ -69,6 +69,12 @@ def prepare_workspace(
     _git(workspace, "init", "-q")
     _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
     _git(workspace, "checkout", "-q", "-b", "work", "base")
+    write_inputs(workspace, inputs)
+    return workspace
+
+
+def write_inputs(workspace: Workspace, inputs: dict[str, str | bytes]) -> None:
+    """The phase's inputs (prompt, context, settings, schema...) as private files."""
     workspace.inputs.mkdir(mode=0o700)
     for name, content in inputs.items():
         path = workspace.inputs / name
@@ -78,7 +84,6 @@ def prepare_workspace(
         data = content.encode() if isinstance(content, str) else content
         path.write_bytes(data)
         os.chmod(path, 0o600)
-    return workspace
 
 
 def open_private_home(workspace: Workspace) -> Path:

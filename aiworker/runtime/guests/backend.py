@@ -33,7 +33,13 @@ from aiworker.runtime.guests.machine import (
     MachineSpec,
 )
 from aiworker.runtime.guests.ssh import GuestShell
-from aiworker.runtime.workspace import Workspace, WorkspaceError, moved, outermost
+from aiworker.runtime.workspace import (
+    Workspace,
+    WorkspaceError,
+    moved,
+    outermost,
+    write_inputs,
+)
 
 WORK = "/home/dev/work"
 # Root-owned places (under /run, which `dev` cannot write): root never works on a path
@@ -160,14 +166,8 @@ class QemuBackend:
             raise WorkspaceError(f"workspace {root} already exists")
         root.mkdir(mode=0o700, parents=True)
         workspace = Workspace(root)
-        workspace.repo.mkdir()
-        workspace.inputs.mkdir(mode=0o700)
-        for name, content in inputs.items():
-            path = workspace.inputs / name
-            if workspace.inputs.resolve() not in path.resolve().parents:
-                raise WorkspaceError(f"input {name!r} would land outside the inputs")
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        workspace.repo.mkdir()  # the job's working folder on this side
+        write_inputs(workspace, inputs)
         session = self.sessions[root] = self.start_guest(self.phase)
         session.mapping[str(root)] = WORK
         try:

@@ -23,12 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aiworker.runtime.guests.images import Image, ImageStore
-from aiworker.runtime.guests.machine import MachineSpec, qemu_argv
+from aiworker.runtime.guests.machine import MachineSpec, create_overlay, qemu_argv
 from aiworker.runtime.guests.qmp import Qmp, QmpError
 from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable
 from aiworker.runtime.processes import (
     process_alive,
-    run_command,
     runs_with_arguments,
     spawn_detached,
     spawn_tied,
@@ -91,23 +90,9 @@ class Guest:
             backing = self.image.base if options.overlay else self.image.cold_disk
         overlay = options.overlay or self.path / "overlay.qcow2"
         self._record(options)  # before the overlay: pruning sees the image is in use
-        made = run_command(
-            [
-                "qemu-img",
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-F",
-                "qcow2",
-                "-b",
-                str(backing),
-                str(overlay),
-            ],
-            timeout=30,
-        )
-        if not made.ok:
-            raise GuestUnreachable(f"qemu-img create failed: {made.stderr.strip()[:300]}")
+        failed = create_overlay(backing, overlay)
+        if failed is not None:
+            raise GuestUnreachable(failed)
         argv = qemu_argv(
             self.image,
             overlay,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiworker.runtime.guests.images import Image
+from aiworker.runtime.processes import run_command
 
 PROXY_ADDRESS = "10.0.2.100"
 PROXY_PORT = 3128
@@ -108,3 +109,24 @@ def qemu_argv(
     if incoming is not None:
         argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
     return argv
+
+
+def create_overlay(backing: Path, overlay: Path) -> str | None:
+    """A new qcow2 OVERLAY of BACKING (an absolute path: QEMU resolves a relative one
+    from the overlay's folder); the error, or None."""
+    made = run_command(
+        [
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            str(backing),
+            str(overlay),
+        ],
+        timeout=30,
+    )
+    return None if made.ok else f"qemu-img create failed: {made.stderr.strip()[:300]}"

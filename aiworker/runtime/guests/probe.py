@@ -12,8 +12,8 @@ from pathlib import Path
 
 from aiworker.runtime.accel import kvm_static_verdict
 from aiworker.runtime.guests.images import Image
-from aiworker.runtime.guests.machine import MachineSpec, qemu_argv
-from aiworker.runtime.processes import run_command, spawn_tied
+from aiworker.runtime.guests.machine import MachineSpec, create_overlay, qemu_argv
+from aiworker.runtime.processes import spawn_tied
 
 PROBE_DEADLINE_S = 5.0
 
@@ -37,22 +37,7 @@ def _boots_under_kvm(image: Image, deadline_s: float) -> bool:
     run = Path(tempfile.mkdtemp(prefix="aiworker-kvm-probe-"))
     try:
         overlay = run / "overlay.qcow2"
-        made = run_command(
-            [
-                "qemu-img",
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-F",
-                "qcow2",
-                "-b",
-                str(image.base),
-                str(overlay),
-            ],
-            timeout=30,
-        )
-        if not made.ok:
+        if create_overlay(image.base, overlay) is not None:
             return False
         argv = qemu_argv(
             image,
