@@ -131,3 +131,45 @@ def test_canary_token_never_in_errors_or_logs(fake, caplog):
     assert caplog.records
     assert all(CANARY not in text for text in texts)
     assert "***" in str(caught.value)
+
+
+def poll_against(cli, tmp_path, monkeypatch, url):
+    """`aiworker poll` with every identity pointed at URL, as an operator would run it."""
+    monkeypatch.setenv("AIWORKER_TEST_TOKEN", CANARY)
+    config = tmp_path / "forge.toml"
+    config.write_text(
+        f'[forge]\nurl = "{url}"\ntimeout_seconds = 5\n'
+        '[forge.identities.worker]\ntoken_env = "AIWORKER_TEST_TOKEN"\n'
+        '[[repositories]]\nindex = 1\nowner = "team"\nname = "app"\n'
+    )
+    result = cli("--config", str(config), "poll")
+    assert CANARY not in result.stdout + result.stderr
+    return result
+
+
+def test_a_refused_connection_names_the_url_and_waits_for_the_forge(
+    cli, upgraded, tmp_path, monkeypatch
+):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    result = poll_against(cli, tmp_path, monkeypatch, f"http://127.0.0.1:{port}")
+    assert result.exit_code == 75, result
+    assert f"http://127.0.0.1:{port}" in result.stderr
+    assert "connection refused" in result.stderr
+
+
+def test_an_unknown_host_name_needs_the_operator(cli, upgraded, tmp_path, monkeypatch):
+    # .invalid never resolves (RFC 2606).
+    result = poll_against(cli, tmp_path, monkeypatch, "http://forge.example.invalid")
+    assert result.exit_code == 2, result
+    assert "http://forge.example.invalid" in result.stderr
+    assert "does not resolve (DNS)" in result.stderr
+
+
+def test_a_503_names_the_url_and_forgejos_message(cli, upgraded, tmp_path, monkeypatch, fake):
+    _script, url = fake(*[("json", 503, {"message": "under maintenance"}, {})] * 10)
+    result = poll_against(cli, tmp_path, monkeypatch, url)
+    assert result.exit_code == 75, result
+    assert url in result.stderr
+    assert "HTTP 503: under maintenance" in result.stderr

@@ -1,18 +1,24 @@
-"""Typed forge errors carrying method, path and status; never a token."""
+"""Typed forge errors carrying the forge's URL, method, path, status and cause; never a
+token. The exit code says who can fix it: 75 when waiting can (a 5xx, 429, a timeout,
+a refused connection: a forge restarting), 2 when the operator must (an unknown host
+name, a TLS failure, a malformed URL, a token the forge refuses), 1 otherwise."""
 
 from __future__ import annotations
 
-from aiworker.errors import AiworkerError, Unavailable
+from aiworker.errors import EXIT_INVALID, AiworkerError, Unavailable
 
 
 class ForgeError(AiworkerError):
     code = "forge_error"
 
-    def __init__(self, method: str, path: str, status: int | None, detail: str = "") -> None:
+    def __init__(
+        self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
+    ) -> None:
         self.method = method
         self.path = path
         self.status = status
-        where = f"{method} {path}"
+        self.forge = forge
+        where = f"{method} {path}" + (f" at {forge}" if forge else "")
         what = f"HTTP {status}" if status is not None else "no response"
         super().__init__(
             f"forge request {where} failed: {what}" + (f": {detail}" if detail else "")
@@ -24,6 +30,21 @@ class ForgeUnavailable(ForgeError):
 
     code = "forge_unavailable"
     exit_code = Unavailable.exit_code
+
+
+class ForgeUnreachable(ForgeError):
+    """The forge's address itself is wrong (an unknown host name after the retries, a TLS
+    failure, a malformed URL): waiting does not help, the configuration must change."""
+
+    code = "forge_unreachable"
+    exit_code = EXIT_INVALID
+
+
+class ForgeUnauthorized(ForgeError):
+    """401: the forge does not accept the token."""
+
+    code = "forge_unauthorized"
+    exit_code = EXIT_INVALID
 
 
 class ForgeNotFound(ForgeError):
@@ -43,6 +64,7 @@ class ForgeInvalid(ForgeError):
 
 
 BY_STATUS: dict[int, type[ForgeError]] = {
+    401: ForgeUnauthorized,
     403: ForgeForbidden,
     404: ForgeNotFound,
     405: ForgeConflict,

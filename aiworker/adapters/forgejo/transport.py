@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -19,7 +20,12 @@ from urllib.parse import quote, urlsplit
 import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
-from aiworker.adapters.forgejo.errors import BY_STATUS, ForgeError, ForgeUnavailable
+from aiworker.adapters.forgejo.errors import (
+    BY_STATUS,
+    ForgeError,
+    ForgeUnavailable,
+    ForgeUnreachable,
+)
 from aiworker.secrets import redact, register_secret
 
 log = logging.getLogger(__name__)
@@ -27,11 +33,54 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class _Retryable(Exception):
-    def __init__(self, status: int | None, reason: str, retry_after: float | None) -> None:
+    def __init__(
+        self,
+        status: int | None,
+        reason: str,
+        retry_after: float | None,
+        final: type[ForgeError] = ForgeUnavailable,
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.retry_after = retry_after
+        self.final = final  # what it becomes when the retries run out
+
+
+DNS = ("the host name does not resolve (DNS)", False)
+REFUSED = ("connection refused (nothing listens there)", True)
+
+
+def connection_cause(exc: requests.RequestException, timeout: float) -> tuple[str, bool]:
+    """EXC in an operator's words, and whether waiting may cure it (a refused connection
+    or a timeout may; an unknown host name or a failed TLS handshake needs the operator)."""
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "the TLS handshake failed (certificate or protocol)", False
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {timeout:g} s (timeout)", True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror) or "Name or service not known" in str(seen):
+            return DNS
+        if isinstance(seen, ConnectionRefusedError):
+            return REFUSED
+        seen = seen.__cause__ or seen.__context__ or _wrapped(seen)
+    if "Failed to resolve" in str(exc):
+        return DNS
+    return (
+        REFUSED
+        if "Connection refused" in str(exc)
+        else (f"the connection failed ({type(exc).__name__})", True)
+    )
+
+
+def _wrapped(exc: BaseException) -> BaseException | None:
+    """urllib3 keeps the underlying error in `reason` rather than as a cause."""
+    inner = getattr(exc, "reason", None)
+    if isinstance(inner, BaseException) and inner is not exc:
+        return inner
+    args = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+    return args[0] if args else None
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -46,6 +95,13 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     except (TypeError, ValueError):
         return None
     return max(0.0, when - (time.time() if now is None else now))
+
+
+def _port(parts: Any) -> int | None:
+    try:
+        return int(parts.port) if parts.port else None
+    except ValueError:
+        return None
 
 
 def segment(value: str | int, *, slashes: bool = False) -> str:
@@ -66,6 +122,11 @@ class Transport:
     ) -> None:
         self.base = base_url.rstrip("/")
         self.api = self.base + "/api/v1"
+        parts = urlsplit(self.base)
+        # For messages: the forge's address without any user:password@ in it.
+        self.shown_base = f"{parts.scheme}://{parts.hostname or ''}" + (
+            f":{parts.port}" if _port(parts) else ""
+        )
         self.timeout = timeout
         self.attempts = attempts
         self.backoff_base = backoff_base
@@ -118,7 +179,7 @@ class Transport:
                 with attempt:
                     response = self._send(method, target, shown, params, json, stream)
         except _Retryable as exc:
-            raise ForgeUnavailable(method, shown, exc.status, exc.reason) from None
+            raise exc.final(method, shown, exc.status, exc.reason, forge=self.shown_base) from None
         if response.status_code not in ok:
             raise self._error(method, shown, response)
         return response
@@ -139,12 +200,24 @@ class Transport:
                 method, target, params=params, json=body, timeout=self.timeout, stream=stream
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
-            log.info("%s %s: %s; retrying", method, shown, type(exc).__name__)
-            raise _Retryable(None, type(exc).__name__, None) from None
+            cause, curable = connection_cause(exc, self.timeout)
+            log.info("%s %s at %s: %s; retrying", method, shown, self.shown_base, cause)
+            final = ForgeUnavailable if curable else ForgeUnreachable
+            raise _Retryable(None, cause, None, final) from None
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
+            raise ForgeUnreachable(
+                method,
+                shown,
+                None,
+                f"the URL is malformed ({type(exc).__name__})",
+                forge=self.shown_base,
+            ) from None
         except requests.RequestException as exc:
             # Anything else (a header requests refuses, say) is named by its type only: its
             # message may quote the request's headers, token included.
-            raise ForgeUnavailable(method, shown, None, type(exc).__name__) from None
+            raise ForgeUnavailable(
+                method, shown, None, type(exc).__name__, forge=self.shown_base
+            ) from None
         if not stream:
             self.bytes_received += len(response.content)
         log.debug(
@@ -156,20 +229,25 @@ class Transport:
         )
         if response.status_code in RETRY_STATUSES:
             after = retry_after_seconds(response.headers.get("Retry-After"))
-            raise _Retryable(response.status_code, f"HTTP {response.status_code}", after)
+            raise _Retryable(response.status_code, self._message(response), after)
         return response
 
-    def _error(self, method: str, shown: str, response: requests.Response) -> ForgeError:
-        detail = ""
+    @staticmethod
+    def _message(response: requests.Response) -> str:
+        """Forgejo's own message from an error answer (JSON `message`), if it sent one."""
         try:
             body = response.json()
-            if isinstance(body, dict):
-                # A server may echo what it got; the token must not come back through us.
-                detail = redact(str(body.get("message", ""))[:300])
         except ValueError:
-            pass
+            return ""
+        if isinstance(body, dict):
+            # A server may echo what it got; the token must not come back through us.
+            return redact(str(body.get("message", ""))[:300])
+        return ""
+
+    def _error(self, method: str, shown: str, response: requests.Response) -> ForgeError:
         kind = BY_STATUS.get(response.status_code, ForgeError)
-        return kind(method, shown, response.status_code, detail)
+        detail = self._message(response)
+        return kind(method, shown, response.status_code, detail, forge=self.shown_base)
 
     def pages(self, path: str, params: Mapping[str, Any] | None, page_size: int) -> Iterator[Any]:
         """Every item of a list endpoint, following Link rel="next"."""
