@@ -33,6 +33,25 @@ class PlainConsole:
         Console(highlight=False, soft_wrap=True).print(*objects, markup=markup, **options)
 
 
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
+
+
+def emit_health(json_mode: bool, document: dict[str, Any]) -> None:
+    """A health report (`doctor`, `runner doctor`): one line a check, its status coloured."""
+
+    def human(out: Any) -> None:
+        from rich.markup import escape
+
+        for check in document["checks"]:
+            style = _STYLE[check["status"]]
+            out.print(
+                f"[{style}]{check['status']:>4}[/{style}]  {check['name']:<14} "
+                f"{escape(check['detail'])}"
+            )
+
+    emit(json_mode, document, human)
+
+
 def console() -> Any:
     return PlainConsole()
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,14 @@ class Forge:
     app: SandboxApp
     tokens: dict[str, str]
     data: Path
+    server: Any = None
+
+    def stop(self) -> None:
+        """Stop serving: the port refuses connections from now on."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
 
     def client(self, login: str, **options) -> ForgejoClient:
         client = ForgejoClient(self.url, self.tokens[login], **options)
@@ -58,6 +67,6 @@ def forge(tmp_path):
     seeded = seed(data)
     server, app = serve_in_thread(data)
     tokens = {u["login"]: u["token"] for u in seeded["users"]}
-    yield Forge(app.root_url.rstrip("/"), app, tokens, data)
-    server.shutdown()
-    server.server_close()
+    running = Forge(app.root_url.rstrip("/"), app, tokens, data, server)
+    yield running
+    running.stop()

@@ -10,7 +10,9 @@ IMPLEMENT_KEYS = frozenset(
     | {"decisions", "state"}
 )
 KEYS: dict[str, frozenset[str] | str] = {
-    "status": frozenset({"tasks", "total_tasks", "slots", "last_check"}),
+    "status": frozenset(
+        {"tasks", "total_tasks", "slots", "last_check", "poll_error", "poll_failures"}
+    ),
     "doctor": frozenset({"ok", "checks"}),
     "poll": frozenset({"repositories", "tasks", "unauthorized", "paused", "polls"}),
     "claim": frozenset({"claimed", "slot", "task", "holder", "reason", "recovered"}),
@@ -39,14 +41,16 @@ KEYS: dict[str, frozenset[str] | str] = {
     "scheduler start-now": frozenset({"requested", "via", "pid"}),
     "scheduler status": frozenset(
         {"paused", "paused_reason", "last_check", "next_deadline", "check_requested", "slots"}
+        | {"poll_error", "poll_failures"}
     ),
     "scheduler run-slot": "becomes the slot's phase command (exec): that command's document",
-    "scheduler install": frozenset({"written", "next_steps"}),
+    "scheduler run-step": "becomes the step's command (exec): that command's document",
+    "scheduler install": frozenset({"written", "next_steps", "notes"}),
     "runner schema": "a JSON Schema document (the contract itself)",
     "runner execute": "an ait.runner.native-result.v1 document (tests/test_runner_execute.py)",
     "runner serve": frozenset({"worker_id", "contract", "jobs"}),
     "runner run-job": frozenset({"worker_id", "contract", "jobs"}),
-    "runner doctor": frozenset({"checks"}),
+    "runner doctor": frozenset({"ok", "checks"}),
     "qemu provision": frozenset(
         {"image", "path", "accel", "accel_reason", "build_s", "cold_boot_s", "saved_state"}
         | {"previous", "removed", "files"}

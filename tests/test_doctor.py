@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import os
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.helpers import configure
 
 
 def checks_by_name(result):
     return {c["name"]: c for c in result.json()["checks"]}
 
 
-def test_fresh_machine_has_no_failures(cli, upgraded):
+@pytest.fixture
+def minimal_config(tmp_path, monkeypatch):
+    path = tmp_path / "minimal.toml"
+    path.write_text("shares = 1\n")
+    monkeypatch.setenv("AIWORKER_CONFIG", str(path))
+    return path
+
+
+def test_fresh_machine_has_no_failures(cli, upgraded, minimal_config):
     result = cli("--json", "doctor")
     assert result.exit_code == 0, result
     checks = checks_by_name(result)
@@ -17,7 +31,8 @@ def test_fresh_machine_has_no_failures(cli, upgraded):
     assert checks["state-dir"]["status"] == "ok"
     assert checks["git"]["status"] == "ok"
     assert checks["git"]["detail"].startswith("git version")
-    assert checks["config"]["status"] == "warn"  # no file: embedded defaults
+    assert checks["config"]["status"] == "ok"
+    assert checks["forge"]["status"] == "warn"  # nothing configured to poll
     assert checks["accelerator"]["status"] in ("ok", "warn")
     # No guest image here: phases fall back to this host, and doctor says so.
     assert checks["guest-image"]["status"] == "warn"
@@ -36,7 +51,17 @@ def test_a_configured_qemu_backend_without_an_image_fails(cli, upgraded, tmp_pat
     assert "qemu configured, but" in execution["detail"]
 
 
-def test_missing_database_is_a_warning_with_the_fix(cli):
+def test_a_missing_configuration_fails_and_says_what_to_run(cli, upgraded, tmp_path):
+    missing = tmp_path / "nowhere" / "config.toml"
+    result = cli("--json", "--config", str(missing), "doctor")
+    assert result.exit_code == 1, result
+    config = checks_by_name(result)["config"]
+    assert config["status"] == "fail"
+    assert str(missing) in config["detail"]
+    assert f"aiworker --config {missing} config set forge.url" in config["detail"]
+
+
+def test_missing_database_is_a_warning_with_the_fix(cli, minimal_config):
     result = cli("--json", "doctor")
     assert result.exit_code == 0, result
     assert "aiworker db upgrade" in checks_by_name(result)["database"]["detail"]
@@ -69,9 +94,93 @@ def test_open_state_dir_is_a_warning(cli, upgraded, state_dir):
     assert "0755" in checks_by_name(result)["state-dir"]["detail"]
 
 
-def test_human_output_has_one_line_per_check(cli, upgraded):
+def test_human_output_has_one_line_per_check(cli, upgraded, minimal_config):
     result = cli("doctor")
     assert result.exit_code == 0, result
     lines = result.stdout.strip().splitlines()
     assert any(line.split()[:2] == ["ok", "database"] for line in lines), lines
     assert all(line.split()[0] in ("ok", "warn", "fail") for line in lines)
+
+
+def test_doctor_sees_the_forge_each_identity_and_each_repository(
+    cli, upgraded, forge, tmp_path, monkeypatch
+):
+    configure(tmp_path, forge, monkeypatch)
+    result = cli("--json", "doctor")
+    assert result.exit_code == 0, result
+    checks = checks_by_name(result)
+    assert checks["forge"]["status"] == "ok"
+    assert forge.url in checks["forge"]["detail"]
+    assert "version" in checks["forge"]["detail"]
+    assert checks["identity:worker"]["detail"] == "worker-bot, configured as the worker"
+    assert checks["identity:reviewer"]["detail"] == "reviewer-bot, configured as the reviewer"
+    assert checks["repository:team/app"]["status"] == "ok"
+    assert "worker-bot write" in checks["repository:team/app"]["detail"]
+
+    # A token revoked on the forge: named by its identity and source, never its value.
+    state = forge.app.state
+    with state.lock:
+        state.data["users"]["reviewer-bot"]["token"] = "0" * 40
+        state.save()
+    result = cli("--json", "doctor")
+    assert result.exit_code == 1, result
+    reviewer = checks_by_name(result)["identity:reviewer"]
+    assert reviewer == {
+        "name": "identity:reviewer",
+        "status": "fail",
+        "detail": "the forge refuses the token from env:AIWORKER_TEST_REVIEWER_TOKEN",
+    }
+    assert forge.tokens["reviewer-bot"] not in result.stdout
+    with state.lock:
+        state.data["users"]["reviewer-bot"]["token"] = forge.tokens["reviewer-bot"]
+        state.save()
+    assert cli("--json", "doctor").exit_code == 0
+
+    # A bot that lost Write on the repository: the repository is named, and the bot.
+    admin = forge.client("admin")
+    admin.add_collaborator("team", "app", "worker-bot", "read")
+    result = cli("--json", "doctor")
+    assert result.exit_code == 1, result
+    repository = checks_by_name(result)["repository:team/app"]
+    assert repository["status"] == "fail"
+    assert "worker-bot has read" in repository["detail"]
+    admin.add_collaborator("team", "app", "worker-bot", "write")
+    assert cli("--json", "doctor").exit_code == 0
+
+
+def test_a_stopped_forge_fails_doctor_and_poll_names_the_url_and_cause(
+    cli, upgraded, forge, tmp_path, monkeypatch
+):
+    configure(tmp_path, forge, monkeypatch)
+    assert cli("poll").exit_code == 0
+    forge.stop()
+    result = cli("--json", "doctor")
+    assert result.exit_code == 1, result
+    detail = checks_by_name(result)["forge"]["detail"]
+    assert forge.url in detail, detail
+    assert "connection refused" in detail, detail
+
+    polled = cli("poll")
+    assert polled.exit_code == 75, polled  # a stopped forge may come back by itself
+    assert forge.url in polled.stderr
+    assert "connection refused" in polled.stderr
+    polled = cli("poll")
+    result = cli("--json", "doctor")
+    poll = checks_by_name(result)["poll"]
+    assert poll["status"] == "fail"
+    assert poll["detail"].startswith("2 polls in a row failed")
+    assert "connection refused" in poll["detail"]
+    status = cli("--json", "status").json()
+    assert status["poll_failures"] == 2
+    assert forge.url in status["poll_error"]
+
+
+def test_an_overdue_tick_fails_doctor(cli, upgraded, minimal_config, state_dir):
+    long_ago = (datetime.now(UTC) - timedelta(seconds=3 * 180)).isoformat()
+    (state_dir / "scheduler.json").write_text(json.dumps({"last_check": long_ago}))
+    result = cli("--json", "doctor")
+    assert result.exit_code == 1, result
+    assert checks_by_name(result)["scheduler"]["detail"].startswith("overdue: the last check")
+    recent = datetime.now(UTC).isoformat()
+    (state_dir / "scheduler.json").write_text(json.dumps({"last_check": recent}))
+    assert cli("--json", "doctor").exit_code == 0

@@ -174,7 +174,7 @@ def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_pa
         stuck = run(hung, timeout=30)
     assert stuck.returncode == 1
     [controller] = [c for c in json.loads(stuck.stdout)["checks"] if c["name"] == "controller"]
-    assert not controller["ok"]
+    assert controller["status"] == "fail"
 
 
 def test_serve_refuses_a_wrong_token_without_retrying(controller, tmp_path):

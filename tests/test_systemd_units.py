@@ -4,12 +4,16 @@ own cgroup."""
 
 from __future__ import annotations
 
+import getpass
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,8 @@ from aiworker.runtime.cgroups import cgroup2_mount, own_cgroup
 from tests.helpers import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = ("aiworker-scheduler.service", "aiworker-slot@.service")
+SERVICES = ("aiworker-scheduler.service", "aiworker-slot@.service", "aiworker-step@.service")
+JOBS = ("aiworker-slot@.service", "aiworker-step@.service")
 HARDENING = (
     "NoNewPrivileges=yes",
     "PrivateTmp=yes",
@@ -33,6 +38,7 @@ HARDENING = (
 MOST_EXPOSURE = {
     "aiworker-scheduler.service": 3.0,
     "aiworker-slot@1.service": 5.0,
+    "aiworker-step@1.service": 5.0,
     "aiworker-web.service": 3.0,
     "aiworker-runner.service": 5.0,
 }
@@ -89,6 +95,97 @@ def test_units_are_the_shipped_files_with_this_installations_paths(tmp_path, sta
     assert {"MemoryMax=8G", "TasksMax=4096", "MemorySwapMax=0"} <= set(slot)
 
 
+def test_every_path_a_unit_names_exists_after_install_and_jobs_reach_kvm(tmp_path):
+    # The default configuration: neither the file nor its folder exists yet.
+    assert not (tmp_path / "xdg-config" / "aiworker").exists()
+    state = tmp_path / "state"
+    target = tmp_path / "units"
+    result = run_process(
+        "--json", "--state-dir", str(state), "scheduler", "install",
+        "--dir", str(target), "--web", "127.0.0.1:8765", *FLEET,
+    )  # fmt: skip
+    assert result.exit_code == 0, result
+    for unit in target.iterdir():
+        text = unit.read_text()
+        for line in text.splitlines():
+            if line.startswith("ReadWritePaths="):
+                for path in shlex.split(line.split("=", 1)[1]):
+                    assert path.startswith("-") or Path(path).is_dir(), (unit.name, path)
+                    assert Path(path.lstrip("-")).stat().st_mode & 0o077 == 0, path
+        if unit.name in JOBS:
+            lines = text.splitlines()
+            assert "DeviceAllow=/dev/kvm rw" in lines
+            assert "DevicePolicy=closed" in lines
+            assert not any(x.startswith("PrivateDevices=") for x in lines), unit.name
+        # A user manager has no network-online.target: only the runner, which may be a
+        # system unit, names it.
+        if unit.name != RUNNER:
+            assert "network-online.target" not in text, unit.name
+
+
+def test_the_printed_next_steps_are_exact_and_the_first_runs_as_printed(tmp_path):
+    config = tmp_path / "xdg-config" / "aiworker" / "config.toml"  # the default, not yet written
+    state = tmp_path / "state"
+    target = tmp_path / "units"
+    result = run_process(
+        "--json", "--state-dir", str(state), "scheduler", "install",
+        "--dir", str(target), "--web", "127.0.0.1:8765",
+    )  # fmt: skip
+    assert result.exit_code == 0, result
+    report = result.json()
+    steps = report["next_steps"]
+    user = getpass.getuser()
+    written = sorted(report["written"])
+    assert shlex.split(steps[0]) == [
+        sys.executable, "-m", "aiworker", "--config", str(config), "--state-dir", str(state),
+        "config", "set", "scheduler.launcher", "systemd",
+    ]  # fmt: skip
+    linger = f"loginctl enable-linger {user}"
+    assert steps[1] == (linger if os.geteuid() == 0 else f"sudo {linger}")
+    assert sorted(shlex.split(steps[2])[3:]) == written
+    assert shlex.split(steps[2])[:3] == ["systemctl", "--user", "link"]
+    assert steps[3] == "systemctl --user daemon-reload"
+    assert steps[4] == (
+        "systemctl --user enable --now aiworker-scheduler.timer aiworker-web.service"
+    )
+    assert "list-timers" in steps[5]
+    assert steps[6].startswith("journalctl --user -u")
+    # The first step, run exactly as printed, sets the launcher in the file the units read.
+    done = subprocess.run(shlex.split(steps[0]), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert 'launcher = "systemd"' in config.read_text()
+    units = (target / "aiworker-scheduler.service").read_text()
+    assert f'Environment="AIWORKER_CONFIG={config}"' in units
+
+
+def test_a_changed_check_interval_reaches_the_timer_without_reinstalling(
+    cli, upgraded, state_dir, tmp_path, monkeypatch
+):
+    config = tmp_path / "config.toml"
+    config.write_text("check_interval = 600\n")
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    assert cli("--json", "scheduler", "tick").json()["status"] == "checked"
+    # The timer's next wake-up: not due within the interval, so nothing runs.
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "not_due"
+    state = json.loads((state_dir / "scheduler.json").read_text())
+    state["last_check"] = (datetime.now(UTC) - timedelta(seconds=30)).isoformat()
+    (state_dir / "scheduler.json").write_text(json.dumps(state))
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "not_due"
+    assert cli("config", "set", "check_interval", "20").exit_code == 0
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "checked"
+    # A check asked for (a job's follow-up, `start-now`) runs at once.
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "not_due"
+    state = json.loads((state_dir / "scheduler.json").read_text())
+    (state_dir / "scheduler.json").write_text(json.dumps({**state, "check_requested": True}))
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "checked"
+
+
+def test_a_step_unit_with_nothing_to_run_exits_75(cli, upgraded, state_dir):
+    gone = cli("scheduler", "run-step", "41")
+    assert gone.exit_code == 75, gone
+    assert "task 41 waits on no step (it is gone)" in gone.stderr
+
+
 def test_the_web_unit_is_written_when_asked_and_only_for_loopback(tmp_path, state_dir):
     target = tmp_path / "units"
     result = install(target, state_dir, "--web", "127.0.0.1:8765")
@@ -131,12 +228,14 @@ def test_systemd_analyze_verifies_every_unit(tmp_path, state_dir, mode):
     target = tmp_path / "units"
     assert install(target, None, "--web", "127.0.0.1:8765", *FLEET).exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
+    shutil.copy(target / "aiworker-step@.service", target / "aiworker-step@1.service")
     units = [
         str(target / n)
         for n in (
             "aiworker-scheduler.service",
             "aiworker-scheduler.timer",
             "aiworker-slot@1.service",
+            "aiworker-step@1.service",
             "aiworker-web.service",
             RUNNER,
         )
@@ -152,6 +251,7 @@ def test_systemd_analyze_security_scores_the_hardening(tmp_path, state_dir, unit
     target = tmp_path / "units"
     assert install(target, None, "--web", "127.0.0.1:8765", *FLEET).exit_code == 0
     shutil.copy(target / "aiworker-slot@.service", target / "aiworker-slot@1.service")
+    shutil.copy(target / "aiworker-step@.service", target / "aiworker-step@1.service")
     limit = MOST_EXPOSURE[unit]
     scored = analyze(
         "security",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aiworker.render import emit
+from aiworker.render import emit, emit_health
 
 if TYPE_CHECKING:
     from aiworker.core.runner.agent import AgentOptions
@@ -133,9 +133,5 @@ def doctor(ctx: typer.Context, server: Server, attempt_root: AttemptRoot = None)
     from aiworker.runtime.attempts import default_attempt_root
 
     report = check(remote_controller(server, 2.0), attempt_root or default_attempt_root())
-    document = report.to_json()
-    lines = [
-        f"{'ok ' if x['ok'] else 'BAD'} {x['name']}: {x['detail']}" for x in document["checks"]
-    ]
-    emit(ctx.obj.json, document, lambda c: c.print("\n".join(lines), markup=False))
+    emit_health(ctx.obj.json, report.to_json())
     return report.exit_code

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -16,14 +15,28 @@ app = typer.Typer(
 
 
 @app.command("tick")
-def tick(ctx: typer.Context) -> None:
+def tick(
+    ctx: typer.Context,
+    if_due: Annotated[
+        bool,
+        typer.Option(
+            "--if-due",
+            help="Check only when check_interval has passed or a check was asked for "
+            "(the timer's wake-ups).",
+        ),
+    ] = False,
+) -> None:
     """Poll, recover stale claims, start each free slot's next phase, record a check."""
     from aiworker.core.scheduling.tick import tick as run_tick
+    from aiworker.core.scheduling.tick import tick_if_due
 
     inv: Invocation = ctx.obj
-    report = run_tick(inv.environment()).to_json()
+    env = inv.environment()
+    report = (tick_if_due(env) if if_due else run_tick(env)).to_json()
 
     def human(console: Any) -> None:
+        if report["status"] == "not_due":
+            console.print("no check due yet", markup=False)
         if report["status"] == "paused":
             console.print("scheduler is paused; nothing started", markup=False)
         for item in report["started"]:
@@ -91,6 +104,11 @@ def status(ctx: typer.Context) -> None:
             f"next by {report['next_deadline'] or '-'}",
             markup=False,
         )
+        if report["poll_error"]:
+            console.print(
+                f"poll failing ({report['poll_failures']} in a row): {report['poll_error']}",
+                markup=False,
+            )
         for slot in report["slots"]:
             holder = slot["holder_pid"] or "-"
             console.print(
@@ -102,46 +120,12 @@ def status(ctx: typer.Context) -> None:
     emit(inv.json, report, human)
 
 
-@app.command("run-slot")
-def run_slot(
-    ctx: typer.Context,
-    slot: Annotated[int, typer.Argument(min=1, max=3, help="Slot number.")],
-) -> None:
-    """Used by aiworker-slot@N.service: take slot-N.lock and run the task claimed on it."""
-    from aiworker.core.scheduling.launcher import run_slot as run
+def _register() -> None:
+    from aiworker.commands import scheduler_units
 
-    inv: Invocation = ctx.obj
-    run(inv.environment(), slot)
+    app.command("run-slot")(scheduler_units.run_slot)
+    app.command("run-step")(scheduler_units.run_step)
+    app.command("install")(scheduler_units.install)
 
 
-@app.command("install")
-def install(
-    ctx: typer.Context,
-    user: Annotated[bool, typer.Option("--user", help="Install systemd user units.")] = False,
-    directory: Annotated[
-        Path | None, typer.Option("--dir", help="Write the units here instead.")
-    ] = None,
-    web: Annotated[
-        str | None,
-        typer.Option("--web", help="Also write aiworker-web.service, serving on ADDRESS:PORT."),
-    ] = None,
-    runner_server: Annotated[
-        str | None, typer.Option(help="Also write aiworker-runner.service for URL.")
-    ] = None,
-) -> None:
-    """Write the systemd units with this installation's paths and say what to enable."""
-    from aiworker.core.providers.registry import provider_homes
-    from aiworker.core.scheduling.units import NEXT_STEPS, install_units, user_unit_dir
-    from aiworker.errors import InvalidInput
-
-    inv: Invocation = ctx.obj
-    if not user and directory is None:
-        raise InvalidInput("choose --user (systemd user units) or --dir DIR")
-    target = directory or user_unit_dir()
-    env = inv.environment()
-    config, interval = inv.config_path.absolute(), env.loaded.config.check_interval
-    homes = provider_homes(env)
-    written = install_units(target, config, env.state_dir, interval, homes, web, runner_server)
-    result = {"written": [str(p) for p in written], "next_steps": list(NEXT_STEPS)}
-    lines = [*(f"wrote {p}" for p in written), "then run:", *(f"  {s}" for s in NEXT_STEPS)]
-    emit(inv.json, result, lambda console: console.print("\n".join(lines), markup=False))
+_register()

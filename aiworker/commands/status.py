@@ -35,5 +35,10 @@ def status(ctx: typer.Context) -> None:
         console.print(tasks)
         console.print(slots)
         console.print(f"Last check: {report['last_check'] or 'never'}", markup=False)
+        if report["poll_error"]:
+            console.print(
+                f"Poll failing ({report['poll_failures']} in a row): {report['poll_error']}",
+                markup=False,
+            )
 
     emit(inv.json, report, human)

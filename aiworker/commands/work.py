@@ -18,12 +18,10 @@ def poll(
 ) -> None:
     """Record labelled and assigned issues as tasks, verifying who authorised each; between
     full polls (hourly, or --full) only the issues updated since the last poll are read."""
-    from aiworker.core.forge_access import ForgeAccess
-    from aiworker.core.intake.discovery import poll as poll_forge
+    from aiworker.core.scheduling.tick import poll_recorded
 
     inv: Invocation = ctx.obj
-    env = inv.environment()
-    report = poll_forge(env, ForgeAccess(env.loaded), full=full).to_json()
+    report = poll_recorded(inv.environment(), full=full).to_json()
 
     def human(console: Any) -> None:
         tasks = ", ".join(f"{k} {v}" for k, v in sorted(report["tasks"].items())) or "none"

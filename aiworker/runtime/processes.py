@@ -11,6 +11,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -264,6 +265,36 @@ def exec_keeping(argv: Sequence[str], keep_fd: int) -> None:
     """Replace this process with ARGV; KEEP_FD (a held lock) stays open across exec."""
     os.set_inheritable(keep_fd, True)
     os.execvp(argv[0], list(argv))  # noqa: S606 - direct argv by design, never a shell
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def tee_output(log_path: Path) -> None:
+    """Send this process's stdout and stderr (and so an exec'd program's) both where they
+    went so far (a unit's journal) and, appended, to LOG_PATH, through `tee`. tee ignores
+    the stop signals a unit's processes all get, so a stopping job can still write how
+    it ended; it ends when the last writer closes its pipe (or with SIGKILL)."""
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    tee = subprocess.Popen(
+        ["tee", "-a", str(log_path)],
+        stdin=read_end,
+        stdout=sys.stdout.fileno(),
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        preexec_fn=_ignore_stop_signals,  # noqa: PLW1509 - single-threaded here, before exec
+    )
+    _DETACHED.append(tee)
+    os.close(read_end)
+    os.dup2(write_end, sys.stdout.fileno())
+    os.dup2(write_end, sys.stderr.fileno())
+    os.close(write_end)
 
 
 def converse(

@@ -75,6 +75,10 @@ class ForgejoClient:
     def page_size(self) -> int:
         return max(1, self.settings.max_response_items)
 
+    def server_version(self) -> str:
+        """The forge's version (GET /version)."""
+        return str(self.http.request("GET", "/version").json().get("version") or "unknown")
+
     # identity and repository -----------------------------------------------------------
     def current_user(self) -> m.User:
         return self._get(m.User, "/user")

@@ -36,7 +36,7 @@ class AccessReport(Report):
     warnings: list[str] = field(default_factory=list)
 
 
-def _permission(client: ForgejoClient, repo: Repository, login: str) -> str:
+def permission_of(client: ForgejoClient, repo: Repository, login: str) -> str:
     try:
         return client.collaborator_permission(repo.owner, repo.name, login).permission
     except (ForgeError, AiworkerError) as exc:
@@ -56,7 +56,7 @@ def _read(access: ForgeAccess, repos: Iterable[Repository]) -> list[dict[str, An
     found = []
     for repo in repos:
         for role, login, client in _bots(access):
-            permission = _permission(client, repo, login)
+            permission = permission_of(client, repo, login)
             found.append(
                 {
                     "repository": repo.full_name,

@@ -1,9 +1,9 @@
-"""Health checks: configuration, tokens, state directory, database, git, qemu, KVM."""
+"""Health checks: configuration, tokens, the forge (reachable, each identity, each
+repository), the last poll and the tick, state directory, database, git, qemu, KVM."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiworker.config.loader import (
@@ -15,39 +15,27 @@ from aiworker.config.loader import (
     token_state,
 )
 from aiworker.core.context import Environment, state_dir_mode
-from aiworker.core.report import Report
-from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
+from aiworker.core.health import Check, HealthReport
+from aiworker.errors import AiworkerError, ConfigInvalid
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # ok | warn | fail
-    detail: str
+def run_doctor(state_dir: Path, config_path: Path) -> HealthReport:
+    return HealthReport.of(_checks(state_dir, config_path))
 
 
-@dataclass
-class DoctorReport(Report):
-    ok: bool
-    checks: list[dict[str, str]]
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.ok else EXIT_FAILED
-
-
-def run_doctor(state_dir: Path, config_path: Path, config_required: bool) -> DoctorReport:
-    checks = _checks(state_dir, config_path, config_required)
-    return DoctorReport(not any(c.status == "fail" for c in checks), [vars(c) for c in checks])
-
-
-def _checks(state_dir: Path, config_path: Path, config_required: bool) -> list[Check]:
+def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     checks: list[Check] = []
     try:
-        loaded = load_config(config_path, required=config_required)
+        if not config_path.exists():
+            raise ConfigInvalid(
+                f"no configuration file at {config_path}: write one with `aiworker --config "
+                f"{config_path} config set forge.url URL` and the keys in the README's "
+                "Configuration section"
+            )
+        loaded = load_config(config_path, required=True)
     except AiworkerError as exc:
         checks.append(Check("config", "fail", exc.message))
         details = getattr(exc, "problems", [])
@@ -57,8 +45,13 @@ def _checks(state_dir: Path, config_path: Path, config_required: bool) -> list[C
     checks.extend(_check_tokens(loaded))
     if loaded.config.forge is not None:
         checks.append(_check_operator(loaded))
+    from aiworker.core.maintenance.forge_health import forge_checks, scheduler_checks
+
+    env = Environment(state_dir, loaded)
+    checks.extend(forge_checks(env))
+    checks.extend(scheduler_checks(env))
     checks.append(_check_state_dir(state_dir))
-    checks.append(_check_database(Environment(state_dir, loaded)))
+    checks.append(_check_database(env))
     checks.append(_check_git())
     checks.extend(_check_guests())
     from aiworker.core.guests.health import guest_findings
@@ -68,8 +61,6 @@ def _checks(state_dir: Path, config_path: Path, config_required: bool) -> list[C
 
 
 def _check_config(loaded: LoadedConfig) -> Check:
-    if not loaded.exists:
-        return Check("config", "warn", f"no file at {loaded.path}; using embedded defaults")
     repos = len(loaded.config.repositories)
     return Check("config", "ok", f"{loaded.path} is valid ({repos} repositories)")
 

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from aiworker.adapters.runner_api import ServerUnavailable
+from aiworker.core.health import Check, HealthReport
 from aiworker.core.report import Report
 from aiworker.core.runner.agent import (
     AgentOptions,
@@ -223,22 +224,13 @@ def run_job(
     return report
 
 
-@dataclass
-class DoctorReport(Report):
-    checks: list[dict[str, Any]]
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if all(c["ok"] for c in self.checks) else EXIT_FAILED
-
-
-def doctor(controller: Controller, attempt_root: Path) -> DoctorReport:
+def doctor(controller: Controller, attempt_root: Path) -> HealthReport:
     """Reachability, the token, the contract, clock skew, and the attempt root; claims
-    nothing."""
-    checks: list[dict[str, Any]] = []
+    nothing. The same shape and words as the controller's `doctor`."""
+    checks: list[Check] = []
 
     def check(name: str, ok: bool, detail: str) -> None:
-        checks.append({"name": name, "ok": ok, "detail": detail})
+        checks.append(Check(name, "ok" if ok else "fail", detail))
 
     try:
         document, offset = controller.health()
@@ -252,7 +244,7 @@ def doctor(controller: Controller, attempt_root: Path) -> DoctorReport:
     except (ValueError, KeyError, TypeError, AttributeError):
         check("controller", False, "the answer is not the runner API's health document")
     check(*_attempt_root_check(attempt_root))
-    return DoctorReport(checks)
+    return HealthReport.of(checks)
 
 
 def _attempt_root_check(root: Path) -> tuple[str, bool, str]:

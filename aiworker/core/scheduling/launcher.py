@@ -1,9 +1,11 @@
 """Starting jobs: a slot's phase as its own process holding slot-N.lock, a delivery step
-holding task-N.lock, or a unit through systemd; and follow-up checks.
+holding task-N.lock, or, under the systemd launcher, each as a unit of its own
+(aiworker-slot@N.service, aiworker-step@TASK.service) that outlives the tick.
 
 Every job writes to its task's own log (logs/task-N.log), which cleanup removes
-with the task. A job started here carries AIWORKER_FOLLOW_UP=1: when it makes
-progress it asks for a check right away instead of at the next interval.
+with the task; a unit's job writes to the journal as well. A job started here
+carries AIWORKER_FOLLOW_UP=1: when it makes progress it asks for a check right
+away instead of at the next interval.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from aiworker.core.scheduling.phase_commands import (
 from aiworker.core.scheduling.state import update_state
 from aiworker.errors import Unavailable
 from aiworker.runtime.locks import FileLock
-from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached
+from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached, tee_output
 from aiworker.store.engine import Database
-from aiworker.store.tasks import claimed_on, kind_and_state, tasks_in_states
+from aiworker.store.tasks import claimed_on, kind_and_state, task_state, tasks_in_states
 
 log = logging.getLogger(__name__)
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
@@ -87,17 +89,49 @@ def run_slot(env: Environment, slot: int) -> None:
         argv = argv_for(env, kind, state, task_id, slot)
     finally:
         db.dispose()
+    _become_job(env, task_id, argv, lock)
+
+
+def run_step(env: Environment, task_id: int) -> None:
+    """In aiworker-step@TASK.service: take task-TASK.lock and become the step its state
+    waits on (publish, ci, review, merge or the plan step)."""
+    lock = env.locks.lock(f"task-{task_id}")
+    if not lock.try_acquire():
+        raise Unavailable(f"a step of task {task_id} is already running")
+    db = env.open_database()
+    try:
+        with db.read_connection() as connection:
+            found = kind_and_state(connection, task_id)
+    finally:
+        db.dispose()
+    phase = None if found is None or found[0] == "milestone" else DELIVERY_PHASE.get(found[1])
+    command = None if phase is None else phase_command(env, phase)
+    if command is None:
+        lock.release()
+        state = "gone" if found is None else found[1]
+        raise Unavailable(f"task {task_id} waits on no step (it is {state})")
+    _become_job(env, task_id, [*command, "--task", str(task_id)], lock)
+
+
+def _become_job(env: Environment, task_id: int, argv: list[str], lock: FileLock) -> None:
+    """Replace this unit's process with the job, holding LOCK, its output appended to the
+    task's log and still reaching the journal."""
+    log.info("task %d: running %s", task_id, " ".join(argv[-5:]))
     os.environ[FOLLOW_UP] = "1"
+    tee_output(task_log(env, task_id))
     exec_keeping(argv, lock.fileno)
 
 
 def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]:
     """Start publish, ci, review or merge for each task waiting on one (and the plan step
     for a plan awaiting approval or running its milestones); a per-task lock,
-    handed to the step's process, keeps two ticks from running a task's step twice."""
+    handed to the step's process, keeps two ticks from running a task's step twice.
+    Under the systemd launcher each step is aiworker-step@TASK.service, which takes the
+    lock itself (starting an active unit again is a no-op)."""
     with db.read_connection() as connection:
         waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
-    started = []
+    units = env.loaded.config.scheduler.launcher == "systemd"
+    started: list[dict[str, Any]] = []
     for task_id, state, kind in waiting:
         if kind == "milestone":
             continue  # its plan's step accepts it into the plan's branch
@@ -108,20 +142,29 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
         if command is None:
             lock.release()
             continue
-        argv = [*command, "--task", str(task_id)]
-        pid = spawn_detached(
-            argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
-        )
-        lock.hand_over(pid)
-        started.append({"task": task_id, "phase": DELIVERY_PHASE[state], "pid": pid})
+        entry: dict[str, Any] = {"task": task_id, "phase": DELIVERY_PHASE[state]}
+        if units:
+            lock.release()
+            entry["unit"] = step_unit(task_id)
+            _systemctl_start(entry["unit"])
+        else:
+            argv = [*command, "--task", str(task_id)]
+            entry["pid"] = spawn_detached(
+                argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
+            )
+            lock.hand_over(entry["pid"])
+        started.append(entry)
     return started
+
+
+def step_unit(task_id: int) -> str:
+    return f"aiworker-step@{task_id}.service"
 
 
 def _record_job(db: Database, task_id: int, slot: int, pid: int) -> None:
     """Name the job's process in the claim: recovery then knows the claim's holder died
     without waiting out the hand-over grace that a claim made by hand gets."""
     from aiworker.core.tasks.lifecycle import TransitionRefused, advance
-    from aiworker.store.tasks import task_state
 
     with db.read_connection() as connection:
         current = task_state(connection, task_id)

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
+from aiworker.core.scheduling.state import SchedulerState
 from aiworker.store.task_records import claims_by_slot, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
 
@@ -28,6 +29,9 @@ class StatusReport(Report):
     tasks: dict[str, int]
     slots: list[SlotStatus] = field(default_factory=list)
     last_check: datetime | None = None
+    # The last poll's failure (None when it worked) and how many polls in a row failed.
+    poll_error: str | None = None
+    poll_failures: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -35,6 +39,8 @@ class StatusReport(Report):
             "total_tasks": sum(self.tasks.values()),
             "slots": [vars(s) for s in self.slots],
             "last_check": self.last_check.isoformat() if self.last_check else None,
+            "poll_error": self.poll_error,
+            "poll_failures": self.poll_failures,
         }
 
 
@@ -62,4 +68,5 @@ def collect_status(env: Environment) -> StatusReport:
                 task_state=claimed.state if claimed else None,
             )
         )
-    return StatusReport(tasks=tasks, slots=slots, last_check=last_check)
+    state = SchedulerState.load(env.state_dir)
+    return StatusReport(tasks, slots, last_check, state.poll_error, state.poll_failures)

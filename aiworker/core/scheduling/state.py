@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,10 @@ class SchedulerState:
     check_requested: bool = False
     last_check: str | None = None
     next_deadline: str | None = None
+    # The last poll's failure (None after a poll that worked) and how many in a row failed.
+    poll_error: str | None = None
+    poll_error_at: str | None = None
+    poll_failures: int = 0
 
     @staticmethod
     def path(state_dir: Path) -> Path:
@@ -36,6 +41,16 @@ class SchedulerState:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_private_file(self.path(state_dir), json.dumps(asdict(self)).encode())
 
+    def due(self, interval: int, now: datetime) -> bool:
+        """A check is due: asked for, never made, or INTERVAL seconds after the last."""
+        if self.check_requested or not self.last_check:
+            return True
+        try:
+            last = datetime.fromisoformat(self.last_check)
+        except ValueError:
+            return True
+        return now >= last + timedelta(seconds=interval)
+
 
 def update_state(env: Environment, **changes: Any) -> SchedulerState:
     """Change the scheduler's state under its lock (pause, resume, check requests)."""
@@ -43,5 +58,17 @@ def update_state(env: Environment, **changes: Any) -> SchedulerState:
         state = SchedulerState.load(env.state_dir)
         for key, value in changes.items():
             setattr(state, key, value)
+        state.save(env.state_dir)
+    return state
+
+
+def record_poll(env: Environment, error: str | None, when: datetime) -> SchedulerState:
+    """A poll's outcome, for status and doctor: its error (None when it worked) and how
+    many polls in a row have failed."""
+    with env.locks.held("scheduler-state", timeout=10):
+        state = SchedulerState.load(env.state_dir)
+        state.poll_failures = state.poll_failures + 1 if error else 0
+        state.poll_error = error
+        state.poll_error_at = when.isoformat() if error else None
         state.save(env.state_dir)
     return state

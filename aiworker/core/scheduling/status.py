@@ -19,6 +19,8 @@ class SchedulerStatus(Report):
     next_deadline: str | None
     check_requested: bool
     slots: list[dict[str, Any]]
+    poll_error: str | None
+    poll_failures: int
 
 
 def scheduler_status(env: Environment) -> SchedulerStatus:
@@ -31,4 +33,6 @@ def scheduler_status(env: Environment) -> SchedulerStatus:
         state.next_deadline,
         state.check_requested,
         overview["slots"],
+        state.poll_error,
+        state.poll_failures,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiworker.config.models import Housekeeping
 from aiworker.core.context import Environment
@@ -22,7 +22,7 @@ from aiworker.core.report import Report
 from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
-from aiworker.core.scheduling.state import SchedulerState, update_state
+from aiworker.core.scheduling.state import SchedulerState, record_poll, update_state
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
@@ -36,12 +36,15 @@ from aiworker.store.tasks import (
     prune_events,
 )
 
+if TYPE_CHECKING:
+    from aiworker.core.intake.discovery import PollReport
+
 CHECK_EVENT = "scheduler.check"
 
 
 @dataclass
 class TickReport(Report):
-    status: str = "checked"  # checked | paused
+    status: str = "checked"  # checked | paused | not_due
     poll: dict[str, Any] | None = None
     poll_error: str | None = None
     recovered: list[dict[str, Any]] = field(default_factory=list)
@@ -54,15 +57,25 @@ class TickReport(Report):
     next_deadline: str | None = None
 
 
+def tick_if_due(env: Environment) -> TickReport:
+    """The timer's wake-ups: check only once check_interval has passed since the last
+    check, or when a check was asked for; the interval is read at every wake-up, so a
+    changed interval takes effect without touching the timer."""
+    saved = SchedulerState.load(env.state_dir)
+    if saved.due(env.loaded.config.check_interval, datetime.now(UTC)):
+        return tick(env)
+    return TickReport(status="not_due", next_deadline=saved.next_deadline)
+
+
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     report = TickReport()
+    config = env.loaded.config
     # Paused: nothing new starts, but what dead jobs left is still recovered and
     # finished tasks are still cleaned up.
     paused = SchedulerState.load(env.state_dir).paused
     maintenance = env.locks.lock("maintenance")
     if maintenance.is_locked() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
-    config = env.loaded.config
     if not paused:
         refuse_direct_launch_in_a_service(config.scheduler.launcher)
     if paused:
@@ -141,14 +154,26 @@ def _keep_house(env: Environment, db: Database) -> list[dict[str, Any]]:
 
 
 def _poll(env: Environment, report: TickReport) -> None:
+    try:
+        report.poll = poll_recorded(env).to_json()
+    except AiworkerError as exc:
+        # Authorisation could not be verified: start nothing this time.
+        report.poll_error = exc.message
+
+
+def poll_recorded(env: Environment, *, full: bool = False) -> PollReport:
+    """Poll the forge and record the outcome (the error, failures in a row) for status and
+    doctor; an error is raised again."""
     from aiworker.core.forge_access import ForgeAccess
     from aiworker.core.intake.discovery import poll
 
     try:
-        report.poll = poll(env, ForgeAccess(env.loaded)).to_json()
+        report = poll(env, ForgeAccess(env.loaded), full=full)
     except AiworkerError as exc:
-        # Authorisation could not be verified: start nothing this time.
-        report.poll_error = exc.message
+        record_poll(env, exc.message, datetime.now(UTC))
+        raise
+    record_poll(env, None, datetime.now(UTC))
+    return report
 
 
 def _free_slots(env: Environment, report: TickReport) -> list[tuple[int, FileLock]]:

@@ -9,22 +9,26 @@ they would sit in the tick's cgroup and die with it (KillMode=control-group).
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
+import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory, write_private_file
 from aiworker.runtime.cgroups import own_cgroup
 from aiworker.runtime.listen import is_loopback, parse_listen
 
-NEXT_STEPS = (
-    "aiworker config set scheduler.launcher systemd",
-    "systemctl --user daemon-reload",
-    "systemctl --user enable --now aiworker-scheduler.timer",
+UNITS = (
+    "aiworker-scheduler.service",
+    "aiworker-scheduler.timer",
+    "aiworker-slot@.service",
+    "aiworker-step@.service",
 )
-UNITS = ("aiworker-scheduler.service", "aiworker-scheduler.timer", "aiworker-slot@.service")
 WEB_UNIT = "aiworker-web.service"  # written only when asked (install --web ADDRESS:PORT)
 RUNNER_UNIT = "aiworker-runner.service"  # only when asked (install --runner-server URL)
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
@@ -102,8 +106,14 @@ def install_units(
     if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
         raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
     units = render_units(config_path, state_dir, interval, homes, web, runner_server)
-    for home in homes:  # they must exist when a unit starts, to be made writable in it
+    # Every path a unit makes writable must exist when it starts (else 226/NAMESPACE).
+    for home in [state_dir, *homes]:
         private_directory(home)
+    if web is not None:
+        config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if runner_server is not None:
+        config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_directory(state_dir / "runner-attempts")
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in units.items():
@@ -112,6 +122,42 @@ def install_units(
         os.chmod(path, 0o644)
         written.append(path)
     return written
+
+
+@dataclass
+class InstallReport(Report):
+    written: list[str]
+    next_steps: list[str]  # commands, exact for this installation, to run in order
+    notes: list[str] = field(default_factory=list)
+
+
+def next_steps(
+    config_path: Path, state_dir: Path, written: list[Path], user_dir: bool
+) -> InstallReport:
+    """What to run after install, as commands that run as printed: the launcher set in the
+    configuration the units read, linger so the timer runs without a login, the units
+    enabled, and how to see them work."""
+    aiworker = [sys.executable, "-m", "aiworker", "--config", str(config_path)]
+    aiworker += ["--state-dir", str(state_dir)]
+    user = getpass.getuser()
+    steps = [shlex.join([*aiworker, "config", "set", "scheduler.launcher", "systemd"])]
+    steps.append(("" if os.geteuid() == 0 else "sudo ") + f"loginctl enable-linger {user}")
+    if not user_dir:
+        steps.append(shlex.join(["systemctl", "--user", "link", *map(str, written)]))
+    steps.append("systemctl --user daemon-reload")
+    names = [p.name for p in written]
+    enable = [n for n in names if n.endswith(".timer") or n in (WEB_UNIT, RUNNER_UNIT)]
+    steps.append(shlex.join(["systemctl", "--user", "enable", "--now", *enable]))
+    steps.append("systemctl --user list-timers aiworker-scheduler.timer")
+    steps.append("journalctl --user -u 'aiworker-*' --since -10min")
+    notes = []
+    if RUNNER_UNIT in names:
+        env_file = config_path.parent / "runner.env"
+        notes.append(
+            f"before enabling {RUNNER_UNIT}, put AIWORKER_SERVER_TOKEN=... in {env_file} "
+            "(mode 0600)"
+        )
+    return InstallReport([str(p) for p in written], steps, notes)
 
 
 def systemd_service() -> str | None:

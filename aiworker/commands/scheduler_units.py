@@ -1,0 +1,68 @@
+"""`aiworker scheduler run-slot | run-step | install`: what the systemd units run, and
+writing those units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aiworker.invocation import Invocation
+from aiworker.render import emit
+
+
+def run_slot(
+    ctx: typer.Context,
+    slot: Annotated[int, typer.Argument(min=1, max=3, help="Slot number.")],
+) -> None:
+    """Used by aiworker-slot@N.service: take slot-N.lock and run the task claimed on it."""
+    from aiworker.core.scheduling.launcher import run_slot as run
+
+    inv: Invocation = ctx.obj
+    run(inv.environment(), slot)
+
+
+def run_step(
+    ctx: typer.Context,
+    task: Annotated[int, typer.Argument(min=1, help="Task id.")],
+) -> None:
+    """Used by aiworker-step@TASK.service: take the task's lock and run the step it waits on."""
+    from aiworker.core.scheduling.launcher import run_step as run
+
+    inv: Invocation = ctx.obj
+    run(inv.environment(), task)
+
+
+def install(
+    ctx: typer.Context,
+    user: Annotated[bool, typer.Option("--user", help="Install systemd user units.")] = False,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Write the units here instead.")
+    ] = None,
+    web: Annotated[
+        str | None,
+        typer.Option("--web", help="Also write aiworker-web.service, serving on ADDRESS:PORT."),
+    ] = None,
+    runner_server: Annotated[
+        str | None, typer.Option(help="Also write aiworker-runner.service for URL.")
+    ] = None,
+) -> None:
+    """Write the systemd units with this installation's paths and say what to run next."""
+    from aiworker.core.providers.registry import provider_homes
+    from aiworker.core.scheduling.units import install_units, next_steps, user_unit_dir
+    from aiworker.errors import InvalidInput
+
+    inv: Invocation = ctx.obj
+    if not user and directory is None:
+        raise InvalidInput("choose --user (systemd user units) or --dir DIR")
+    target = (directory or user_unit_dir()).absolute()
+    env = inv.environment()
+    config, interval = inv.config_path.absolute(), env.loaded.config.check_interval
+    state_dir = env.state_dir.absolute()
+    homes = provider_homes(env)
+    written = install_units(target, config, state_dir, interval, homes, web, runner_server)
+    report = next_steps(config, state_dir, written, target == user_unit_dir().absolute())
+    lines = [*(f"wrote {p}" for p in report.written), "then run:"]
+    lines += [f"  {step}" for step in report.next_steps] + [f"note: {n}" for n in report.notes]
+    emit(inv.json, report.to_json(), lambda console: console.print("\n".join(lines), markup=False))
