@@ -23,9 +23,10 @@ MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 DISK_SIZE="${DISK_SIZE:-4G}"
 EXTRA_PACKAGES="${EXTRA_PACKAGES:-}"
 LAYERS="${LAYERS:-}"
-# The base set: the cloud kernel (virtio, half the size of the generic one), systemd,
-# SSH, and what repositories commonly need to build and test.
-PACKAGES="linux-image-cloud-amd64 systemd-sysv dbus iproute2 openssh-server
+# The base set: the cloud kernel (virtio, half the size of the generic one), systemd
+# (with libpam-systemd, which gives a lingering user its own manager, as on any
+# systemd host), SSH, and what repositories commonly need to build and test.
+PACKAGES="linux-image-cloud-amd64 systemd-sysv libpam-systemd dbus iproute2 openssh-server
 openssh-sftp-server sudo git python3 python3-venv ca-certificates curl make xz-utils
 build-essential $EXTRA_PACKAGES"
 

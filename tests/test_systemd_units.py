@@ -149,7 +149,7 @@ def test_the_printed_next_steps_are_exact_and_the_first_runs_as_printed(tmp_path
         "systemctl --user enable --now aiworker-scheduler.timer aiworker-web.service"
     )
     assert "list-timers" in steps[5]
-    assert steps[6].startswith("journalctl --user -u")
+    assert steps[6] == "journalctl --user -u aiworker-scheduler.service -n 20"
     # The first step, run exactly as printed, sets the launcher in the file the units read.
     done = subprocess.run(shlex.split(steps[0]), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

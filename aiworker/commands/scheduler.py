@@ -27,12 +27,15 @@ def tick(
     ] = False,
 ) -> None:
     """Poll, recover stale claims, start each free slot's next phase, record a check."""
-    from aiworker.core.scheduling.tick import tick as run_tick
-    from aiworker.core.scheduling.tick import tick_if_due
+    from aiworker.core.scheduling.wakeup import not_due
 
     inv: Invocation = ctx.obj
-    env = inv.environment()
-    report = (tick_if_due(env) if if_due else run_tick(env)).to_json()
+    waiting = not_due(inv.state_dir, inv.config_path, inv.config_required) if if_due else None
+    if waiting is None:
+        from aiworker.core.scheduling.tick import tick as run_tick
+
+        waiting = run_tick(inv.environment())
+    report = waiting.to_json()
 
     def human(console: Any) -> None:
         if report["status"] == "not_due":

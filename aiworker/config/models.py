@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
+
 PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
 ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -291,7 +293,7 @@ class Config(Strict):
     forge: Forge | None = None
     repositories: list[Repository] = []
     shares: Annotated[int, Field(ge=1, le=3)] = 1
-    check_interval: Annotated[int, Field(ge=10, le=86_400)] = 180
+    check_interval: Annotated[int, Field(ge=MIN_CHECK_INTERVAL, le=86_400)] = CHECK_INTERVAL
     providers: list[ProviderName] = []
     provider_options: dict[ProviderName, ProviderOptions] = {}
     phases: Phases = Phases()

@@ -6,10 +6,12 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiworker.core.context import Environment
 from aiworker.runtime.atomic import write_private_file
+
+if TYPE_CHECKING:
+    from aiworker.core.context import Environment
 
 
 @dataclass

@@ -12,18 +12,17 @@ used by the tick that holds its lock.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from aiworker.config.models import Housekeeping
 from aiworker.core.context import Environment
-from aiworker.core.report import Report
 from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
 from aiworker.core.scheduling.state import SchedulerState, record_poll, update_state
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
+from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
@@ -40,31 +39,6 @@ if TYPE_CHECKING:
     from aiworker.core.intake.discovery import PollReport
 
 CHECK_EVENT = "scheduler.check"
-
-
-@dataclass
-class TickReport(Report):
-    status: str = "checked"  # checked | paused | not_due
-    poll: dict[str, Any] | None = None
-    poll_error: str | None = None
-    recovered: list[dict[str, Any]] = field(default_factory=list)
-    started: list[dict[str, Any]] = field(default_factory=list)
-    busy_slots: list[int] = field(default_factory=list)
-    delivering: list[dict[str, Any]] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-    cleaned: list[dict[str, Any]] = field(default_factory=list)
-    guests_swept: list[str] = field(default_factory=list)
-    next_deadline: str | None = None
-
-
-def tick_if_due(env: Environment) -> TickReport:
-    """The timer's wake-ups: check only once check_interval has passed since the last
-    check, or when a check was asked for; the interval is read at every wake-up, so a
-    changed interval takes effect without touching the timer."""
-    saved = SchedulerState.load(env.state_dir)
-    if saved.due(env.loaded.config.check_interval, datetime.now(UTC)):
-        return tick(env)
-    return TickReport(status="not_due", next_deadline=saved.next_deadline)
 
 
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:

@@ -149,7 +149,7 @@ def next_steps(
     enable = [n for n in names if n.endswith(".timer") or n in (WEB_UNIT, RUNNER_UNIT)]
     steps.append(shlex.join(["systemctl", "--user", "enable", "--now", *enable]))
     steps.append("systemctl --user list-timers aiworker-scheduler.timer")
-    steps.append("journalctl --user -u 'aiworker-*' --since -10min")
+    steps.append("journalctl --user -u aiworker-scheduler.service -n 20")
     notes = []
     if RUNNER_UNIT in names:
         env_file = config_path.parent / "runner.env"
