@@ -190,7 +190,7 @@ def test_waiting_runners_do_not_starve_the_other_requests(fleet):
     waiting = [
         threading.Thread(
             target=call,
-            args=(runner, "/claim", {"worker_id": f"r{n}", "request_key": "k", "wait_ms": 4000}),
+            args=(runner, "/claim", {"worker_id": f"r{n}", "request_key": "k", "wait_ms": 15_000}),
         )
         for n in range(45)
     ]
@@ -200,7 +200,9 @@ def test_waiting_runners_do_not_starve_the_other_requests(fleet):
     started = time.monotonic()
     assert requests.get(f"{operator}/api/v1/status", timeout=10).status_code == 200
     assert call(runner, "/health").status_code == 200
-    assert time.monotonic() - started < 2.0
+    # Answered while the 45 claims still wait (15 s): starved, they would wait that out.
+    # (Not a speed target: busy cores take seconds here.)
+    assert time.monotonic() - started < 10.0
     for thread in waiting:
         thread.join()
 

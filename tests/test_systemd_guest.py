@@ -9,20 +9,23 @@ Real QEMU under TCG, marked slow."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import ImageStore
 from aiworker.runtime.guests.machine import MachineSpec
-from aiworker.runtime.guests.ssh import GuestShell
+from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable
 
 pytestmark = pytest.mark.slow
 
@@ -137,18 +140,18 @@ class Machine:
         assert self.guest.shell is not None
         return self.guest.shell
 
-    def root(self, line: str, timeout: float = 300) -> str:
+    def root(self, line: str, timeout: float = 900) -> str:
         done = self.shell.run(line, timeout=timeout)
         assert done.exit_code == 0, (line, done.exit_code, done.stdout[-2000:], done.stderr[-3000:])
         return done.stdout.decode()
 
-    def dev(self, line: str, timeout: float = 300) -> str:
+    def dev(self, line: str, timeout: float = 900) -> str:
         return self.root(dev_line(line), timeout)
 
-    def dev_try(self, line: str, timeout: float = 300):
+    def dev_try(self, line: str, timeout: float = 900):
         return self.shell.run(dev_line(line), timeout=timeout)
 
-    def aiworker(self, *args: str, timeout: float = 300) -> str:
+    def aiworker(self, *args: str, timeout: float = 900) -> str:
         return self.dev(shlex.join([f"{VENV}/bin/python", "-m", "aiworker", *args]), timeout)
 
     def query(self, sql: str) -> list:
@@ -175,14 +178,16 @@ class Machine:
     def reboot(self) -> None:
         """`systemctl reboot` in the guest; the same QEMU resets it (reboot=reset), so its
         disk and SSH port stay; wait until SSH answers again."""
-        self.shell.run("systemctl reboot", timeout=20)
+        # The connection may break under the command: that is the reboot going on.
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException, GuestUnreachable):
+            self.shell.run("systemctl reboot", timeout=20)
         self.shell.close()
         self.guest.shell = None
         time.sleep(5)
         image = self.guest.image
         assert self.guest.port is not None
         self.guest.shell = GuestShell.connect(
-            self.guest.port, image.host_key, image.client_key, time.monotonic() + 300
+            self.guest.port, image.host_key, image.client_key, time.monotonic() + 900
         )
 
 
@@ -205,6 +210,15 @@ def wait_for(what: str, probe, timeout: float, step: float = 5.0):
     raise AssertionError(f"not reached within {timeout:.0f} s: {what}")
 
 
+def below_the_other_tests(pid: int | None) -> None:
+    """Every thread of the guest's QEMU at the lowest priority: under TCG it would take
+    both cores from the tests running beside it (and their timing), for 20 minutes."""
+    assert pid is not None
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(thread.name), 19)
+
+
 @pytest.fixture
 def machine(guests_dir, guest_venv, tmp_path):
     store = ImageStore(guests_dir)
@@ -214,6 +228,7 @@ def machine(guests_dir, guest_venv, tmp_path):
     guest = Guest.start(store, image, StartOptions("systemd", proxy.port, spec))
     try:
         assert guest.qmp is not None
+        below_the_other_tests(guest.pid)
         # A reboot in the guest resets this QEMU instead of ending it (-no-reboot).
         guest.qmp.execute("set-action", reboot="reset")
         # A restored clone was given a new machine id; journald, started before, still
@@ -290,12 +305,12 @@ def test_the_units_deliver_under_systemd_and_survive_kills_stops_and_a_reboot(ma
             m.dev_try("systemctl --user is-system-running").stdout.strip()
             in (b"running", b"degraded")
         ),
-        timeout=120,
+        timeout=600,
         step=2,
     )
     m.dev(f"printf '%s' {shlex.quote(FORGE_UNIT)} > {HOME}/.config/systemd/user/forge.service")
     m.dev("systemctl --user daemon-reload && systemctl --user enable --now forge.service")
-    wait_for("the forge", lambda: m.dev_try(f"curl -sf {FORGE}/api/v1/version").exit_code == 0, 120)
+    wait_for("the forge", lambda: m.dev_try(f"curl -sf {FORGE}/api/v1/version").exit_code == 0, 600)
     for step in steps[2:]:
         m.dev(step)
     verified = m.dev_try(
@@ -325,7 +340,7 @@ def test_the_units_deliver_under_systemd_and_survive_kills_stops_and_a_reboot(ma
         assert state not in ("failed", "needs_input", "cancelled"), m.aiworker("task", "show", "1")
         return state == "done"
 
-    wait_for("issue #1 delivered", delivered_with_the_review_outliving_its_tick, 1200)
+    wait_for("issue #1 delivered", delivered_with_the_review_outliving_its_tick, 2700)
     assert review_seen == {"outlived": True}
     [pull] = m.forge("GET", "/repos/team/app/pulls?state=all", tokens["admin"])
     assert pull["merged"] is True
@@ -336,7 +351,7 @@ def test_the_units_deliver_under_systemd_and_survive_kills_stops_and_a_reboot(ma
     # The faults, on issue #2.
     m.dev(f"printf '%s' {shlex.quote(json.dumps(SECOND))} > {HOME}/scenario.json")
     m.forge("PATCH", "/repos/team/app/issues/2", tokens["alice"], {"assignees": ["worker-bot"]})
-    wait_for("the first implementation", lambda: open_attempts(m, 2, "implementation"), 600)
+    wait_for("the first implementation", lambda: open_attempts(m, 2, "implementation"), 1800)
     m.dev("systemctl --user kill -s KILL aiworker-slot@1.service")
     wait_for(
         "the killed implementation recovered as abandoned",
@@ -344,20 +359,20 @@ def test_the_units_deliver_under_systemd_and_survive_kills_stops_and_a_reboot(ma
             "select 1 from attempts where task_id = 2 and phase = 'implementation' "
             "and outcome = 'abandoned'"
         ),
-        600,
+        1800,
     )
-    [first_review] = wait_for("the first review", lambda: open_attempts(m, 2, "review"), 900)
+    [first_review] = wait_for("the first review", lambda: open_attempts(m, 2, "review"), 2700)
     m.dev("systemctl --user stop aiworker-step@2.service")
     closed = m.query(f"select outcome from attempts where id = {first_review[0]}")
     assert closed[0][0] is not None, closed  # the stop closed it: the guard ran
     second_review = wait_for(
         "a second review",
         lambda: [a for a in open_attempts(m, 2, "review") if a != first_review],
-        600,
+        1800,
     )
     assert second_review
     m.reboot()
-    wait_for("issue #2 delivered after the reboot", lambda: task_state(m, 2) == "done", 1200)
+    wait_for("issue #2 delivered after the reboot", lambda: task_state(m, 2) == "done", 2700)
 
     pulls = m.forge("GET", "/repos/team/app/pulls?state=all", tokens["admin"])
     assert sorted(p["merged"] for p in pulls) == [True, True]

@@ -18,7 +18,8 @@ from aiworker.store.worker_jobs import LeaseLost, claim, enqueue, finish, heartb
 from tests.test_implement import query
 
 LONG = timedelta(seconds=60)
-SHORT = timedelta(milliseconds=100)
+# Long enough that the next statement runs within it even on two busy cores.
+SHORT = timedelta(seconds=1)
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_an_expired_lease_is_claimed_again_and_the_old_proof_is_refused(db):
     enqueue(db, 1, {})
     lost = take(db, worker="dead", lease_for=SHORT)
     assert take(db, worker="w2", key="k2") is None  # not while the lease holds
-    time.sleep(0.2)
+    time.sleep(1.2)
     with pytest.raises(LeaseLost):
         heartbeat(db, (1, 1), lost.token, LONG)
     taken = take(db, worker="w2", key="k2")
@@ -100,7 +101,7 @@ def test_a_job_whose_every_lease_expired_ends_failed(db):
     for attempt in (1, 2):
         lease = take(db, key=f"k{attempt}", lease_for=SHORT, max_attempts=2)
         assert lease.attempt == attempt
-        time.sleep(0.2)
+        time.sleep(1.2)
     assert take(db, key="k3", max_attempts=2) is None
     [(state, result)] = query(db.engine.url.database, "select state, result from worker_jobs")
     assert state == "failed"
