@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
 import sys
@@ -12,7 +13,7 @@ import typer
 from typer.main import get_command
 
 from aiworker import __version__
-from aiworker.errors import EXIT_FAILED, AiworkerError
+from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_UNAVAILABLE, AiworkerError
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
 
@@ -178,12 +179,32 @@ def main(argv: list[str] | None = None) -> int:
         emit_error(json_mode, "interrupted", "interrupted")
         return 130
     except Exception as exc:
-        if verbose:
-            import traceback
-
-            traceback.print_exc(file=sys.stderr)
-        hint = "" if verbose else "; rerun with -v for details"
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {first_line}{hint}")
-        return EXIT_FAILED
+        return _unexpected(json_mode, verbose, exc)
     return result if isinstance(result, int) else 0
+
+
+# A state directory or file the file system refuses: named, with what to do.
+FILE_SYSTEM_REFUSALS = {
+    errno.EROFS: (EXIT_INVALID, "the file system is mounted read-only; use another --state-dir"),
+    errno.EACCES: (EXIT_INVALID, "this user may not write there; fix its owner or mode"),
+    errno.EPERM: (EXIT_INVALID, "this user may not change it; fix its owner or mode"),
+    errno.ENOSPC: (EXIT_UNAVAILABLE, "the disk is full; free space and try again"),
+    errno.EDQUOT: (EXIT_UNAVAILABLE, "the quota is used up; free space and try again"),
+}
+
+
+def _unexpected(json_mode: bool, verbose: bool, exc: BaseException) -> int:
+    """A failure no command expected: a file system that refuses a path of ours is named
+    with what to do; anything else is one line (the traceback with -v)."""
+    if isinstance(exc, OSError) and exc.errno in FILE_SYSTEM_REFUSALS and exc.filename:
+        code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
+        emit_error(json_mode, "state_unusable", f"{exc.filename}: {exc.strerror}; {advice}")
+        return code
+    if verbose:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    hint = "" if verbose else "; rerun with -v for details"
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {first_line}{hint}")
+    return EXIT_FAILED

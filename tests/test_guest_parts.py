@@ -96,18 +96,21 @@ def test_the_proxy_forwards_http_and_tunnels_connect_and_logs_every_decision(tmp
         # One request per connection: a second one pipelined behind it goes nowhere.
         pipelined = _exchange(
             proxy.port,
-            f"GET http://127.0.0.1:{port}/a HTTP/1.1\r\n\r\n"
+            f"GET http://127.0.0.1:{port}/a HTTP/1.1\r\nHost: h\r\n\r\n"
             "GET http://127.0.0.1/b HTTP/1.1\r\nHost: other.example\r\n\r\n".encode(),
         )
         assert pipelined.count(b"HTTP/1.0 200") == 1
         assert b"path=/b" not in pipelined
         tunnel = _exchange(
             proxy.port,
-            f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nGET /t HTTP/1.0\r\n\r\n".encode(),
+            f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+            "GET /t HTTP/1.0\r\n\r\n".encode(),
         )
         assert tunnel.startswith(b"HTTP/1.1 200 Connection Established\r\n\r\nHTTP/1.0 200")
         assert tunnel.endswith(b"path=/t host=None proxy-auth=None")
-        refused = _exchange(proxy.port, f"CONNECT 10.9.9.9:{port} HTTP/1.1\r\n\r\n".encode())
+        refused = _exchange(
+            proxy.port, f"CONNECT 10.9.9.9:{port} HTTP/1.1\r\nHost: 10.9.9.9\r\n\r\n".encode()
+        )
         assert refused.startswith(b"HTTP/1.1 403")
         assert b"10.9.9.9 is not on the allowlist" in refused
         for bad in (b"nonsense", b"CONNECT h:\xc2\xb2 HTTP/1.1", b"GET http://h:99999/ HTTP/1.1"):
@@ -124,6 +127,73 @@ def test_the_proxy_forwards_http_and_tunnels_connect_and_logs_every_decision(tmp
         ("CONNECT", "10.9.9.9", False),
     ]
     assert {d["phase"] for d in logged} == {"implementation"}
+
+
+class _Counting(BaseHTTPRequestHandler):
+    """An origin that records every request it gets, with its body."""
+
+    seen: list[tuple[str, bytes]] = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        _Counting.seen.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+SMUGGLING = {
+    "two equal Content-Lengths": b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+    "two Content-Lengths": b"Content-Length: 5\r\nContent-Length: 30\r\n\r\nhello",
+    "a listed Content-Length": b"Content-Length: 5, 30\r\n\r\nhello",
+    "CL.TE": b"Content-Length: 36\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    b"GET http://H/x HTTP/1.1\r\nX: y",
+    "TE.CL": b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n",
+    "an obfuscated TE": b"Transfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\nhello",
+    "obsolete line folding": b"X-A: 1\r\n Content-Length: 30\r\nContent-Length: 5\r\n\r\nhello",
+    "a bare LF": b"X-A: 1\nContent-Length: 30\r\nContent-Length: 5\r\n\r\nhello",
+    "a bare CR": b"X-A: 1\rContent-Length: 30\r\n\r\nhello",
+    "a NUL in a value": b"X-A: a\x00b\r\nContent-Length: 5\r\n\r\nhello",
+    "a space in a name": b"Content Length: 5\r\n\r\nhello",
+}
+
+
+def test_request_smuggling_shapes_are_refused_and_never_reach_the_origin(tmp_path):
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = upstream.server_address[1]
+    policy = EgressPolicy(hosts=("127.0.0.1",), trusted=("127.0.0.1/32",), ports=(port,))
+    log = tmp_path / "egress.jsonl"
+    proxy = EgressProxy(policy, DecisionLog(log, "implementation"))
+    _Counting.seen = []
+    line = f"POST http://127.0.0.1:{port}/p HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+    try:
+        for name, rest in SMUGGLING.items():
+            answer = _exchange(proxy.port, line + rest)
+            assert answer.startswith(b"HTTP/1.1 400"), (name, answer)
+        no_host = f"GET http://127.0.0.1:{port}/p HTTP/1.1\r\n\r\n".encode()
+        assert _exchange(proxy.port, no_host).startswith(b"HTTP/1.1 400")
+        huge = line + b"X-Pad: " + b"a" * 70_000 + b"\r\n\r\n"
+        assert _exchange(proxy.port, huge).startswith(b"HTTP/1.1 400")
+        chunked = line + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        assert _exchange(proxy.port, chunked).startswith(b"HTTP/1.1 411")
+        assert _Counting.seen == []  # not one of them reached the origin
+        assert not log.exists() or log.read_text() == ""  # refused before any decision
+        # A well-formed one goes through once, with exactly its declared body, and what
+        # follows it on the connection goes nowhere.
+        good = line + b"Content-Length: 5\r\n\r\nhelloPOST http://127.0.0.1/q HTTP/1.1\r\n\r\n"
+        assert _exchange(proxy.port, good).startswith(b"HTTP/1.0 200")
+        assert _Counting.seen == [("/p", b"hello")]
+    finally:
+        proxy.close()
+        upstream.shutdown()
+        upstream.server_close()
 
 
 def _image(store: ImageStore, name: str, manifest: bool = True) -> None:

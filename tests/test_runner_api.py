@@ -13,6 +13,7 @@ import requests
 
 from aiworker.contracts.runner import JobResult
 from aiworker.store.engine import Database
+from aiworker.store.worker_job_records import get_job
 from aiworker.store.worker_jobs import enqueue
 from tests.fleet_fixtures import TOKEN, runner_listener, write_config
 
@@ -213,3 +214,41 @@ def test_the_runner_listener_beyond_loopback_needs_the_explicit_flag():
     refused = run_process("--json", "web", "serve", "--runner-listen", "0.0.0.0:0")
     assert refused.exit_code == 2
     assert "--allow-remote" in refused.json()["error"]["message"]
+
+
+OTHER = "runner-token-of-another-runner-0123456789abcdef"
+
+
+def test_a_lease_answers_only_the_token_that_claimed_it(upgraded, tmp_path, monkeypatch):
+    files = []
+    for name, token in (("one", TOKEN), ("two", OTHER)):
+        path = tmp_path / f"{name}.token"
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+        files.append(f'{{token_file = "{path}"}}')
+    config = tmp_path / "config.toml"
+    config.write_text(f"[runners]\nlease_seconds = 30\ntokens = [{', '.join(files)}]\n")
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    db = Database(f"sqlite:///{upgraded}")
+    try:
+        with runner_listener() as listener:
+            runner = listener.url
+            enqueue(db, 1, {"label": "ci"})
+            claim = {"worker_id": "r1", "request_key": "k-1"}
+            lease = call(runner, "/claim", claim).json()
+            proof = {"lease_token": lease["lease_token"]}
+            # Another runner's token with the same request key gets no lease, not this one.
+            assert call(runner, "/claim", claim, token=OTHER).status_code == 204
+            job = f"/jobs/{lease['repository_index']}/{lease['worker_job_index']}"
+            result = {**proof, "result": job_result("ci", "s")}
+            for path, body in (("heartbeat", proof), ("complete", result), ("release", proof)):
+                refused = call(runner, f"{job}/{path}", body, token=OTHER)
+                assert (refused.status_code, refused.json()["error"]["code"]) == (
+                    409,
+                    "lease_lost",
+                ), path
+            assert call(runner, f"{job}/heartbeat", proof).status_code == 200
+            assert get_job(db, (1, 1)).state == "leased"
+            assert call(runner, f"{job}/release", proof).json() == {"released": True}
+    finally:
+        db.dispose()

@@ -80,6 +80,15 @@ def test_request_protection_refuses_and_changes_nothing(web):
         timeout=10,
     )
     assert wrong.status_code == 403
+    # A token the server never issued, set by the client in both places, is refused.
+    for made_up in ("x", "a" * 43, "nonce.mac"):
+        forged = requests.post(
+            f"{url}/api/v1/actions/pause",
+            headers={"X-CSRF-Token": made_up},
+            cookies={"aiworker_csrf": made_up},
+            timeout=10,
+        )
+        assert (forged.status_code, forged.json()["error"]["code"]) == (403, "csrf"), made_up
     huge = client.post(f"{url}/api/v1/actions/pause", data=b"{" + b" " * 70_000 + b"}")
     assert (huge.status_code, huge.json()["error"]["code"]) == (413, "too_large")
     assert paused() is False
@@ -300,3 +309,34 @@ def test_a_second_tab_shares_the_token_and_a_stray_cookie_does_not_hide_it(web):
         timeout=10,
     )
     assert odd.status_code == 403
+
+
+def test_every_answer_says_nosniff_and_the_page_runs_no_inline_script(web):
+    url, _ = web
+    client = session(url)
+    answers = [
+        client.get(f"{url}/api/v1/status"),
+        client.get(f"{url}/api/v1/tasks/99"),  # an error
+        requests.get(f"{url}/api/v1/status", headers={"Host": "evil:1"}, timeout=10),
+        requests.post(f"{url}/api/v1/actions/pause", timeout=10),  # refused by protection
+        client.get(url + "/"),
+        client.get(url + "/page.js"),
+    ]
+    for answer in answers:
+        assert answer.headers["x-content-type-options"] == "nosniff", answer.url
+    page = answers[4]
+    policy = page.headers["content-security-policy"]
+    script_src = next(p for p in policy.split(";") if p.strip().startswith("script-src"))
+    assert script_src.split() == ["script-src", "'self'"]
+    assert "<script>" not in page.text
+    assert '<script src="/page.js"></script>' in page.text
+    assert answers[5].headers["content-type"].startswith("text/javascript")
+
+
+def test_an_issued_token_outlives_a_restart_of_the_server(upgraded, state_dir, monkeypatch):
+    with serving() as url:
+        client = session(url)
+    with serving() as url:
+        assert client.post(f"{url}/api/v1/actions/pause", json={}).status_code == 200
+    key = state_dir / "web" / "csrf.key"
+    assert key.stat().st_mode & 0o777 == 0o600

@@ -48,6 +48,11 @@ class Environment:
             raise StateUnusable(
                 f"state directory {path} cannot be created: {exc.strerror}"
             ) from None
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            raise StateUnusable(
+                f"state directory {path} is on a read-only file system; nothing was written: "
+                "remount it read-write, or use another --state-dir"
+            )
         if not os.access(path, os.W_OK | os.X_OK):
             raise StateUnusable(f"state directory {path} is not writable by this user")
         return path

@@ -17,9 +17,11 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
+from aiworker.errors import AiworkerError, LockHeld, StateUnusable, Unavailable
 from aiworker.store.driver import DriverConnection
 
 # Session is re-exported: core types the sessions it passes to store/ by it.
@@ -72,8 +74,52 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+# What SQLite says when the database cannot be used as it is, and what to tell the
+# operator instead (the path is put in front): exit 2 where they must act, 75 where
+# waiting helps.
+FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
+    (
+        "readonly database",
+        StateUnusable,
+        "is read-only (the file, its folder or its file system); nothing was written: make "
+        "it writable for this user, or use another --state-dir",
+    ),
+    (
+        "database is locked",
+        LockHeld,
+        f"stayed locked by another process for more than {BUSY_TIMEOUT_MS // 1000} s; try "
+        "again, and if it lasts find the holder (`fuser` on the file)",
+    ),
+    (
+        "unable to open database file",
+        StateUnusable,
+        "cannot be opened (its folder is missing, not writable, or on a read-only file "
+        "system); nothing was written",
+    ),
+    (
+        "malformed",
+        StateUnusable,
+        "is damaged; restore it from a backup (`aiworker db backup` made one)",
+    ),
+    ("disk i/o error", StateUnusable, "could not be read or written (disk I/O error)"),
+    ("database or disk is full", Unavailable, "cannot grow: the disk is full; free space"),
+)
+
+
+def explained(url: str, exc: BaseException) -> AiworkerError | None:
+    """EXC (a driver's operational error) as an error naming the database and the fix."""
+    text = str(getattr(exc, "orig", exc)).lower()
+    where = str(sqlite_path(url) or "the database")
+    for needle, kind, advice in FAILURES:
+        if needle in text:
+            return kind(f"{where} {advice}")
+    return None
+
+
 class Database:
-    """One database: read sessions and BEGIN IMMEDIATE write sessions."""
+    """One database: read sessions and BEGIN IMMEDIATE write sessions. A database that
+    cannot be used as it is (read-only, locked past the busy timeout, damaged) raises an
+    error naming it and what to do, not the driver's own."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -86,15 +132,29 @@ class Database:
         self._driver_connections: list[PoolProxiedConnection] = []
 
     @contextlib.contextmanager
+    def _explained(self) -> Iterator[None]:
+        try:
+            yield
+        except (OperationalError, sqlite3.OperationalError) as exc:
+            named = explained(self.url, exc)
+            if named is None:
+                raise
+            raise named from None
+
+    @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
         """A session whose transaction holds the write lock from its first statement."""
-        with Session(self.write_engine, expire_on_commit=False) as session, session.begin():
+        with (
+            self._explained(),
+            Session(self.write_engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A bare connection in a write transaction: the lean path for hot statements."""
-        with self.write_engine.begin() as connection:
+        with self._explained(), self.write_engine.begin() as connection:
             yield connection
 
     @contextlib.contextmanager
@@ -106,32 +166,38 @@ class Database:
         trip between two claims leaves the write lock free long enough for a waiting
         process to take it, and then this one sleeps in SQLite's busy handler.
         """
-        pooled = getattr(self._driver, "pooled", None)
-        if pooled is None:
-            pooled = self._driver.pooled = self.engine.raw_connection()
-            self._driver_connections.append(pooled)
-        dbapi = pooled.dbapi_connection
-        if self.sqlite:
-            dbapi.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
-        else:
-            dbapi.rollback()  # type: ignore[union-attr]  # start clean; the driver begins
-        try:
-            yield DriverConnection(dbapi, self.engine.dialect)
-            dbapi.commit()  # type: ignore[union-attr]
-        except BaseException:
-            # Also when COMMIT itself fails: the kept connection must not stay in a transaction.
-            dbapi.rollback()  # type: ignore[union-attr]
-            raise
+        with self._explained():
+            pooled = getattr(self._driver, "pooled", None)
+            if pooled is None:
+                pooled = self._driver.pooled = self.engine.raw_connection()
+                self._driver_connections.append(pooled)
+            dbapi = pooled.dbapi_connection
+            if self.sqlite:
+                dbapi.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+            else:
+                dbapi.rollback()  # type: ignore[union-attr]  # start clean; the driver begins
+            try:
+                yield DriverConnection(dbapi, self.engine.dialect)
+                dbapi.commit()  # type: ignore[union-attr]
+            except BaseException:
+                # Also when COMMIT itself fails: the kept connection must not stay in a
+                # transaction.
+                dbapi.rollback()  # type: ignore[union-attr]
+                raise
 
     @contextlib.contextmanager
     def read_connection(self) -> Iterator[Connection]:
         """A bare connection in a read transaction: no ORM on the way."""
-        with self.engine.begin() as connection:
+        with self._explained(), self.engine.begin() as connection:
             yield connection
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+        with (
+            self._explained(),
+            Session(self.engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     def dispose(self) -> None:

@@ -33,6 +33,7 @@ class Job:
     worker_id: str | None
     lease_token: str | None
     result: dict[str, Any] | None
+    claim_key: str | None = None  # the runner API's: HOLDER:REQUEST_KEY
 
 
 def get_job(db: Database, index: tuple[int, int]) -> Job:
@@ -47,6 +48,7 @@ def get_job(db: Database, index: tuple[int, int]) -> Job:
         row.worker_id,
         row.lease_token,
         dict(row.result) if row.result is not None else None,
+        row.claim_key,
     )
 
 
@@ -114,9 +116,12 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
     return bool(changed.rowcount == 1)
 
 
-def leased_snapshot(db: Database, repository_index: int, snapshot_id: str, lease: str) -> bool:
-    """Whether the job leased under LEASE names snapshot SNAPSHOT_ID of REPOSITORY_INDEX:
-    as its source (a job of that repository) or as a locked external ("INDEX:ID")."""
+def leased_snapshot(
+    db: Database, repository_index: int, snapshot_id: str, lease: str, holder: str | None = None
+) -> bool:
+    """Whether the job leased under LEASE (by HOLDER, when given: the runner API's claim
+    keys start with it) names snapshot SNAPSHOT_ID of REPOSITORY_INDEX: as its source (a
+    job of that repository) or as a locked external ("INDEX:ID")."""
     external = f"{repository_index}:{snapshot_id}"
     with db.read() as session:
         rows = session.execute(
@@ -124,6 +129,7 @@ def leased_snapshot(db: Database, repository_index: int, snapshot_id: str, lease
                 worker_jobs.c.state == LEASED,
                 worker_jobs.c.lease_token == lease,
                 worker_jobs.c.lease_expires_at > utcnow(),
+                *([worker_jobs.c.claim_key.startswith(f"{holder}:")] if holder else []),
             )
         ).all()
     for row in rows:

@@ -15,16 +15,20 @@ from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
 from aiworker.web.errors import error_response
 from aiworker.web.operator_api import build_router
-from aiworker.web.protection import Protection
+from aiworker.web.protection import CsrfTokens, Protection
 
 STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (LockHeld, 409), (Unavailable, 503))
 
 
 def create_app(
-    environment: Callable[[], Environment], hosts: set[str], origins: set[str] | None = None
+    environment: Callable[[], Environment],
+    hosts: set[str],
+    origins: set[str] | None = None,
+    tokens: CsrfTokens | None = None,
 ) -> Protection:
     from aiworker import __version__
 
+    tokens = tokens or CsrfTokens.of_state_dir(environment().state_dir)
     app = FastAPI(
         title="aiworker operator API",
         version=__version__,
@@ -32,7 +36,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    app.include_router(build_router(environment))
+    app.include_router(build_router(environment, tokens))
 
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
@@ -48,21 +52,29 @@ def create_app(
     async def http(_request: Request, exc: HTTPException) -> JSONResponse:
         return error_response(exc.status_code, "http", str(exc.detail))
 
-    page = resources.files("aiworker.web").joinpath("page.html").read_text(encoding="utf-8")
+    files = resources.files("aiworker.web")
+    page = files.joinpath("page.html").read_text(encoding="utf-8")
+    script = files.joinpath("page.js").read_text(encoding="utf-8")
+    # Scripts only from the page's own file: no inline script, no eval.
+    policy = (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
-        return HTMLResponse(
-            page,
-            headers={
-                "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
-                "x-content-type-options": "nosniff",
-            },
+        return HTMLResponse(page, headers={"content-security-policy": policy})
+
+    @app.get("/page.js", include_in_schema=False)
+    def page_script() -> Response:
+        return Response(
+            script,
+            media_type="text/javascript; charset=utf-8",
+            headers={"content-security-policy": policy, "cache-control": "no-cache"},
         )
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
         return Response(status_code=204)  # no icon; answered so a browser logs no error
 
-    return Protection(app, hosts, origins=origins)
+    return Protection(app, hosts, origins=origins, tokens=tokens)

@@ -4,8 +4,6 @@ database and local files only, and the scheduler's own controls as actions."""
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
 
 import os
-import re
-import secrets
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -15,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
 from aiworker.secrets import redact
-from aiworker.web.protection import CSRF_COOKIE
+from aiworker.web.protection import CSRF_COOKIE, CsrfTokens
 
-TOKEN = re.compile(r"^[A-Za-z0-9_-]{43}$")  # what token_urlsafe(32) makes
 LOG_TAIL_MAX = 64 * 1024
 SECRET_MARGIN = 8192  # longer than any token the redactor masks
 # Ids are SQLite integers: anything beyond is refused as input, not failed on.
@@ -79,7 +76,7 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def build_router(environment: Callable[[], Environment]) -> APIRouter:
+def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> APIRouter:
     """The API over ENVIRONMENT, which is read afresh for every request (a saved setting
     shows at once)."""
     router = APIRouter(prefix="/api/v1", responses=REFUSALS)
@@ -90,8 +87,9 @@ def build_router(environment: Callable[[], Environment]) -> APIRouter:
         response: Response,
         current: Annotated[str | None, Cookie(alias=CSRF_COOKIE, max_length=200)] = None,
     ) -> dict[str, str]:
-        # A second tab gets the token the first one holds, so neither is locked out.
-        token = current if current and TOKEN.match(current) else secrets.token_urlsafe(32)
+        # A second tab gets the token the first one holds, so neither is locked out; a
+        # cookie this server did not issue is replaced.
+        token = current if current is not None and tokens.valid(current) else tokens.issue()
         response.set_cookie(
             CSRF_COOKIE, token, httponly=True, samesite="strict", path="/", secure=False
         )

@@ -3,15 +3,23 @@
 Every request's Host must be one the server is bound as (a DNS-rebinding page cannot
 reach it under another name). A mutation also needs a permitted Origin when the browser
 sends one, and the double-submit CSRF token: the `aiworker_csrf` cookie issued by
-`GET /api/v1/session` and the same value in an `X-CSRF-Token` header. Bodies are
-bounded. Refusals use the CLI's error shape and change nothing.
+`GET /api/v1/session` and the same value in an `X-CSRF-Token` header. The token is
+the server's own: a random value and its HMAC under a key kept in the state
+directory, so a value a client made up (set in both places) is refused. Bodies are
+bounded. Every answer says `X-Content-Type-Options: nosniff`. Refusals use the CLI's
+error shape and change nothing.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
+import os
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -26,6 +34,47 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MAX_BODY_BYTES = 64 * 1024
 
 
+KEY_BYTES = 32
+
+
+class CsrfTokens:
+    """Tokens this server issued: NONCE.MAC, the MAC an HMAC-SHA256 of the nonce."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def of_state_dir(cls, state_dir: Path) -> CsrfTokens:
+        """The key in STATE_DIR/web/csrf.key (0600), made once; tokens survive restarts."""
+        path = state_dir / "web" / "csrf.key"
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            key = path.read_bytes()
+            if len(key) == KEY_BYTES:
+                return cls(key)
+            raise RuntimeError(f"{path} is not a key this server wrote; remove it") from None
+        key = secrets.token_bytes(KEY_BYTES)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key)
+        return cls(key)
+
+    def _mac(self, nonce: str) -> str:
+        digest = hmac.new(self._key, nonce.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def issue(self) -> str:
+        nonce = secrets.token_urlsafe(24)
+        return f"{nonce}.{self._mac(nonce)}"
+
+    def valid(self, token: str | None) -> bool:
+        nonce, sep, mac = (token or "").partition(".")
+        if not sep or not nonce or len(token or "") > 200:
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(nonce).encode())
+
+
 async def refuse(send: Send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send(
@@ -36,6 +85,7 @@ async def refuse(send: Send, status: int, code: str, message: str) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"cache-control", b"no-store"),
+                (b"x-content-type-options", b"nosniff"),
             ],
         }
     )
@@ -61,11 +111,12 @@ class Protection:
         origins: set[str] | None = None,
         max_body: int = MAX_BODY_BYTES,
         check_host: bool = True,
-        check_csrf: bool = True,
+        tokens: CsrfTokens | None = None,
     ) -> None:
-        # The runner listener checks neither: its callers are other hosts with bearer
-        # tokens and no cookies, so there is no browser to forge a request for them.
-        self.check_host, self.check_csrf = check_host, check_csrf
+        # The runner listener checks neither host nor CSRF (no TOKENS): its callers are
+        # other hosts with bearer tokens and no cookies, so there is no browser to forge
+        # a request for them.
+        self.check_host, self.tokens = check_host, tokens
         self.app = app
         self.hosts = hosts
         self.origins = origins if origins is not None else {f"http://{host}" for host in hosts}
@@ -85,7 +136,7 @@ class Protection:
             await refuse(send, 421, "forbidden_host", "this server answers only to its own address")
             return
         if scope["method"] not in SAFE_METHODS:
-            why = self._mutation_refused(headers) if self.check_csrf else None
+            why = self._mutation_refused(headers) if self.tokens is not None else None
             if why is not None:
                 await refuse(send, 403, why[0], why[1])
                 return
@@ -97,7 +148,7 @@ class Protection:
                 await refuse(send, 413, "too_large", f"bodies are at most {self.max_body} bytes")
                 return
             receive = self._bounded(receive)
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, _nosniff(send))
 
     def _mutation_refused(self, headers: dict[str, str]) -> tuple[str, str] | None:
         origin = headers.get("origin")
@@ -105,10 +156,12 @@ class Protection:
             return "forbidden_origin", f"requests from {origin[:100]} are not accepted"
         cookie = cookie_value(headers.get("cookie", ""), CSRF_COOKIE)
         token = headers.get(CSRF_HEADER)
-        if not cookie or not token or not hmac.compare_digest(cookie.encode(), token.encode()):
+        assert self.tokens is not None
+        issued = cookie is not None and self.tokens.valid(cookie)
+        if not issued or not token or not hmac.compare_digest(str(cookie).encode(), token.encode()):
             return "csrf", (
-                "a change needs the CSRF token from GET /api/v1/session in the "
-                f"{CSRF_COOKIE} cookie and the X-CSRF-Token header"
+                "a change needs the CSRF token this server issued at GET /api/v1/session, "
+                f"in the {CSRF_COOKIE} cookie and the X-CSRF-Token header"
             )
         return None
 
@@ -125,3 +178,15 @@ class Protection:
             return message
 
         return bounded
+
+
+def _nosniff(send: Send) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            if not any(k.lower() == b"x-content-type-options" for k, _ in headers):
+                headers.append((b"x-content-type-options", b"nosniff"))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending

@@ -75,13 +75,19 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
 
     service = fleet.RunnerService(environment)
 
-    def runner_env(authorization: Annotated[str | None, Header()] = None) -> Environment:
+    def runner_holder(authorization: Annotated[str | None, Header()] = None) -> str:
+        """The calling runner's token, checked; a lease answers only the token that
+        claimed it (fleet.holder_of)."""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not service.authorized(token.strip()):
             raise _Unauthorized
+        return fleet.holder_of(token.strip())
+
+    def runner_env(_holder: Annotated[str, Depends(runner_holder)]) -> Environment:
         return service.env()
 
     Env = Annotated[Environment, Depends(runner_env)]
+    Holder = Annotated[str, Depends(runner_holder)]
     waiting = anyio.CapacityLimiter(MAX_WAITING)
 
     _handle_errors(app)
@@ -95,7 +101,9 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         }
 
     @app.post("/api/runner/v1/claim", response_model=None)
-    async def claim(env: Env, request: ClaimRequest, http: Request) -> dict[str, Any] | Response:
+    async def claim(
+        env: Env, holder: Holder, request: ClaimRequest, http: Request
+    ) -> dict[str, Any] | Response:
         exact = (
             (request.exact.repository_index, request.exact.worker_job_index)
             if request.exact
@@ -106,61 +114,57 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             if request.repository_indexes is not None
             else None
         )
-        lease = await _long_poll(env, request, indexes, exact, http)
+        lease = await _long_poll(holder, request, indexes, exact, http)
         if lease is None:
             return Response(status_code=204)
         return fleet.lease_document(lease, env.loaded.config.runners.lease_seconds)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
     def heartbeat(
-        env: Env, repository_index: Index, worker_job_index: Index, proof: LeaseProof
+        holder: Holder, repository_index: Index, worker_job_index: Index, proof: LeaseProof
     ) -> dict[str, Any]:
         pair = (repository_index, worker_job_index)
-        del env
-        return {"lease_expires_at": service.beat(pair, proof.lease_token)}
+        return {"lease_expires_at": service.beat(holder, pair, proof.lease_token)}
 
-    def _finish(env: Environment, pair: tuple[int, int], kind: str, body: Any) -> dict[str, Any]:
-        del env
+    def _finish(holder: str, pair: tuple[int, int], kind: str, body: Any) -> dict[str, Any]:
         document = body.model_dump(exclude={"lease_token"})
-        status, delivery = service.finish(pair, body.lease_token, kind, document)
+        status, delivery = service.finish(holder, pair, body.lease_token, kind, document)
         if status == "finished":
             failpoint("runner_api.after_finish")  # the fault tests' lost reply
         return {"status": status, "delivery": delivery}  # the stored one, if already
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/complete")
     def complete(
-        env: Env, repository_index: Index, worker_job_index: Index, body: Completion
+        holder: Holder, repository_index: Index, worker_job_index: Index, body: Completion
     ) -> dict[str, Any]:
-        return _finish(env, (repository_index, worker_job_index), "complete", body)
+        return _finish(holder, (repository_index, worker_job_index), "complete", body)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/fail")
     def fail(
-        env: Env, repository_index: Index, worker_job_index: Index, body: Failure
+        holder: Holder, repository_index: Index, worker_job_index: Index, body: Failure
     ) -> dict[str, Any]:
-        return _finish(env, (repository_index, worker_job_index), "fail", body)
+        return _finish(holder, (repository_index, worker_job_index), "fail", body)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/release")
     def release(
-        env: Env, repository_index: Index, worker_job_index: Index, proof: LeaseProof
+        holder: Holder, repository_index: Index, worker_job_index: Index, proof: LeaseProof
     ) -> dict[str, Any]:
-        del env
         pair = (repository_index, worker_job_index)
-        return {"released": service.release(pair, proof.lease_token)}
+        return {"released": service.release(holder, pair, proof.lease_token)}
 
     @app.get("/api/runner/v1/snapshots/{repository_index}/{snapshot_id}/{name}")
     def snapshot(
-        env: Env,
+        holder: Holder,
         repository_index: Index,
         snapshot_id: str,
         name: str,
         lease: Annotated[str, Header(alias=fleet.LEASE_HEADER, max_length=64)] = "",
     ) -> FileResponse:
-        del env
-        path = service.snapshot_file(repository_index, snapshot_id, name, lease)
+        path = service.snapshot_file(holder, repository_index, snapshot_id, name, lease)
         return FileResponse(path, media_type="application/octet-stream")
 
     async def _long_poll(
-        env: Environment,
+        holder: str,
         request: ClaimRequest,
         indexes: list[int] | None,
         exact: tuple[int, int] | None,
@@ -168,9 +172,9 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
     ) -> Any:
         """Claim now, or wait (without holding a thread) until a job is queued or the wait
         ends; a bounded number of waiting claims keeps threads free for heartbeats."""
-        del env
         deadline = time.monotonic() + request.wait_ms / 1000
-        claim = (request.worker_id, request.request_key, indexes, exact, request.repeat_only)
+        key = (holder, request.worker_id, request.request_key)
+        claim = (*key, indexes, exact, request.repeat_only)
         async with waiting:
             lease = await run_in_threadpool(service.claim_once, *claim)
             while lease is None and not request.repeat_only and time.monotonic() < deadline:
@@ -184,7 +188,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             return lease
 
     # A result carries two stream tails (64 KiB each, base64) and its records.
-    return Protection(app, set(), check_host=False, check_csrf=False, max_body=MAX_BODY)
+    return Protection(app, set(), check_host=False, max_body=MAX_BODY)
 
 
 def _handle_errors(app: FastAPI) -> None:

@@ -79,6 +79,12 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def holder_of(token: str) -> str:
+    """Who holds a lease, as the runner API records it: a prefix of the runner token's
+    digest (never the token), so a lease answers only the token that claimed it."""
+    return _digest(token).hex()[:16]
+
+
 class RunnerService:
     """What the runner API serves from: the configuration and the accepted tokens'
     digests, read again at most every REFRESH_S (a removed token file stops working
@@ -138,17 +144,20 @@ class RunnerService:
 
     def claim_once(
         self,
+        holder: str,
         worker_id: str,
         request_key: str,
         repository_indexes: Sequence[int] | None,
         exact: tuple[int, int] | None,
         repeat_only: bool = False,
     ) -> Lease | None:
+        """A claim by the runner token HOLDER stands for; a repeated REQUEST_KEY finds the
+        lease again only for that token."""
         runners = self.env().loaded.config.runners
         return claim(
             self.db(),
             worker_id,
-            request_key,
+            f"{holder}:{request_key}",
             lease_for=timedelta(seconds=runners.lease_seconds),
             max_attempts=runners.max_attempts,
             repository_indexes=repository_indexes,
@@ -166,21 +175,36 @@ class RunnerService:
             exact=exact,
         )
 
-    def beat(self, index: tuple[int, int], token: str) -> str:
+    def _held_by(self, index: tuple[int, int], holder: str) -> None:
+        """Refuse a lease proof from any token but the one that claimed the lease."""
+        key = get_job(self.db(), index).claim_key or ""
+        if not key.startswith(f"{holder}:"):
+            raise LeaseLost(
+                f"worker job {index[0]}/{index[1]} was claimed with another runner's token"
+            )
+
+    def beat(self, holder: str, index: tuple[int, int], token: str) -> str:
+        self._held_by(index, holder)
         lease_for = timedelta(seconds=self.env().loaded.config.runners.lease_seconds)
         return heartbeat(self.db(), index, token, lease_for).isoformat()
 
     def finish(
-        self, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
+        self, holder: str, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
+        self._held_by(index, holder)
         return accept(self.db(), index, token, kind, body)
 
-    def release(self, index: tuple[int, int], token: str) -> bool:
+    def release(self, holder: str, index: tuple[int, int], token: str) -> bool:
+        self._held_by(index, holder)
         return release(self.db(), index, token)
 
-    def snapshot_file(self, index: int, snapshot_id: str, name: str, lease: str) -> Path:
-        """A file of a snapshot that the job leased under LEASE names (no other)."""
-        if not lease or not leased_snapshot(self.db(), index, snapshot_id, lease):
+    def snapshot_file(
+        self, holder: str, index: int, snapshot_id: str, name: str, lease: str
+    ) -> Path:
+        """A file of a snapshot that the job leased under LEASE (claimed with the token
+        HOLDER stands for) names, no other."""
+        leased = lease and leased_snapshot(self.db(), index, snapshot_id, lease, holder)
+        if not leased:
             raise InvalidInput(
                 f"no job of this lease names snapshot {snapshot_id}", code="not_found"
             )

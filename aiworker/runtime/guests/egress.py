@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import h11
+
 log = logging.getLogger("aiworker.egress")
 PORTS = (80, 443)
 HEAD_LIMIT = 16 * 1024
@@ -167,16 +169,21 @@ def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
 
 
 def parse(header: bytes, rest: bytes) -> Request:
-    """The request line and headers; plain HTTP is rewritten for the origin: its own
-    Host, no proxy headers, one request (Connection: close), no chunked bodies."""
-    lines = header.decode("latin-1").split("\r\n")
+    """The request line and headers, read by h11 (a maintained HTTP/1.1 parser) after the
+    shapes that smuggle a second request past a proxy are refused (bare CR or LF, folded
+    lines, a duplicated or listed Content-Length, Transfer-Encoding); plain HTTP is
+    rewritten for the origin: its own Host, no proxy headers, one request (Connection:
+    close), no chunked bodies."""
+    _refuse_ambiguous(header)
+    event = _h11_request(header)
+    method = event.method.decode("ascii")
+    target = event.target.decode("ascii")
     try:
-        method, target, version = lines[0].split(" ")
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
             host = host.strip("[]")
-            if not port_text.isascii() or not port_text.isdecimal():
-                raise ValueError(port_text)
+            if not host or not port_text.isascii() or not port_text.isdecimal():
+                raise ValueError(target)
             return Request(method, host, int(port_text), b"", 0, rest)
         url = urlsplit(target)
         if url.scheme != "http" or not url.hostname:
@@ -184,20 +191,49 @@ def parse(header: bytes, rest: bytes) -> Request:
         host, port = url.hostname, url.port or 80
     except ValueError as exc:
         raise Refusal(400, f"malformed request line: {exc}") from None
-    fields = [line.split(":", 1) for line in lines[1:] if ":" in line]
-    names = {name.strip().lower(): value.strip() for name, value in fields}
-    if "transfer-encoding" in names:
-        raise Refusal(411, "chunked request bodies are not forwarded; send Content-Length")
-    length = names.get("content-length", "0")
-    if not length.isascii() or not length.isdecimal():
-        raise Refusal(400, "malformed Content-Length")
+    fields = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in event.headers.raw_items()]
+    length = next((v for n, v in fields if n.lower() == "content-length"), "0")
     dropped = ("host", "connection", "proxy-", "keep-alive", "upgrade")
-    kept = [f"{n}:{v}" for n, v in fields if not n.strip().lower().startswith(dropped)]
+    kept = [f"{n}: {v}" for n, v in fields if not n.lower().startswith(dropped)]
     authority = host if port == 80 else f"{host}:{port}"
     path = url._replace(scheme="", netloc="").geturl() or "/"
-    lines = [f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close"]
+    version = event.http_version.decode("ascii")
+    lines = [f"{method} {path} HTTP/{version}", f"Host: {authority}", *kept, "Connection: close"]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return Request(method, host, port, head, int(length), rest)
+
+
+def _refuse_ambiguous(header: bytes) -> None:
+    """Heads that two parsers could read differently: refused, never normalised."""
+    if header.count(b"\n") != header.count(b"\r\n") or header.count(b"\r") != header.count(b"\r\n"):
+        raise Refusal(400, "a bare CR or LF in the request head")
+    lines = header.split(b"\r\n")
+    if any(line[:1] in (b" ", b"\t") for line in lines[1:]):
+        raise Refusal(400, "obsolete line folding in the request head")
+    names = [line.split(b":", 1)[0].strip().lower() for line in lines[1:]]
+    lengths = [
+        line.split(b":", 1)[1]
+        for line in lines[1:]
+        if line.split(b":", 1)[0].lower() == b"content-length"
+    ]
+    if names.count(b"content-length") > 1 or any(b"," in value for value in lengths):
+        raise Refusal(400, "more than one Content-Length")
+    if b"transfer-encoding" in names:
+        if b"content-length" in names:
+            raise Refusal(400, "Transfer-Encoding together with Content-Length")
+        raise Refusal(411, "chunked request bodies are not forwarded; send Content-Length")
+
+
+def _h11_request(header: bytes) -> h11.Request:
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+    connection.receive_data(header + b"\r\n\r\n")
+    try:
+        event = connection.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise Refusal(400, f"malformed request: {exc}") from None
+    if not isinstance(event, h11.Request):
+        raise Refusal(400, "incomplete request head")
+    return event
 
 
 def _connect(addresses: tuple[str, ...], port: int) -> socket.socket:

@@ -1,0 +1,81 @@
+"""State the operator must fix (or wait for) is named with its path and what to do, and
+nothing is written: a state directory on a read-only file system, a read-only database,
+a database locked past the busy timeout. Read-only mounts are real ones, made in a mount
+namespace of the command's own (`unshare --mount`), so nothing outside it changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiworker.store import engine
+
+needs_mounts = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+
+
+def read_only(path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`aiworker ARGS` with PATH mounted read-only, in a mount namespace of its own."""
+    argv = [sys.executable, "-m", "aiworker", "--json", *args]
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(path), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+@needs_mounts
+def test_a_state_directory_on_a_read_only_file_system_is_named(upgraded, state_dir):
+    before = snapshot(state_dir)
+    done = read_only(state_dir, "--state-dir", str(state_dir), "scheduler", "tick")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "state_unusable"
+    assert str(state_dir) in error["message"]
+    assert "read-only" in error["message"].lower()
+    assert snapshot(state_dir) == before
+
+
+@needs_mounts
+def test_a_read_only_database_is_named_and_nothing_is_written(upgraded, state_dir):
+    before = snapshot(state_dir)
+    done = read_only(upgraded, "--state-dir", str(state_dir), "claim", "--slot", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "state_unusable"
+    assert error["message"].startswith(f"{upgraded} is read-only")
+    assert snapshot(state_dir)["aiworker.db"] == before["aiworker.db"]
+
+
+def test_a_database_locked_past_the_busy_timeout_says_so_and_exits_75(cli, upgraded, monkeypatch):
+    monkeypatch.setattr(engine, "BUSY_TIMEOUT_MS", 200)
+    holder = sqlite3.connect(upgraded, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        result = cli("--json", "claim", "--slot", "1")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.exit_code == 75, result
+    error = result.json()["error"]
+    assert error["code"] == "lock_held"
+    assert error["message"].startswith(f"{upgraded} stayed locked by another process")
