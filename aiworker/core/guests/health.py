@@ -65,7 +65,9 @@ def _proxy(env: Environment) -> Finding:
     proxy = EgressProxy(policy, DecisionLog(None, "doctor"))
     try:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
-            client.sendall(b"CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n")
+            client.sendall(
+                b"CONNECT 169.254.169.254:80 HTTP/1.1\r\nHost: 169.254.169.254:80\r\n\r\n"
+            )
             answer = client.recv(200).split(b"\r\n", 1)[0].decode(errors="replace")
     except OSError as exc:
         return ("egress-proxy", "fail", f"the proxy did not answer: {exc}")
