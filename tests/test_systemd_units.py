@@ -364,3 +364,19 @@ def test_a_tick_with_the_systemd_launcher_runs_inside_a_service(service_cgroup, 
     assert cli("config", "set", "scheduler.launcher", "systemd").exit_code == 0
     ran = _tick_in_cgroup(service_cgroup, {"INVOCATION_ID": "0123abcd"})
     assert ran.returncode == 0, ran.stderr
+
+
+def test_a_slot_units_command_becomes_the_claimed_phase_and_logs_to_the_task(claimed, state_dir):
+    from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
+
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    # What aiworker-slot@1.service runs: it takes the slot lock and execs the phase.
+    done = run_process("scheduler", "run-slot", "1", timeout=300)
+    assert done.exit_code == 0, done
+    line = f"task {task}: implemented with script (attempt 1)"
+    assert line in done.stdout
+    # The phase's output, tee'd into the task's log as well.
+    assert line in (state_dir / "logs" / f"task-{task}.log").read_text()
+    again = run_process("scheduler", "run-slot", "1")
+    assert again.exit_code == 75
+    assert "nothing is claimed on slot 1" in again.stderr

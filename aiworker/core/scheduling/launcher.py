@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
@@ -32,6 +33,7 @@ from aiworker.store.engine import Database
 from aiworker.store.tasks import claimed_on, kind_and_state, task_state, tasks_in_states
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
 
 
@@ -78,18 +80,12 @@ def run_slot(env: Environment, slot: int) -> None:
     lock = env.locks.slot(slot)
     if not lock.try_acquire():
         raise Unavailable(f"slot {slot} is already running a job")
-    db = env.open_database()
-    try:
-        with db.read_connection() as connection:
-            claimed = claimed_on(connection, slot)
-        if claimed is None:
-            lock.release()
-            raise Unavailable(f"nothing is claimed on slot {slot}")
-        task_id, kind, state = claimed
-        argv = argv_for(env, kind, state, task_id, slot)
-    finally:
-        db.dispose()
-    _become_job(env, task_id, argv, lock)
+    claimed = _read(env, lambda connection: claimed_on(connection, slot))
+    if claimed is None:
+        lock.release()
+        raise Unavailable(f"nothing is claimed on slot {slot}")
+    task_id, kind, state = claimed
+    _become_job(env, task_id, argv_for(env, kind, state, task_id, slot), lock)
 
 
 def run_step(env: Environment, task_id: int) -> None:
@@ -98,12 +94,7 @@ def run_step(env: Environment, task_id: int) -> None:
     lock = env.locks.lock(f"task-{task_id}")
     if not lock.try_acquire():
         raise Unavailable(f"a step of task {task_id} is already running")
-    db = env.open_database()
-    try:
-        with db.read_connection() as connection:
-            found = kind_and_state(connection, task_id)
-    finally:
-        db.dispose()
+    found = _read(env, lambda connection: kind_and_state(connection, task_id))
     phase = None if found is None or found[0] == "milestone" else DELIVERY_PHASE.get(found[1])
     command = None if phase is None else phase_command(env, phase)
     if command is None:
@@ -111,6 +102,16 @@ def run_step(env: Environment, task_id: int) -> None:
         state = "gone" if found is None else found[1]
         raise Unavailable(f"task {task_id} waits on no step (it is {state})")
     _become_job(env, task_id, [*command, "--task", str(task_id)], lock)
+
+
+def _read(env: Environment, query: Callable[[Any], T]) -> T:
+    """QUERY's answer from a database opened for it alone (a unit's job execs next)."""
+    db = env.open_database()
+    try:
+        with db.read_connection() as connection:
+            return query(connection)
+    finally:
+        db.dispose()
 
 
 def _become_job(env: Environment, task_id: int, argv: list[str], lock: FileLock) -> None:

@@ -109,10 +109,9 @@ def install_units(
     # Every path a unit makes writable must exist when it starts (else 226/NAMESPACE).
     for home in [state_dir, *homes]:
         private_directory(home)
-    if web is not None:
+    if web is not None or runner_server is not None:  # they name the configuration's folder
         config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if runner_server is not None:
-        config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         private_directory(state_dir / "runner-attempts")
     target.mkdir(parents=True, exist_ok=True)
     written = []
