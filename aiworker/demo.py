@@ -190,7 +190,8 @@ def main() -> None:
 
         step(
             "Poll: issue #1 is assigned to worker-bot by alice (write), so it becomes a task; "
-            "the next poll reads only what changed since"
+            "the next poll reads only what changed since (and judges again the issues of the "
+            "newest second it saw, since timestamps count whole seconds)"
         )
         say(aiworker("poll"))
         say(aiworker("poll"))

@@ -24,7 +24,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "ci": frozenset({"task", "pr", "head", "state", "check", "evidence"}),
     "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})
     | {"state"},
-    "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at"}),
+    "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at", "state"}),
     "cleanup": frozenset({"removed", "skipped", "changed", "kept"}),
     "config show": frozenset({"path", "exists", "revision", "config", "tokens"}),
     "config validate": frozenset({"path", "exists", "valid"}),

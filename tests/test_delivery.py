@@ -226,3 +226,54 @@ def test_a_base_that_moved_after_implementation_still_ends_in_a_merged_pr(
         ("ci", "pass"),
         ("merge", "merged"),
     ]
+
+
+def _edit_issue(forge, body):
+    import requests
+
+    response = requests.patch(
+        f"{forge.url}/api/v1/repos/team/app/issues/1",
+        json={"body": body},
+        headers={"Authorization": f"token {forge.tokens['alice']}"},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize("polled_first", [True, False], ids=["poll-recorded", "unpolled"])
+def test_an_issue_edited_after_approval_goes_to_repair_not_to_merge(
+    forge, delivered, upgraded, polled_first
+):
+    task, head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    pr = reports["publish"].json()["pr"]
+    _edit_issue(forge, "add() must also accept three numbers")
+    if polled_first:  # the poll records the new scope on the approved task
+        assert run_process("poll").exit_code == 0
+        assert query(upgraded, "select state from tasks") == [("approved",)]
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 0, merged
+    assert (merged.json()["merge_commit"], merged.json()["state"]) == (None, "repairing")
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+    assert query(upgraded, "select state from tasks") == [("repairing",)]
+    [(data,)] = query(
+        upgraded, "select data from events where kind = 'repair.requested' order by id desc"
+    )[:1]
+    assert '"cause": "scope"' in data
+    assert f'"start": "{head}"' in data
+    human = run_process("merge", "--task", str(task))
+    assert human.exit_code != 0  # repairing now: nothing to merge
+
+
+def test_an_issue_edited_after_implementation_is_repaired_before_it_is_published(
+    forge, delivered, upgraded
+):
+    task, _head = delivered()
+    _edit_issue(forge, "add() must also accept three numbers")
+    assert run_process("poll").exit_code == 0
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 0, published
+    assert (published.json()["pr"], published.json()["state"]) == (None, "repairing")
+    assert forge.client("worker-bot").pulls("team", "app", state="all") == []
+    assert query(upgraded, "select state from tasks") == [("repairing",)]

@@ -20,7 +20,7 @@ def test_demo_runs_end_to_end(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "polled 1 repositories (1 full); tasks: created 1" in done.stdout
-    assert "polled 1 repositories (1 incremental); tasks: none" in done.stdout
+    assert "polled 1 repositories (1 incremental); tasks: unchanged 1" in done.stdout
     assert "task 1: implemented with script" in done.stdout
     assert "ci: pass at" in done.stdout
     assert "merged=True" in done.stdout

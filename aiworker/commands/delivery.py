@@ -91,7 +91,10 @@ def merge(
         inv.json,
         report,
         lambda c: c.print(
-            f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}",
+            f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}"
+            if report["merge_commit"]
+            else f"task {report['task']}: PR #{report['pr']} not merged: the issue changed "
+            "after the work was done; the task is repairing",
             markup=False,
         ),
     )

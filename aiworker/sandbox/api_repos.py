@@ -105,6 +105,15 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         state.save()
         return Reply(204)
 
+    @route("DELETE", "/repos/{owner}/{repo}/collaborators/{user}")
+    def remove_collaborator(req: Request, owner: str, repo: str, user: str) -> Reply:
+        found = app.repo_for(req, owner, repo, "admin")
+        if state.user(user) is None:
+            raise HttpError(404, "user does not exist")
+        found["collaborators"].pop(user, None)  # not one: Forgejo answers 204 all the same
+        state.save()
+        return Reply(204)
+
     @route("GET", "/repos/{owner}/{repo}/branches")
     def branches(req: Request, owner: str, repo: str) -> Reply:
         found = app.repo_for(req, owner, repo)

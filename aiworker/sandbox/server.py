@@ -7,6 +7,7 @@ import re
 import socket
 import threading
 import zlib
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ class SandboxApp:
         self.render = Renderer(self.state, self.root_url)
         self.git_root = data_dir / "git"
         self.router = Router()
+        self.api_calls: Counter[str] = Counter()  # "METHOD /path": what tests count
         from aiworker.sandbox import (
             api_code,
             api_issues,
@@ -86,6 +88,7 @@ class SandboxApp:
                     raise HttpError(401, "invalid token")
                 req.user = user["login"]
             if req.path.startswith("/api/v1/"):
+                self.api_calls[f"{req.method} {req.path[len('/api/v1') :]}"] += 1
                 handler, params = self.router.match(req.method, req.path[len("/api/v1") :])
                 try:
                     return handler(req, **params)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Iterable
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from aiworker.store.models import Task
+from aiworker.store.models import Event, Repository, Task
+
+# The events that name who authorised a task's work: discovery, a resumption, and a poll
+# that found a different writer's label or assignment standing behind it.
+AUTHORIZING = ("task.created", "task.resumed", "task.authorized")
 
 
 def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task]:
@@ -13,3 +19,26 @@ def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task
         select(Task).where(Task.repository_id == repository_id, Task.issue_number.is_not(None))
     ).all()
     return {(t.kind, t.issue_number): t for t in rows if t.issue_number is not None}
+
+
+def authorizers(session: Session, task_ids: Iterable[int]) -> dict[int, str]:
+    """Who authorised each task's work, as last recorded (tasks without one are left out)."""
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    latest = (
+        select(func.max(Event.id))
+        .where(
+            Event.task_id.in_(ids),
+            Event.kind.in_(AUTHORIZING),
+            Event.actor.is_not(None),
+        )
+        .group_by(Event.task_id)
+    )
+    rows = session.execute(select(Event.task_id, Event.actor).where(Event.id.in_(latest)))
+    return {int(task_id): str(actor) for task_id, actor in rows if task_id is not None}
+
+
+def repository_at(session: Session, index: int) -> Repository | None:
+    """The recorded repository with the configuration's INDEX (None before its first poll)."""
+    return session.scalar(select(Repository).where(Repository.index == index))

@@ -145,7 +145,6 @@ def paused_from(session: Session, task_id: int) -> str | None:
 @dataclass(frozen=True)
 class PollCursor:
     since: datetime  # the newest update a poll has judged
-    judged: dict[int, str]  # issues judged at exactly that second: number -> their digest
     full_at: datetime  # when the last full poll ran
 
 
@@ -157,7 +156,6 @@ def poll_cursor(session: Session, index: int) -> PollCursor | None:
         return None
     return PollCursor(
         datetime.fromisoformat(cursor["since"]),
-        {int(k): str(v) for k, v in (cursor.get("judged") or {}).items()},
         datetime.fromisoformat(cursor["full_at"]),
     )
 
@@ -166,27 +164,22 @@ def record_poll(
     session: Session,
     repo: Repository,
     listed: Sequence[tuple[int, datetime]],
-    judged_now: dict[int, str],
     full_at: datetime | None,
     cap: datetime | None = None,
 ) -> None:
-    """Advance the cursor past the issues LISTED (number, updated_at). Forgejo's since= is
-    inclusive and counts whole seconds, so the issues that asked for work and were judged
-    at the newest second (JUDGED_NOW) are remembered: listed again next time, they are
-    skipped. Others listed again cost nothing but the listing and change nothing."""
+    """Advance the cursor to the newest of the issues LISTED (number, updated_at). Forgejo's
+    since= is inclusive and counts whole seconds, so the issues of that second are listed
+    (and judged) again next time: a change made later within it shows in nothing else."""
     cursor = dict((repo.settings or {}).get("poll") or {})
+    cursor.pop("judged", None)  # digests an earlier version kept; nothing reads them
     newest = max((at for _, at in listed), default=None)
     since = datetime.fromisoformat(cursor["since"]) if cursor.get("since") else None
     if newest is not None and (since is None or newest >= since):
-        judged = dict(cursor.get("judged") or {}) if newest == since else {}
-        judged.update(
-            {str(n): judged_now[n] for n, at in listed if at == newest and n in judged_now}
-        )
-        cursor["since"], cursor["judged"] = newest.isoformat(), judged
+        cursor["since"] = newest.isoformat()
     elif since is None and cap is not None:
         # Nothing listed yet: start from a little before this poll (CAP), by this host's
         # clock, which may run ahead of the forge's.
-        cursor["since"], cursor["judged"] = cap.isoformat(), {}
+        cursor["since"] = cap.isoformat()
     if full_at is not None:
         cursor["full_at"] = full_at.isoformat()
     if cursor != (repo.settings or {}).get("poll"):

@@ -2,6 +2,7 @@
 
 Merging needs an APPROVED review by the reviewer identity on the head, a
 successful `aiworker / ci` status on the head, authorisation that still holds,
+the scope the work was checked for (an issue edited since goes to a repair episode),
 and a PR head that has not moved; Forgejo's head_commit_id guard closes the
 last window. A plan or a legacy feature, reviewed as a whole, also needs passing
 combined validation receipts (the issue's checks and every milestone's) at the
@@ -21,10 +22,11 @@ from aiworker.core.delivery.pull import (
     pull_at_head,
     record,
 )
+from aiworker.core.delivery.scope_check import repair_if_scope_moved
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.discovery import still_authorized
+from aiworker.core.intake.standing import still_authorized
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S
@@ -41,6 +43,7 @@ class MergeReport(Report):
     head: str
     merge_commit: str | None
     merged_at: str | None
+    state: str = S.DONE  # repairing: the issue changed after review; nothing was merged
 
 
 def merge(env: Environment, task_id: int) -> MergeReport:
@@ -51,7 +54,10 @@ def merge(env: Environment, task_id: int) -> MergeReport:
         assert task.head_commit is not None
         with step_guard(env, db, task, "merge", {"head": task.head_commit}) as guard:
             report = _merge(env, db, delivery)
-            guard.finish("succeeded", f"merged as {report.merge_commit}")
+            if report.state == S.REPAIRING:
+                guard.finish("succeeded", "not merged: the issue changed; a repair takes it on")
+            else:
+                guard.finish("succeeded", f"merged as {report.merge_commit}")
         return report
     finally:
         db.dispose()
@@ -105,6 +111,9 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
     reviewer = access.required("reviewer")
     pull = pull_at_head(reviewer, delivery)
     if not pull.merged:  # merged already: a run that died after the request
+        issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
+        if repair_if_scope_moved(env, db, task, issue, S.APPROVED):
+            return MergeReport(task.id, delivery.pr, head, None, None, S.REPAIRING)
         reasons = _refusals(env, db, access, delivery)
         if reasons:
             record(db, task, "merge.refused", {"reasons": reasons})

@@ -17,11 +17,12 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.context import Environment
 from aiworker.core.delivery.refresh import refresh_base
+from aiworker.core.delivery.scope_check import repair_if_scope_moved
 from aiworker.core.delivery.steps import refuse_publication, step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.discovery import still_authorized
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.intake.standing import still_authorized
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.lifecycle import advance
@@ -59,12 +60,14 @@ def _preconditions(
     access: ForgeAccess,
     worker: ForgejoClient,
 ) -> tuple[Issue, str] | None:
-    """The issue and default branch to publish against, or None when a base move sent the
-    work to a repair episode instead."""
+    """The issue and default branch to publish against, or None when a changed scope or a
+    base move sent the work to a repair episode instead."""
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
+    if repair_if_scope_moved(env, db, task, issue, S.IMPLEMENTED):
+        return None
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if scope != task.scope_fingerprint:
         refuse_publication(db, task, "the issue's requirements changed since the work was scoped")
@@ -117,7 +120,7 @@ def publish(env: Environment, task_id: int) -> PublishReport:
         with step_guard(env, db, task, "publish", {"head": task.head_commit}) as guard:
             report = _publish(env, db, task, repo)
             if report.state == S.REPAIRING:
-                guard.finish("succeeded", "the base moved; a repair episode takes it on")
+                guard.finish("succeeded", "a repair episode takes the work on (scope or base)")
             else:
                 guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
         failpoint("publish.after_record")

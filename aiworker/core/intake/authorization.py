@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeForbidden, ForgeNotFound
 from aiworker.adapters.forgejo.models import Issue, TimelineComment
+from aiworker.config.models import Config
 
 WRITERS = ("write", "admin", "owner")
 
@@ -84,3 +85,36 @@ def decide(
             False, actor, permission, f"{what} by {actor}, who has only {permission} permission"
         )
     return Decision(True, actor, permission, f"{what} by {actor} ({permission})")
+
+
+def still_standing(reader: PermissionReader, owner: str, repo: str, actor: str) -> Decision:
+    """Whether ACTOR, who authorised a task's work, may still: their permission now (a
+    demotion or a removal changes no issue, so no timeline says so)."""
+    permission = reader.permission(owner, repo, actor)
+    if permission in WRITERS:
+        return Decision(True, actor, permission, f"authorised by {actor} ({permission})")
+    now = (
+        f"who now has only {permission} permission"
+        if permission
+        else "whose permission can no longer be read"
+    )
+    return Decision(False, actor, permission, f"authorised by {actor}, {now}")
+
+
+def authorize(
+    client: ForgejoClient,
+    reader: PermissionReader,
+    config: Config,
+    owner: str,
+    name: str,
+    kind: str,
+    issue: Issue,
+    worker_login: str,
+) -> Decision:
+    """Decide now, from the issue's timeline, whether the work was authorised."""
+    timeline = client.timeline(owner, name, issue.number)
+    if kind == "issue":
+        actor = assignment_actor(timeline, worker_login)
+        return decide(reader, owner, name, issue, actor, f"assigned to {worker_login}")
+    label = config.labels.plan if kind == "plan" else config.labels.feature
+    return decide(reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}")

@@ -7,8 +7,6 @@ identity). A second poll with nothing changed writes nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,17 +17,13 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.config.models import Config
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.authorization import (
-    Decision,
-    PermissionReader,
-    assignment_actor,
-    decide,
-    label_actor,
-)
+from aiworker.core.intake.authorization import Decision, PermissionReader, authorize
 from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.intake.standing import Standing, judge_standing
 from aiworker.core.report import Report
 from aiworker.store.discovery import tasks_of
+from aiworker.store.engine import Session
 from aiworker.store.task_records import (
     PollCursor,
     ensure_repository,
@@ -39,21 +33,15 @@ from aiworker.store.task_records import (
 
 log = logging.getLogger(__name__)
 # Between full polls, a poll lists only the issues updated since the last one (since=,
-# one request per repository). A full poll re-reads every candidate and its timeline
-# at least this often, so that what changes no issue (a labeller's permission revoked)
-# is still seen; publish and merge re-verify authorisation themselves in any case.
+# one request per repository) and judges the other tasks by their authoriser's permission
+# now, which changes no issue. A full poll re-reads every candidate and its timeline at
+# least this often; claim, publish and merge re-verify authorisation themselves.
 FULL_POLL_EVERY = timedelta(hours=1)
+# Why a task whose issue was read pauses when its authorisation did not fail.
+NOT_ASKED = "the issue no longer asks for this work (closed, or its label or assignment removed)"
 # Where a repository's first full poll found nothing, the cursor starts this far
 # before that poll: this host's clock may run ahead of the forge's.
 CLOCK_MARGIN = timedelta(minutes=1)
-
-
-def issue_digest(issue: Issue) -> str:
-    """What a poll judges an issue by: a change within the same second (Forgejo's
-    timestamps are whole seconds) changes this, so it is judged again."""
-    document = [issue.state, issue.title, issue.body, sorted(issue.label_names)]
-    document.append(sorted(user.login for user in issue.assignees))
-    return hashlib.sha256(json.dumps(document).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -119,17 +107,12 @@ def changed_candidates(
     cursor: PollCursor,
 ) -> tuple[list[Candidate], list[Issue]]:
     """An incremental poll: every issue updated since the cursor, open or closed, in one
-    listing (less those judged already at its very second); those that ask for work get
-    their authorisation decided now. Returns them and all the changed issues (a changed
-    issue that no longer asks for work is withdrawn)."""
-    changed = [
-        issue
-        for issue in client.list_issues(owner, name, state="all", since=cursor.since)
-        if not (
-            issue.updated_at == cursor.since
-            and cursor.judged.get(issue.number) == issue_digest(issue)
-        )
-    ]
+    listing; those that ask for work get their authorisation decided now, from their
+    timelines. Those updated in the cursor's very second are judged again too: a label
+    removed and added again by someone else within that second changes nothing the listing
+    shows (Forgejo's timestamps are whole seconds). Returns them and all the changed issues
+    (a changed issue that no longer asks for work is withdrawn)."""
+    changed = client.list_issues(owner, name, state="all", since=cursor.since)
     found = []
     for issue in changed:
         kind = kind_of(issue, config, worker_login)
@@ -153,52 +136,13 @@ def kind_of(issue: Issue, config: Config, worker_login: str) -> str | None:
     return None
 
 
-def authorize(
-    client: ForgejoClient,
-    reader: PermissionReader,
-    config: Config,
-    owner: str,
-    name: str,
-    kind: str,
-    issue: Issue,
-    worker_login: str,
-) -> Decision:
-    """Decide now, from the issue's timeline, whether the work was authorised."""
-    timeline = client.timeline(owner, name, issue.number)
-    if kind == "issue":
-        actor = assignment_actor(timeline, worker_login)
-        return decide(reader, owner, name, issue, actor, f"assigned to {worker_login}")
-    label = config.labels.plan if kind == "plan" else config.labels.feature
-    return decide(reader, owner, name, issue, label_actor(timeline, label), f"labelled {label}")
-
-
-def still_authorized(
-    env: Environment, access: ForgeAccess, owner: str, name: str, kind: str, issue: Issue
-) -> Decision:
-    """Re-verify, from the issue's timeline now, that a task's work is still authorised."""
-    return authorize(
-        access.required("worker"),
-        PermissionReader(access.optional("operator"), access.bots()),
-        env.loaded.config,
-        owner,
-        name,
-        kind,
-        issue,
-        access.logins["worker"],
-    )
-
-
 def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollReport:
     config = env.loaded.config
     report = PollReport()
     worker = access.required("worker")
     worker_login = access.logins["worker"]
-    bots = {
-        access.logins[role]: client
-        for role, client in access._clients.items()
-        if role != "operator"
-    }
-    reader = PermissionReader(access.optional("operator"), bots)
+    # One permission read per (repository, login) in a poll, whatever asks for it.
+    reader = PermissionReader(access.optional("operator"), access.bots())
     db = env.open_database()
     try:
         for repo_config in config.repositories:
@@ -210,61 +154,22 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             if complete:
                 found = candidates(worker, reader, config, owner, name, worker_login)
                 listed = [c.issue for c in found]
-                seen: set[int] | None = None
             else:
                 assert cursor is not None
                 found, listed = changed_candidates(
                     worker, reader, config, owner, name, worker_login, cursor
                 )
-                seen = {issue.number for issue in listed}
             report.repositories += 1
             report.count("full" if complete else "incremental", bucket=report.polls)
+            looked_at = None if complete else {issue.number for issue in listed}
+            standing = judge_standing(db, reader, repo_config.index, owner, name, looked_at)
             with db.write() as session:
                 repo = ensure_repository(session, repo_config.index, owner, name)
-                known = tasks_of(session, repo.id)
-                wanted = set()
-                for candidate in found:
-                    key = (candidate.kind, candidate.issue.number)
-                    if not candidate.decision.authorized:
-                        report.unauthorized.append(
-                            {
-                                "repository": f"{owner}/{name}",
-                                "issue": candidate.issue.number,
-                                "kind": candidate.kind,
-                                "reason": candidate.decision.reason,
-                            }
-                        )
-                        continue
-                    wanted.add(key)
-                    report.count(
-                        record_discovered(
-                            session,
-                            repo.id,
-                            candidate.kind,
-                            candidate.issue.number,
-                            candidate.issue.title,
-                            fingerprint(candidate.issue, config.labels.approved),
-                            known.get(key),
-                            candidate.decision.actor,
-                        )
-                    )
-                for key, task in known.items():
-                    # An incremental poll judges only the issues that changed.
-                    looked_at = seen is None or key[1] in seen
-                    if (
-                        looked_at
-                        and key not in wanted
-                        and task.kind != "milestone"
-                        and pause_task(session, task, "authorization withdrawn or issue closed")
-                    ):
-                        report.paused.append(
-                            {"repository": f"{owner}/{name}", "issue": key[1], "task": task.id}
-                        )
+                _record(session, config, report, repo.id, f"{owner}/{name}", found, standing)
                 record_poll(
                     session,
                     repo,
                     [(issue.number, issue.updated_at) for issue in listed],
-                    {c.issue.number: issue_digest(c.issue) for c in found},
                     started if complete else None,
                     started - CLOCK_MARGIN if complete else None,
                 )
@@ -272,3 +177,57 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
         db.dispose()
     log.info("polled %d repositories: %s", report.repositories, report.outcomes)
     return report
+
+
+def _record(
+    session: Session,
+    config: Config,
+    report: PollReport,
+    repository_id: int,
+    where: str,
+    found: list[Candidate],
+    standing: Standing,
+) -> None:
+    known = tasks_of(session, repository_id)
+    wanted, refused = set(), {}
+    for candidate in found:
+        key = (candidate.kind, candidate.issue.number)
+        if not candidate.decision.authorized:
+            refused[key] = candidate.decision.reason
+            report.unauthorized.append(
+                {
+                    "repository": where,
+                    "issue": candidate.issue.number,
+                    "kind": candidate.kind,
+                    "reason": candidate.decision.reason,
+                }
+            )
+            continue
+        wanted.add(key)
+        task = known.get(key)
+        report.count(
+            record_discovered(
+                session,
+                repository_id,
+                candidate.kind,
+                candidate.issue.number,
+                candidate.issue.title,
+                fingerprint(candidate.issue, config.labels.approved),
+                task,
+                candidate.decision.actor,
+                standing.authorizers.get(task.id) if task else None,
+            )
+        )
+    for key, task in known.items():
+        if standing.looked_at is None or key[1] in standing.looked_at:
+            if key in wanted or task.kind == "milestone":
+                continue
+            reason = refused.get(key, NOT_ASKED)
+        elif task.id in standing.withdrawn:
+            reason = standing.withdrawn[task.id]
+        else:
+            continue
+        if pause_task(session, task, reason):
+            report.paused.append(
+                {"repository": where, "issue": key[1], "task": task.id, "reason": reason}
+            )

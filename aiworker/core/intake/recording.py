@@ -13,6 +13,7 @@ from aiworker.core.tasks.states import ACTIVE, TaskState
 from aiworker.store.engine import Session
 from aiworker.store.models import Task
 from aiworker.store.task_records import create_task, paused_from
+from aiworker.store.tasks import append_event
 
 
 def record_discovered(
@@ -24,8 +25,11 @@ def record_discovered(
     fingerprint: str,
     known: Task | None,
     actor: str | None,
+    authorizer: str | None = None,
 ) -> str:
-    """Create, resume or update the task for an authorised issue; say which (or 'unchanged')."""
+    """Create, resume or update the task for an authorised issue; say which (or 'unchanged').
+    ACTOR authorised it now; AUTHORIZER is who did so as last recorded: a different writer
+    standing behind the work is recorded, so that later polls judge their permission."""
     if known is None:
         task = create_task(
             session,
@@ -49,9 +53,18 @@ def record_discovered(
         )
         return "created"
     try:
-        return _update(session, known, title, fingerprint, actor)
+        outcome = _update(session, known, title, fingerprint, actor)
     except TransitionRefused:
         return "conflict"
+    if outcome != "resumed" and actor is not None and actor != authorizer:
+        append_event(
+            session,
+            "task.authorized",
+            task_id=known.id,
+            actor=actor,
+            data={"previous": authorizer},
+        )
+    return outcome
 
 
 # Work past implementation resumes where it was paused: every step re-verifies what it

@@ -22,6 +22,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.images import fetch_images
 from aiworker.core.intake.scope import Requirement, check_inputs, fingerprint
+from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -104,9 +105,12 @@ def _implement(
     problems = check_inputs(issue, cache, repo.index, base)
     if problems:
         return needs_input(env, db, running, report, problems)
+    withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     wait = _not_now(env, task, parent, issue)
-    if wait:
-        return ended(db, running, report, S.READY, "ready", wait)
+    if withdrawn or wait:
+        # Withdrawn: paused until a writer authorises it again; else it waits, ready.
+        state, why = (S.PAUSED, withdrawn) if withdrawn else (S.READY, wait)
+        return ended(db, running, report, state, str(state), why or "")
     exhausted = budget_spent(env, db, task.id, PHASE)
     if exhausted:
         guard.recover(exhausted)

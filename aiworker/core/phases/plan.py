@@ -20,6 +20,7 @@ from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -90,6 +91,11 @@ def _plan(
     cache.fetch(repo.index, forge_repo.clone_url, access.token("planner"))
     base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")
     report.base = base
+    withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
+    if withdrawn:
+        report.outcome, report.reason = "paused", withdrawn
+        _move(db, task, S.PAUSED, withdrawn, report)
+        return
     exhausted = budget_spent(env, db, task.id, PHASE)
     if exhausted:
         guard.recover(exhausted)

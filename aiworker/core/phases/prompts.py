@@ -30,6 +30,10 @@ REPAIR_CAUSES = {
     ),
     "base_checks": "The base branch moved; after merging it the required checks fail.",
     "checks": "Every milestone is in, but the plan's combined checks fail at the branch's head.",
+    "scope": (
+        "The issue's requirements changed after this work was done: make the work meet the "
+        "request as it reads now (below)."
+    ),
 }
 
 

@@ -27,6 +27,7 @@ from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
+from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -111,6 +112,11 @@ def _repair(
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
+    withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
+    if withdrawn:
+        _land(db, running, S.PAUSED, withdrawn)  # resumes repairing once authorised again
+        report.outcome, report.reason, report.state = "paused", withdrawn, S.PAUSED
+        return report
     cache = GitCache(env.state_dir)
     cache.fetch(
         repo.index, worker.repository(repo.owner, repo.name).clone_url, access.token("worker")

@@ -30,8 +30,8 @@ PHASE = "repair"
 REQUESTED = "repair.requested"
 # review: REQUEST_CHANGES; ci: a failing ./ci/run; conflict: the moved base does not merge;
 # base_checks: it merges, but the checks fail on the merge; checks: a plan's combined
-# checks fail once every milestone is in.
-CAUSES = ("review", "ci", "conflict", "base_checks", "checks")
+# checks fail once every milestone is in; scope: the issue changed after the work was done.
+CAUSES = ("review", "ci", "conflict", "base_checks", "checks", "scope")
 MAX_FINDINGS = 50
 
 
@@ -90,10 +90,17 @@ def finding_lines(findings: Sequence[Finding], *, limit: int = 20, length: int =
 
 
 def request_repair(
-    env: Environment, db: Database, task: Task, from_state: str, request: RepairRequest, why: str
+    env: Environment,
+    db: Database,
+    task: Task,
+    from_state: str,
+    request: RepairRequest,
+    why: str,
+    **changes: object,
 ) -> str:
     """Move TASK (as loaded, in FROM_STATE) to repairing with REQUEST, or to failed when the
-    repair budget is spent; returns the state landed in. TASK.version follows the move."""
+    repair budget is spent; returns the state landed in. TASK.version follows the move;
+    CHANGES are recorded on the task with it."""
     used, allowed = spent(env, db, task.id, PHASE)
     exhausted = used >= allowed
     target = S.FAILED if exhausted else S.REPAIRING
@@ -110,7 +117,7 @@ def request_repair(
             kind="task.failed" if exhausted else REQUESTED,
             data={"phase": PHASE, "used": used, "limit": allowed, **request.to_data()},
             follow_data_changes=True,
-            **RELEASE,
+            **{**RELEASE, **changes},
         )
     if exhausted:
         comment_on_issue(
