@@ -6,7 +6,8 @@ A scenario may hold per-phase variants under "phases" (e.g. "review": {...}); a 
 variants is played in order, one per run of that phase for the task (counted from the
 earlier attempts the host lists in continuation.json), the last one repeating; a variant
 {"by_milestone": {"1": {...}, "2": {...}}} is chosen by the milestone being done.
-A scenario "failure" makes it stop after committing, with that failure's message.
+A scenario "failure" makes it stop after committing, with that failure's message; a
+"probe" (a list of paths) commits probe.json with what reading each of them gave.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes())
             edits[str(target)] = None
+    edits.update(_probe(scenario.get("probe") or []))
     for name, text in edits.items():
         if text is None:
             continue  # kept inputs, already written
@@ -85,6 +87,26 @@ def main() -> int:
         return 1
     sys.stdout.write(json.dumps({"type": "result", "result": scenario.get("result")}) + "\n")
     return 0
+
+
+def _probe(paths: list[str]) -> dict[str, None]:
+    """Rehearses a hostile agent: tries to read each of PATHS, and probe.json (committed
+    with the edits) says what it got."""
+    if not paths:
+        return {}
+    Path("probe.json").write_text(json.dumps({p: _try_read(p) for p in paths}, indent=1))
+    return {"probe.json": None}
+
+
+def _try_read(path: str) -> str:
+    """What reading PATH gave: its text, or why it could not be read."""
+    try:
+        target = Path(path)
+        if target.is_dir():
+            return "directory: " + ", ".join(sorted(p.name for p in target.iterdir()))
+        return "read: " + target.read_text(errors="replace")
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
 
 
 def _milestone() -> int | None:

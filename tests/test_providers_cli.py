@@ -74,6 +74,12 @@ def test_unavailable_adapters_and_empty_list(upgraded, tmp_path, monkeypatch):
     configure(tmp_path, monkeypatch, 'providers = ["claude"]\n')
     report = run_process("--json", "providers", "status").json()
     assert report["phases"]["implementation"] is None
+    # No guest image and no backend chosen: a real CLI would run on this host.
+    reason = report["providers"]["claude"]["eligible"]["review"]["reason"]
+    assert reason.startswith("claude would run on this host (no guest image is provisioned")
+    configure(tmp_path, monkeypatch, 'providers = ["claude"]\n[execution]\nbackend = "local"\n')
+    report = run_process("--json", "providers", "status").json()
+    assert report["phases"]["implementation"] is None
     reason = report["providers"]["claude"]["eligible"]["review"]["reason"]
     assert reason == "unavailable: no OAuth login in the private config directory"
     configure(tmp_path, monkeypatch, "providers = []\n")

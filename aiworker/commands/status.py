@@ -35,6 +35,8 @@ def status(ctx: typer.Context) -> None:
         console.print(tasks)
         console.print(slots)
         console.print(f"Last check: {report['last_check'] or 'never'}", markup=False)
+        for provider, why in report["isolation"].items():
+            console.print(f"Provider {provider} cannot run: {why}", markup=False)
         if report["poll_error"]:
             console.print(
                 f"Poll failing ({report['poll_failures']} in a row): {report['poll_error']}",

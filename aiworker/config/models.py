@@ -242,9 +242,13 @@ HOST_PATTERN = r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^[0-9a-fA-F:.]{2,45}
 class Execution(Strict):
     """Where phases and checks run: `qemu` (a disposable guest of the provisioned image)
     or `local` (a directory on this host); unset, `qemu` wherever an image is
-    provisioned and QEMU is installed."""
+    provisioned and QEMU is installed, else only the `script` provider runs (on this host):
+    a real agent runs on the host only where `local` is chosen."""
 
     backend: Literal["qemu", "local"] | None = None
+    # Unsafe: lets a real agent run on this host without bubblewrap (backend = "local"),
+    # where it can read everything this user can: tokens, the database, other logins.
+    local_unsandboxed: bool = False
     # Images, overlays and running guests; default $STATE_DIR/guests.
     guests_dir: str | None = None
     memory_mib: Annotated[int, Field(ge=256, le=262_144)] = 1024

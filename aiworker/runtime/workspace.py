@@ -145,9 +145,13 @@ def sandboxed(
         uid = str(UNPRIVILEGED_UID)
         user = ["--unshare-user", "--uid", uid, "--gid", uid]
     binds = []
+    empty = workspace.root / "empty"
     for path in hidden or []:
         if path.is_dir():
             binds += ["--tmpfs", str(path)]
+        elif path.exists():  # a file (a token): an empty one in its place
+            empty.touch(mode=0o400, exist_ok=True)
+            binds += ["--ro-bind", str(empty), str(path)]
     for path in [workspace.root, *writable]:
         if path.is_dir():
             binds += ["--bind", str(path), str(path)]
@@ -220,6 +224,20 @@ def outermost(homes: list[Path]) -> list[Path]:
     return [h for h in unique if not any(o != h and o in h.parents for o in unique)]
 
 
+def carry(value: str, workspace: Workspace, hidden: list[Path]) -> str:
+    """A file the command names inside a HIDDEN place (a scenario beside the
+    configuration) goes into the workspace, as a guest's upload does; VALUE otherwise."""
+    path = Path(value)
+    if not path.is_absolute() or not path.is_file() or workspace.root in path.parents:
+        return value
+    if not any(place == path or place in path.parents for place in hidden):
+        return value
+    target = workspace.home / "carried" / path.name
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copyfile(path, target)
+    return str(target)
+
+
 class LocalBackend:
     """Each provider home the run names is copied into the workspace's private home for
     the run (not a shared parent), adopted back when refreshed, and removed after it."""
@@ -263,7 +281,8 @@ class LocalBackend:
     def command(
         self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
     ) -> tuple[list[str], dict[str, str]]:
-        return sandboxed(argv, workspace, [], hidden=hidden), env
+        carried = [carry(value, workspace, hidden) for value in argv]
+        return sandboxed(carried, workspace, [], hidden=hidden), env
 
     def changed_lines(self, workspace: Workspace) -> int:
         return changed_lines(workspace)

@@ -1,12 +1,17 @@
 """Which execution backend a phase or check gets, from `execution.backend`: `qemu` or
-`local`; unset, `qemu` wherever an image is provisioned and QEMU is installed (else
-`local`, which doctor warns about)."""
+`local`; unset, `qemu` wherever an image is provisioned and QEMU is installed, else
+`local` for the `script` provider alone. Isolation fails closed: a real agent runs on
+this host only where `local` was chosen, and there only in bubblewrap unless
+`execution.local_unsandboxed` says otherwise; what it must not read is hidden."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from aiworker.config.loader import token_path
 from aiworker.core.context import Environment
 from aiworker.core.guests.paths import guests_root
 from aiworker.errors import Unavailable
@@ -15,6 +20,8 @@ from aiworker.runtime.processes import which
 from aiworker.runtime.workspace import ExecutionBackend, LocalBackend
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "socat")
+# Replays scenarios with a helper of ours: no agent runs, so it may run on the host.
+HOST_SAFE = frozenset({"script"})
 
 
 def guest_store(env: Environment) -> ImageStore:
@@ -37,6 +44,49 @@ def backend_choice(env: Environment) -> tuple[str, str]:
     if image is None:
         return "local", "no guest image is provisioned (`aiworker qemu provision`)"
     return "qemu", f"the guest image {image.name} is provisioned"
+
+
+def isolation_refusal(env: Environment, provider: str) -> str | None:
+    """Why PROVIDER may not run now for want of isolation, with the fix; None when it may.
+    A provider pointed at a scenario replays it with the script provider's helper (a dry
+    run of that slot): no agent runs, so it is as safe as `script`."""
+    options = env.loaded.config.provider_options.get(provider)  # type: ignore[call-overload]
+    if provider in HOST_SAFE or (options is not None and options.scenario):
+        return None
+    backend, why = backend_choice(env)
+    if backend == "qemu":
+        return None
+    execution = env.loaded.config.execution
+    if execution.backend is None:
+        return (
+            f"{provider} would run on this host ({why}): provision a guest image "
+            '(`aiworker qemu provision`) or set execution.backend = "local"'
+        )
+    if which("bwrap") is None and not execution.local_unsandboxed:
+        return (
+            f"{provider} would run on this host without bubblewrap: install bubblewrap, or "
+            "set execution.local_unsandboxed = true (unsafe: the agent can read every "
+            "token, the database and the configuration)"
+        )
+    return None
+
+
+def host_secrets(env: Environment) -> list[Path]:
+    """What a job on this host must not read: the state directory (the database, runner
+    and web keys, logs), the configuration's folder and every token file it names. A
+    folder that holds the Python running aiworker is not hidden, only the file in it."""
+    config_file = env.loaded.path
+    folder = config_file.parent
+    runtime = Path(sys.prefix).resolve()
+    keep_folder = folder == runtime or folder in runtime.parents
+    secrets = [env.state_dir, config_file if keep_folder else folder]
+    forge = env.loaded.config.forge
+    identities = forge.identities if forge else None
+    for role in ("planner", "worker", "reviewer", "operator"):
+        identity = getattr(identities, role, None)
+        if identity is not None and identity.token_file:
+            secrets.append(token_path(identity, folder))
+    return secrets
 
 
 def backend_for(env: Environment, phase: str) -> ExecutionBackend:

@@ -4,9 +4,15 @@ phases get (a warning where it falls back to local), and the egress proxy answer
 from __future__ import annotations
 
 import socket
+from functools import partial
 
 from aiworker.core.context import Environment
-from aiworker.core.guests.backends import backend_choice, guest_store, missing_tools
+from aiworker.core.guests.backends import (
+    backend_choice,
+    guest_store,
+    isolation_refusal,
+    missing_tools,
+)
 from aiworker.runtime.accel import kvm_static_verdict
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 
@@ -47,8 +53,11 @@ def _image(env: Environment) -> Finding:
 def _backend(env: Environment) -> Finding:
     backend, why = backend_choice(env)
     configured = env.loaded.config.execution.backend is not None
+    refused = [r for r in map(partial(isolation_refusal, env), env.loaded.config.providers) if r]
+    if refused:
+        return ("execution", "fail", "; ".join(refused))
     if backend == "local" and not configured:
-        return ("execution", "warn", f"local: {why}; phases run on this host, not in a guest")
+        return ("execution", "warn", f"local: {why}; only the script provider runs, on this host")
     if backend == "qemu" and missing_tools():
         return ("execution", "fail", f"qemu configured, but {', '.join(missing_tools())} missing")
     if backend == "qemu" and guest_store(env).current() is None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment
+from aiworker.core.guests.backends import host_secrets
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.run import RunReport, run_provider
 from aiworker.core.providers.admission import provider_settings, select_provider
@@ -142,7 +143,7 @@ def run_model_phase(
         env.attempt_tag(guard.phase, attempt),
         guard.phase,
         backend=backend,
-        hidden=provider_homes(env),
+        hidden=[*provider_homes(env), *host_secrets(env)],
     )
     failpoint(f"{guard.phase}.after_run")
     result, failure, reason = _validated(run)

@@ -20,6 +20,7 @@ from aiworker.adapters.providers.script import ScriptProvider
 from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import PROVIDER_NAMES, ProviderOptions
 from aiworker.core.context import Environment
+from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.providers.admission import (
     Decision,
     backoff_until,
@@ -114,7 +115,8 @@ def backoffs(session: Session, names: Iterable[str]) -> dict[str, datetime]:
 def capability_check(
     env: Environment, phase: str, *, simple: bool = False, tried_here: Iterable[str] = ()
 ) -> Callable[[str], str | None]:
-    """Why a provider cannot serve PHASE now; TRIED_HERE had their one local try already."""
+    """Why a provider cannot serve PHASE now (its capabilities, or no isolation to run it
+    in); TRIED_HERE had their one local try already."""
     tried = set(tried_here)
 
     def check(name: str) -> str | None:
@@ -122,7 +124,7 @@ def capability_check(
         reason = capability_reason(provider, phase, simple=simple)
         if reason is None and name in tried and getattr(provider, "diff_budget_lines", None):
             reason = f"{name} already had its one local try at this snapshot"
-        return reason
+        return reason or isolation_refusal(env, name)
 
     return check
 

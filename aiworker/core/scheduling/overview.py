@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.report import Report
 from aiworker.core.scheduling.state import SchedulerState
 from aiworker.store.task_records import claims_by_slot, latest_event
@@ -32,6 +33,8 @@ class StatusReport(Report):
     # The last poll's failure (None when it worked) and how many polls in a row failed.
     poll_error: str | None = None
     poll_failures: int = 0
+    # Configured providers that cannot run for want of isolation: provider -> why, and the fix.
+    isolation: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class StatusReport(Report):
             "last_check": self.last_check.isoformat() if self.last_check else None,
             "poll_error": self.poll_error,
             "poll_failures": self.poll_failures,
+            "isolation": self.isolation,
         }
 
 
@@ -69,4 +73,6 @@ def collect_status(env: Environment) -> StatusReport:
             )
         )
     state = SchedulerState.load(env.state_dir)
-    return StatusReport(tasks, slots, last_check, state.poll_error, state.poll_failures)
+    refused = {name: isolation_refusal(env, name) for name in env.loaded.config.providers}
+    isolation = {str(name): why for name, why in refused.items() if why}
+    return StatusReport(tasks, slots, last_check, state.poll_error, state.poll_failures, isolation)
