@@ -18,7 +18,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+READ_ONLY = ("review", "planning")  # phases given a checkout they may not change
 MESSAGES = {
     "quota_exhausted": "You've hit your usage limit (scripted).",
     "auth": "401 Unauthorized (scripted).",
@@ -28,13 +30,8 @@ MESSAGES = {
 
 
 def main() -> int:
-    scenario = json.loads(Path(sys.argv[1]).read_text())
     phase = sys.argv[2] if len(sys.argv) > 2 else "implementation"
-    scenario = (scenario.get("phases") or {}).get(phase, scenario)
-    if isinstance(scenario, list):
-        scenario = scenario[min(_earlier_runs(phase), len(scenario) - 1)]
-    if "by_milestone" in scenario:
-        scenario = scenario["by_milestone"][str(_milestone())]
+    scenario = _variant(json.loads(Path(sys.argv[1]).read_text()), phase)
     edits = dict(scenario.get("edits") or {})
     # A scenario may keep what the phase was handed (its inputs) in the commit, so a
     # rehearsal shows exactly that.
@@ -87,6 +84,22 @@ def main() -> int:
         return 1
     sys.stdout.write(json.dumps({"type": "result", "result": scenario.get("result")}) + "\n")
     return 0
+
+
+def _variant(scenario: dict[str, Any], phase: str) -> dict[str, Any]:
+    """What this run of PHASE plays: the phase's own variant (in order, or by milestone),
+    else the scenario itself."""
+    variants = scenario.get("phases") or {}
+    if phase in READ_ONLY and phase not in variants:
+        # The scenario's own edits are the work's: a review or a plan changes nothing
+        # unless its own variant says so (to rehearse one that tries).
+        scenario = {k: v for k, v in scenario.items() if k not in ("edits", "keep_inputs")}
+    scenario = variants.get(phase, scenario)
+    if isinstance(scenario, list):
+        scenario = scenario[min(_earlier_runs(phase), len(scenario) - 1)]
+    if "by_milestone" in scenario:
+        scenario = scenario["by_milestone"][str(_milestone())]
+    return scenario
 
 
 def _probe(paths: list[str]) -> dict[str, None]:

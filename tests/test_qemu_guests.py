@@ -438,3 +438,34 @@ def test_a_cache_layer_keeps_what_its_script_wrote_without_rewriting_the_base(
         import shutil
 
         shutil.rmtree(shared / "layers" / name, ignore_errors=True)
+
+
+def test_a_plan_in_a_guest_runs_at_a_read_only_detached_head(
+    forge, upgraded, guests_dir, tmp_path, monkeypatch, cli
+):
+    from tests.helpers import configure
+    from tests.test_plan import MILESTONES
+
+    config = configure(tmp_path, forge, monkeypatch)
+    # A second provider replays the same scenario: the first backs off after its failure.
+    replays = qemu_config(guests_dir).replace('["script"]', '["script", "codex"]')
+    replays += '[provider_options.codex]\nscenario = "scenario.json"\n'
+    config.write_text(replays + config.read_text())
+    planned = {"result": {**RESULT, "summary": "Two steps", "milestones": MILESTONES}}
+    trying = {"edits": {"calc.py": FIX}, **planned}
+    # The first run tries to change the checkout, the second only plans.
+    (tmp_path / "scenario.json").write_text(json.dumps({"phases": {"planning": [trying, planned]}}))
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
+    assert cli("poll").exit_code == 0
+    outcomes = []
+    for _ in range(2):
+        assert cli("--json", "claim", "--slot", "1").json()["claimed"]
+        result = run_process("--json", "plan", "--task", "1", "--slot", "1", timeout=600)
+        outcomes.append((result.json()["outcome"], result.json()["state"]))
+    assert outcomes[0][1] == "ready", outcomes  # refused: the write failed, nothing posted
+    assert outcomes[1] == ("planned", "awaiting_plan_approval"), outcomes
+    assert query(upgraded, "select provider, outcome, reason from attempts order by id") == [
+        ("script", "other", "script provider exited 1"),
+        ("codex", "succeeded", "posted a plan of 2 milestones"),
+    ]
+    assert qemu_processes(str(guests_dir)) == []

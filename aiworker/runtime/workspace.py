@@ -58,9 +58,15 @@ def _git(workspace: Workspace, *args: str) -> str:
 
 
 def prepare_workspace(
-    root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+    root: Path,
+    bundle: Path,
+    base_ref: str,
+    inputs: dict[str, str | bytes],
+    *,
+    detached: bool = False,
 ) -> Workspace:
-    """Check out BASE_REF of BUNDLE on branch `work` and write the phase's inputs."""
+    """Check out BASE_REF of BUNDLE on branch `work` (or DETACHED at it, for a phase that
+    changes nothing) and write the phase's inputs."""
     if root.exists():
         raise WorkspaceError(f"workspace {root} already exists")
     root.mkdir(mode=0o700, parents=True)
@@ -68,9 +74,24 @@ def prepare_workspace(
     workspace.repo.mkdir()
     _git(workspace, "init", "-q")
     _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
-    _git(workspace, "checkout", "-q", "-b", "work", "base")
+    if detached:
+        _git(workspace, "checkout", "-q", "--detach", "base")
+    else:
+        _git(workspace, "checkout", "-q", "-b", "work", "base")
     write_inputs(workspace, inputs)
     return workspace
+
+
+def altered(workspace: Workspace) -> list[str]:
+    """What a job changed in a checkout it was to leave as it was: a moved HEAD, and every
+    path `git status` reports (a read-only phase's result is refused for any of them)."""
+    found = []
+    head, base = _git(workspace, "rev-parse", "HEAD"), _git(workspace, "rev-parse", "base")
+    if head != base:
+        found.append(f"HEAD moved to {head[:12]}")
+    status = _git(workspace, "status", "--porcelain", "--untracked-files=all")
+    found += [line[3:] for line in status.splitlines() if line.strip()]
+    return found
 
 
 def write_inputs(workspace: Workspace, inputs: dict[str, str | bytes]) -> None:
@@ -128,6 +149,7 @@ def sandboxed(
     writable: list[Path],
     bwrap: str | None = None,
     hidden: list[Path] | None = None,
+    read_only: bool = False,
 ) -> list[str]:
     """ARGV inside bubblewrap when it is installed: the whole system read-only (paths stay
     where they are, so a checkout or a venv under /tmp still works), a private pid
@@ -155,6 +177,8 @@ def sandboxed(
     for path in [workspace.root, *writable]:
         if path.is_dir():
             binds += ["--bind", str(path), str(path)]
+    if read_only:
+        binds += ["--ro-bind", str(workspace.repo), str(workspace.repo)]
     return [
         bwrap,
         "--ro-bind",
@@ -187,8 +211,16 @@ class ExecutionBackend(Protocol):
     def describe(self) -> dict[str, str]: ...
 
     def prepare(
-        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+        self,
+        root: Path,
+        bundle: Path,
+        base_ref: str,
+        inputs: dict[str, str | bytes],
+        *,
+        read_only: bool = False,
     ) -> Workspace: ...
+
+    def altered(self, workspace: Workspace) -> list[str]: ...
 
     def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]: ...
 
@@ -246,14 +278,27 @@ class LocalBackend:
 
     def __init__(self) -> None:
         self.leases: dict[Path, list[tuple[Path, Path, dict[str, bytes]]]] = {}
+        self.read_only: set[Path] = set()  # workspaces whose checkout the job may not change
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name}
 
     def prepare(
-        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+        self,
+        root: Path,
+        bundle: Path,
+        base_ref: str,
+        inputs: dict[str, str | bytes],
+        *,
+        read_only: bool = False,
     ) -> Workspace:
-        return prepare_workspace(root, bundle, base_ref, inputs)
+        workspace = prepare_workspace(root, bundle, base_ref, inputs, detached=read_only)
+        if read_only:
+            self.read_only.add(root)
+        return workspace
+
+    def altered(self, workspace: Workspace) -> list[str]:
+        return altered(workspace)
 
     def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]:
         open_private_home(workspace)
@@ -282,7 +327,8 @@ class LocalBackend:
         self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
     ) -> tuple[list[str], dict[str, str]]:
         carried = [carry(value, workspace, hidden) for value in argv]
-        return sandboxed(carried, workspace, [], hidden=hidden), env
+        read_only = workspace.root in self.read_only
+        return sandboxed(carried, workspace, [], hidden=hidden, read_only=read_only), env
 
     def changed_lines(self, workspace: Workspace) -> int:
         return changed_lines(workspace)
@@ -292,4 +338,5 @@ class LocalBackend:
 
     def teardown(self, workspace: Workspace, *, preserve: bool) -> bool:
         self.close_home(workspace)
+        self.read_only.discard(workspace.root)
         return teardown(workspace, preserve=preserve)

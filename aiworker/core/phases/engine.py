@@ -107,9 +107,12 @@ def run_model_phase(
     ref: str,
     inputs: dict[str, str | bytes],
     recorded: dict[str, Any],
+    read_only: bool = False,
 ) -> ModelRun:
     """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the
-    provider and validate its result document. RECORDED joins the attempt's settings."""
+    provider and validate its result document. RECORDED joins the attempt's settings.
+    READ_ONLY (review, planning): the checkout is a detached head the job cannot change,
+    and a result from a job that changed it anyway is not accepted."""
     name = admission.provider
     assert name is not None
     backend = guard.backend
@@ -131,7 +134,7 @@ def run_model_phase(
     }
     root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
     try:
-        workspace = guard.track(backend.prepare(root, bundle, ref, inputs))
+        workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
     finally:
         bundle.unlink(missing_ok=True)
     guard.spent = True
@@ -147,6 +150,12 @@ def run_model_phase(
     )
     failpoint(f"{guard.phase}.after_run")
     result, failure, reason = _validated(run)
+    changed = backend.altered(workspace) if read_only and failure is None else []
+    if changed:
+        result, failure = None, "invalid"
+        reason = f"the {guard.phase} changed the checkout it must leave as it was: " + ", ".join(
+            changed[:10]
+        )
     with db.write() as session:
         record_run(session, name, "ok" if failure is None else failure, reason)
     return ModelRun(name, attempt, workspace, result, failure, reason)

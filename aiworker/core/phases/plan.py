@@ -126,6 +126,7 @@ def _plan(
                 db, cache, task=task, repo=repo, phase=PHASE, issue=issue, base=base
             ),
         },
+        read_only=True,
         recorded={"base": base},
     )
     report.provider, report.attempt = run.provider, run.attempt

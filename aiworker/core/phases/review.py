@@ -143,6 +143,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                         head=head,
                     ),
                 },
+                read_only=True,
                 recorded={"head": head},
             )
             report.provider = run.provider

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from aiworker.errors import Unavailable
 from aiworker.runtime.attempts import remove_attempt
-from aiworker.runtime.credentials import adopt, credential_files, is_credential
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import Image, ImageStore
+from aiworker.runtime.guests.lending import KILL_DEV, Lease, lend_homes, take_back
 from aiworker.runtime.guests.machine import (
     MODEL_ADDRESS,
     MODEL_PORT,
@@ -37,23 +37,15 @@ from aiworker.runtime.workspace import (
     Workspace,
     WorkspaceError,
     moved,
-    outermost,
     write_inputs,
 )
 
 WORK = "/home/dev/work"
 # Root-owned places (under /run, which `dev` cannot write): root never works on a path
 # the unprivileged user could have replaced with a link.
-CREDS = "/run/aiworker-creds"
+# Root-owned, as the credentials' tmpfs (lending.py): files the command names go here.
 FILES = "/run/aiworker-files"
 MAX_BUNDLE_BYTES = 2 << 30
-MAX_CREDENTIAL_BYTES = 1 << 20
-# Every process of the unprivileged user, killed (and gone) before root touches what
-# they could write: after dependency setup, after the provider, before files come back.
-KILL_DEV = (
-    "pkill -KILL -u dev; for i in $(seq 1 100); do pgrep -u dev >/dev/null || exit 0; "
-    "sleep 0.05; done; exit 1"
-)
 GUEST_PATH = "/usr/local/bin:/usr/bin:/bin"
 PROXY = f"http://{PROXY_ADDRESS}:{PROXY_PORT}"
 log = logging.getLogger(__name__)
@@ -97,7 +89,7 @@ def proxy_env(home: str = f"{WORK}/home") -> dict[str, str]:
 class Session:
     guest: Guest
     proxy: EgressProxy
-    leases: list[tuple[Path, str, dict[str, bytes]]] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
     mapping: dict[str, str] = field(default_factory=dict)  # host path -> guest path
     home_open: bool = False
 
@@ -159,7 +151,13 @@ class QemuBackend:
         return Session(guest, proxy)
 
     def prepare(
-        self, root: Path, bundle: Path, base_ref: str, inputs: dict[str, str | bytes]
+        self,
+        root: Path,
+        bundle: Path,
+        base_ref: str,
+        inputs: dict[str, str | bytes],
+        *,
+        read_only: bool = False,
     ) -> Workspace:
         self.image  # noqa: B018 - raises GuestUnavailable before anything is made
         if root.exists():
@@ -171,14 +169,22 @@ class QemuBackend:
         session = self.sessions[root] = self.start_guest(self.phase)
         session.mapping[str(root)] = WORK
         try:
-            self._send(session, workspace, bundle, base_ref)
+            self._send(session, workspace, bundle, base_ref, detached=read_only)
             self._setup(session)
+            if read_only:
+                # After the repository's own setup: a read-only bind the job cannot undo
+                # (it runs as dev, without capabilities); the files stay dev's for git.
+                session.shell.check(
+                    f"mount --bind {WORK}/repo {WORK}/repo && mount -o remount,bind,ro {WORK}/repo"
+                )
         except BaseException:
             self.teardown(workspace, preserve=False)
             raise
         return workspace
 
-    def _send(self, session: Session, workspace: Workspace, bundle: Path, base_ref: str) -> None:
+    def _send(
+        self, session: Session, workspace: Workspace, bundle: Path, base_ref: str, detached: bool
+    ) -> None:
         shell = session.shell
         shell.check(
             f"install -d -o dev -g dev -m 0700 {WORK} {WORK}/aiworker {WORK}/home && "
@@ -194,9 +200,19 @@ class QemuBackend:
         self._check(
             session,
             f"git init -q {WORK}/repo && cd {WORK}/repo && "
-            f"git fetch -q ../input.bundle {ref} && git checkout -q -b work base",
+            f"git fetch -q ../input.bundle {ref} && "
+            + ("git checkout -q --detach base" if detached else "git checkout -q -b work base"),
             cwd=WORK,
         )
+
+    def altered(self, workspace: Workspace) -> list[str]:
+        """What the job changed in a checkout it was to leave as it was (see the local
+        backend's): a moved HEAD and every path `git status` reports."""
+        session = self.sessions[workspace.root]
+        head = self._check(session, "git rev-parse HEAD base").decode().split()
+        found = [f"HEAD moved to {head[0][:12]}"] if head[0] != head[1] else []
+        status = self._check(session, "git status --porcelain --untracked-files=all").decode()
+        return found + [line[3:] for line in status.splitlines() if line.strip()]
 
     def _check(
         self, session: Session, command: str, *, cwd: str = f"{WORK}/repo", timeout: float = 300
@@ -218,30 +234,9 @@ class QemuBackend:
 
     def open_home(self, workspace: Workspace, homes: list[Path]) -> dict[str, str]:
         session = self.sessions[workspace.root]
-        shell = session.shell
-        shell.check(KILL_DEV, timeout=30)
-        shell.check(
-            f"mkdir -m 0700 {CREDS} && "
-            f"mount -t tmpfs -o size=256m,mode=0700,uid=1000,gid=1000 tmpfs {CREDS}"
-        )
+        leases, leased = lend_homes(session.shell, workspace.root, homes)
         session.home_open = True
-        leased = {}
-        for number, home in enumerate(outermost(homes)):
-            if workspace.root in home.parents or home == workspace.root:
-                continue
-            target = f"{CREDS}/{number}-{home.name}"
-            files = (
-                [p for p in home.rglob("*") if p.is_file() and not p.is_symlink()]
-                if home.is_dir()
-                else []
-            )
-            folders = {str(Path(target, p.relative_to(home)).parent) for p in files}
-            shell.check(f"mkdir -p {shlex.join(sorted({target, *folders}))}")
-            for path in files:
-                shell.put(path, f"{target}/{path.relative_to(home)}")
-            shell.check(f"chown -R dev:dev {shlex.quote(target)}")
-            session.leases.append((home, target, credential_files(home)))
-            leased[str(home)] = target
+        session.leases.extend(leases)
         return leased
 
     def close_home(self, workspace: Workspace) -> list[str]:
@@ -249,34 +244,10 @@ class QemuBackend:
         session = self.sessions.get(workspace.root)
         if session is None or not session.home_open or session.guest.shell is None:
             return []
-        session.shell.check(KILL_DEV, timeout=30)  # nothing of the run changes files now
-        notes = []
-        for source, target, before in session.leases:
-            after = self._credentials(session.shell, target)
-            if source.is_dir():
-                notes.append(adopt(source, before, after))
+        notes = take_back(session.shell, session.leases)
         session.leases.clear()
         session.home_open = False
-        session.shell.run(f"umount {CREDS}; rm -rf {CREDS}")
         return notes
-
-    def _credentials(self, shell: GuestShell, target: str) -> dict[str, bytes]:
-        """The credential files under TARGET: regular files only (no links), bounded."""
-        listing = shell.run(
-            f"cd {shlex.quote(target)} && find . -type f -size -{MAX_CREDENTIAL_BYTES // 1024}k "
-            "-print0"
-        )
-        found = {}
-        with shell.client.open_sftp() as sftp:
-            for name in listing.stdout.split(b"\0"):
-                relative = name.decode(errors="replace").removeprefix("./")
-                if not relative or not is_credential(relative):
-                    continue
-                with sftp.open(f"{target}/{relative}", "rb") as handle:
-                    data = handle.read(MAX_CREDENTIAL_BYTES + 1)
-                if len(data) <= MAX_CREDENTIAL_BYTES:
-                    found[relative] = data
-        return found
 
     def command(
         self, argv: list[str], env: dict[str, str], workspace: Workspace, hidden: list[Path]
