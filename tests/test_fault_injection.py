@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from aiworker.runtime.failpoints import POINTS
 from aiworker.runtime.processes import process_alive
 from tests.delivery_fixtures import write_scenario
 from tests.helpers import configure, run_process
@@ -19,15 +20,20 @@ from tests.test_implement import FIX, query, result_doc
 CONFIG = (
     '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
     "[scheduler]\nfollow_up = false\n"
+    # Each kill counts against its step's budget: room for every point and the run after.
+    "[budgets]\nimplementation = 6\nreview = 6\ndelivery = 6\n"
 )
-# In delivery order; each point kills the job there once, then a clean tick recovers it.
+# In delivery order, every registered point of every step of an issue's way (the attempt's
+# phase: the step's points); each kills the job there once, then a tick recovers it.
 FAULTS = {
-    "implementation": ["implementation.attempt_started", "implementation.after_run"],
-    "publish": ["publish.before_request", "publish.after_request"],
-    "ci": ["ci.after_pending"],
-    "review": ["review.attempt_started", "review.after_run"],
-    "merge": ["merge.after_request"],
+    "implementation": POINTS["implement"],
+    "publish": POINTS["publish"],
+    "ci": POINTS["ci"],
+    "review": POINTS["review"],
+    "merge": POINTS["merge"],
 }
+# Points after the step recorded its outcome: the job dies with nothing left open.
+AFTER_OUTCOME = {"publish.after_record"}
 DEFINED = {
     "ready",
     "claimed",
@@ -92,15 +98,20 @@ def test_killed_jobs_are_recovered_at_every_point(
     for phase, points in FAULTS.items():
         # Each tick first recovers what the previous one's job left, then starts the
         # step again, this time to be killed at the next point.
-        for number, point in enumerate(points):
+        left_open = False
+        for point in points:
+            if point in AFTER_OUTCOME:
+                continue  # below, once the step has run to its end
             report = tick(cli, monkeypatch, point)
-            assert [r["task"] for r in report["recovered"]] == ([task] if number else [])
+            assert [r["task"] for r in report["recovered"]] == ([task] if left_open else [])
             killed += 1
+            left_open = True
             assert query(upgraded, "select phase from attempts where finished_at is null") == [
                 (phase,)
             ], point
             assert_nothing_unexplained(upgraded, state_dir)
-        report = tick(cli, monkeypatch)  # recovered, and this time the step runs to its end
+        last = next((p for p in points if p in AFTER_OUTCOME), None)
+        report = tick(cli, monkeypatch, last)  # recovered; the step runs to its end
         assert [r["task"] for r in report["recovered"]] == [task]
         assert state_of(upgraded) in DEFINED
         assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
@@ -125,6 +136,17 @@ def test_killed_jobs_are_recovered_at_every_point(
         assert reason.startswith("the job's process died: last recorded:"), reason
     assert not any((state_dir / "workspaces").iterdir())
     head = query(upgraded, "select head_commit from tasks")[0][0]
-    statuses = forge.client("worker-bot").combined_status("team", "app", head)
+    worker = forge.client("worker-bot")
+    statuses = worker.combined_status("team", "app", head)
     assert statuses.state == "success"
+    # No forge write was made twice for one reason: one PR, one review, one merge, one
+    # terminal CI status (each killed CI run's pending one got its terminal error).
+    [pull] = worker.pulls("team", "app", state="all")
+    assert pull.merged
+    [review] = worker.reviews("team", "app", pull.number)
+    assert (review.state, review.commit_id) == ("APPROVED", head)
+    with forge.app.state.lock:
+        posted = forge.app.state.repo("team", "app")["statuses"].get(head, [])
+        finals = [item["state"] for item in posted if item["state"] != "pending"]
+    assert finals.count("success") == 1, finals
     assert os.listdir(state_dir / "logs") == []

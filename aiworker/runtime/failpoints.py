@@ -1,13 +1,39 @@
 """Crash points for the fault tests: AIWORKER_FAILPOINT=NAME kills the process right there
 (SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead.
 
-Nothing happens unless that variable names the point; operators never set it.
+Nothing happens unless that variable names the point; operators never set it. Every
+point is listed in POINTS under the step whose job passes it, in the order it does: the
+fault tests kill each job at each of its points, and a step without points (or a point not
+listed) fails them.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+
+# Between the durable writes of each step (the phase commands, and the runner listener).
+POINTS: dict[str, tuple[str, ...]] = {
+    "plan": ("planning.attempt_started", "planning.after_run"),
+    "implement": ("implementation.attempt_started", "implementation.after_run"),
+    "repair": ("repair.attempt_started", "repair.after_run"),
+    "publish": (
+        "publish.attempt_started",
+        "publish.before_request",
+        "publish.after_request",
+        "publish.after_record",
+    ),
+    "ci": ("ci.attempt_started", "ci.after_pending", "ci.after_checks"),
+    "review": (
+        "review.attempt_started",
+        "review.after_run",
+        "review.after_decision",
+        "review.after_post",
+    ),
+    "merge": ("merge.attempt_started", "merge.after_request"),
+    "milestones": ("milestones.after_accept", "milestones.after_checks"),
+    "runner": ("runner_api.after_finish",),
+}
 
 
 class FailpointError(RuntimeError):

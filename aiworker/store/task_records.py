@@ -101,6 +101,20 @@ def last_event_of(session: Session, task_id: int, kind: str) -> Event | None:
     )
 
 
+def last_entry_into(session: Session, task_id: int, state: str) -> Event | None:
+    """The event that last moved the task into STATE from another state."""
+    return session.scalar(
+        select(Event)
+        .where(
+            Event.task_id == task_id,
+            Event.to_state == state,
+            (Event.from_state.is_(None)) | (Event.from_state != state),
+        )
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+
+
 def list_tasks(
     session: Session, state: str | None, limit: int, after: int = 0
 ) -> Sequence[tuple[Task, Repository]]:

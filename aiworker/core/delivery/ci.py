@@ -127,6 +127,7 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
             check = report.checks[0]
             state = "success" if report.passed else "failure"
             evidence = write_evidence(env, task.id, head, check)
+            failpoint("ci.after_checks")
             description = (
                 f"./ci/run {check['status']} (exit {check['exit_code']}) at "
                 f"{head[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"

@@ -44,6 +44,7 @@ from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, InvalidInput
+from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 
@@ -126,6 +127,7 @@ def _milestones(env: Environment, db: Database, plan: Plan, report: PlanStepRepo
         if child.state == S.IMPLEMENTED:
             if not _accept(db, task, child, report):
                 return
+            failpoint("milestones.after_accept")
         elif child.state in WORKING:
             report.reason = f"milestone {child.id} is {child.state}"
             return
@@ -213,6 +215,7 @@ def _finish(env: Environment, db: Database, plan: Plan, report: PlanStepReport) 
         scope=task.scope_fingerprint,
         requirements=checks_of(db, task, plan.issue.body),
     )
+    failpoint("milestones.after_checks")
     failed = gate.failures()
     if failed:
         request = RepairRequest(

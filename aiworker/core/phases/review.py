@@ -7,6 +7,9 @@ request changes, anything else approves. The review is posted on the head
 commit it inspected; requested changes start a repair episode on the same branch
 (tasks/repairs.py), after which a fresh review follows. A failed review attempt
 leaves the task awaiting review while its budget lasts, then fails it with a comment.
+The decision is recorded before the review is posted, and the posted review carries a
+marker (review_decisions.py): a run that dies in between is finished by the next one
+without a second inference or a second review.
 """
 
 from __future__ import annotations
@@ -15,27 +18,36 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.contracts.agent import AgentResult, Finding
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment, hold_job_lock
-from aiworker.core.delivery.pull import load_delivery, move, pull_at_head
+from aiworker.core.delivery.pull import Delivery, load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.prompts import review_prompt
+from aiworker.core.phases.review_decisions import (
+    Decided,
+    pending_decision,
+    record_decision,
+    review_body,
+    review_marker,
+)
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 
 PHASE = "review"
-BLOCKING = ("major", "blocker")
 
 
 @dataclass
@@ -56,29 +68,96 @@ class ReviewReport(Report):
         return EXIT_UNAVAILABLE if self.reason.startswith("no provider") else EXIT_FAILED
 
 
-def review_body(result: AgentResult) -> str:
-    lines = [result.summary]
-    for finding in result.findings:
-        where = (
-            f" ({finding.path}:{finding.line})"
-            if finding.path and finding.line
-            else (f" ({finding.path})" if finding.path else "")
-        )
-        lines.append(f"- [{finding.severity}] {finding.message}{where}")
-    return "\n".join(lines)
-
-
 def _request_changes(
-    env: Environment, db: Database, task: Task, result: AgentResult, head: str, review: int
+    env: Environment, db: Database, task: Task, decided: Decided, head: str, review: int
 ) -> str:
     """Changes were requested: a repair episode takes the findings on, on the same branch."""
-    findings = list(result.findings)
-    if result.completion != "complete":
-        message = f"the review could not be completed: {result.summary}"
+    findings = list(decided.findings)
+    if decided.completion != "complete":
+        message = f"the review could not be completed: {decided.summary}"
         findings.append(Finding(severity="blocker", message=message[:20_000]))
     request = RepairRequest("review", head, task.base_commit or head, findings)
     why = f"review {review} requested changes at {head[:12]}"
     return request_repair(env, db, task, S.AWAITING_REVIEW, request, why)
+
+
+def _decide(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    delivery: Delivery,
+    pull: PullRequest,
+    report: ReviewReport,
+) -> Decided | None:
+    """Run the review on the exact head and record its decision before anything is posted;
+    None when no decision was reached (the report says why)."""
+    task, repo = delivery.task, delivery.repo
+    head = str(task.head_commit)
+    admission = admit(env, db, PHASE)
+    if admission.provider is None:
+        report.reason = "no provider is eligible for review now"
+        return None
+    reviewer = ForgeAccess(env.loaded).required("reviewer")
+    ref = f"refs/aiworker/review/task-{task.id}"
+    issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
+    cache = GitCache(env.state_dir)
+    bundle = cache.bundle_commit(
+        repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
+    )
+    run = run_model_phase(
+        env,
+        db,
+        guard,
+        admission,
+        bundle=bundle,
+        ref=ref,
+        inputs={
+            "prompt.md": review_prompt(pull),
+            "context.json": json.dumps({"pr": pull.number, "head": head}),
+            "continuation.json": continuation_json(
+                db,
+                cache,
+                task=task,
+                repo=repo,
+                phase=PHASE,
+                issue=issue,
+                base=task.base_commit or head,
+                head=head,
+            ),
+        },
+        read_only=True,
+        recorded={"head": head},
+    )
+    report.provider = run.provider
+    if run.result is None:
+        quota = run.failure == "quota_exhausted"
+        guard.finish(run.failure or "failed", run.reason, refunded=quota)
+        report.reason = run.reason
+        guard.recover(f"{run.failure}: {run.reason}")
+        return None
+    decided = record_decision(db, task.id, Decided.of(run.result, run.provider, head))
+    failpoint("review.after_decision")
+    return decided
+
+
+def _post(reviewer: ForgejoClient, login: str, delivery: Delivery, decided: Decided) -> int:
+    """The formal review on the head, posted once: the one a dead run already posted for
+    this decision (by the reviewer, with the decision's marker and verdict) is taken."""
+    task, repo = delivery.task, delivery.repo
+    marker = review_marker(task.id, decided)
+    for found in reviewer.reviews(repo.owner, repo.name, delivery.pr):
+        mine = found.user is not None and found.user.login == login
+        if mine and found.state == decided.event and marker in found.body:
+            return found.id
+    posted = reviewer.create_review(
+        repo.owner,
+        repo.name,
+        delivery.pr,
+        event=decided.event,
+        body=f"{review_body(decided)}\n\n{marker}",
+        commit_id=decided.head,
+    )
+    return posted.id
 
 
 def review(env: Environment, task_id: int) -> ReviewReport:
@@ -86,7 +165,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
     try:
         delivery = load_delivery(db, task_id, S.AWAITING_REVIEW)
         lock = hold_job_lock(env, f"task-{task_id}")
-        task, repo = delivery.task, delivery.repo
+        task = delivery.task
         head = task.head_commit
         assert head is not None
         report = ReviewReport(task.id, delivery.pr, state=S.AWAITING_REVIEW)
@@ -105,67 +184,27 @@ def review(env: Environment, task_id: int) -> ReviewReport:
             report.state = landed or "unchanged"
 
         with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
-            reviewer = ForgeAccess(env.loaded).required("reviewer")
+            access = ForgeAccess(env.loaded)
+            reviewer = access.required("reviewer")
             pull = pull_at_head(reviewer, delivery)
-            exhausted = budget_spent(env, db, task.id, PHASE)
+            # A decision recorded by a run that died before it posted or moved the task
+            # is delivered as it was: no second inference, no second review.
+            decided = pending_decision(db, task.id, head)
+            exhausted = None if decided else budget_spent(env, db, task.id, PHASE)
             if exhausted:
                 guard.recover(exhausted)
                 report.reason = "budget spent"
                 return report
-            admission = admit(env, db, PHASE)
-            if admission.provider is None:
-                report.reason = "no provider is eligible for review now"
-                return report
-            ref = f"refs/aiworker/review/task-{task.id}"
-            issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
-            cache = GitCache(env.state_dir)
-            bundle = cache.bundle_commit(
-                repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
-            )
-            run = run_model_phase(
-                env,
-                db,
-                guard,
-                admission,
-                bundle=bundle,
-                ref=ref,
-                inputs={
-                    "prompt.md": review_prompt(pull),
-                    "context.json": json.dumps({"pr": pull.number, "head": head}),
-                    "continuation.json": continuation_json(
-                        db,
-                        cache,
-                        task=task,
-                        repo=repo,
-                        phase=PHASE,
-                        issue=issue,
-                        base=task.base_commit or head,
-                        head=head,
-                    ),
-                },
-                read_only=True,
-                recorded={"head": head},
-            )
-            report.provider = run.provider
-            if run.result is None:
-                quota = run.failure == "quota_exhausted"
-                guard.finish(run.failure or "failed", run.reason, refunded=quota)
-                report.reason = run.reason
-                guard.recover(f"{run.failure}: {run.reason}")
-                return report
-            result = run.result
-            blocking = [f for f in result.findings if f.severity in BLOCKING]
-            event = "REQUEST_CHANGES" if blocking or result.completion != "complete" else "APPROVED"
-            posted = reviewer.create_review(
-                repo.owner,
-                repo.name,
-                pull.number,
-                event=event,
-                body=review_body(result),
-                commit_id=head,
-            )
-            guard.finish("succeeded", f"posted {event}")
-            if event == "APPROVED":
+            if decided is None:
+                decided = _decide(env, db, guard, delivery, pull, report)
+                if decided is None:
+                    return report
+            else:
+                guard.start(None, {"head": head, "adopted": decided.event})
+            posted = _post(reviewer, access.logins["reviewer"], delivery, decided)
+            failpoint("review.after_post")
+            guard.finish("succeeded", f"posted {decided.event}")
+            if decided.event == "APPROVED":
                 to_state: str = S.APPROVED
                 move(
                     db,
@@ -173,13 +212,14 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                     S.AWAITING_REVIEW,
                     to_state,
                     "review.posted",
-                    {"event": event, "review": posted.id, "head": head},
-                    f"{run.provider} reviewed {head[:12]}: {event}",
+                    {"event": decided.event, "review": posted, "head": head},
+                    f"{decided.provider} reviewed {head[:12]}: {decided.event}",
                 )
             else:
-                to_state = _request_changes(env, db, task, result, head, posted.id)
-            report.event, report.review, report.state = event, posted.id, to_state
-            report.findings = [f.model_dump() for f in result.findings]
+                to_state = _request_changes(env, db, task, decided, head, posted)
+            report.event, report.review, report.state = decided.event, posted, to_state
+            report.provider = decided.provider
+            report.findings = [f.model_dump() for f in decided.findings]
         follow_up_if_asked(env)
         return report
     finally:
