@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 READ_ONLY = ("review", "planning")  # phases given a checkout they may not change
+WORK_KEYS = ("edits", "keep_inputs", "probe")  # what a scenario's own keys commit
 MESSAGES = {
     "quota_exhausted": "You've hit your usage limit (scripted).",
     "auth": "401 Unauthorized (scripted).",
@@ -93,7 +94,7 @@ def _variant(scenario: dict[str, Any], phase: str) -> dict[str, Any]:
     if phase in READ_ONLY and phase not in variants:
         # The scenario's own edits are the work's: a review or a plan changes nothing
         # unless its own variant says so (to rehearse one that tries).
-        scenario = {k: v for k, v in scenario.items() if k not in ("edits", "keep_inputs")}
+        scenario = {k: v for k, v in scenario.items() if k not in WORK_KEYS}
     scenario = variants.get(phase, scenario)
     if isinstance(scenario, list):
         scenario = scenario[min(_earlier_runs(phase), len(scenario) - 1)]

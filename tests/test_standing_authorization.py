@@ -146,3 +146,7 @@ def test_a_claimed_task_whose_authoriser_was_demoted_pauses_and_spends_nothing(
     assert "assigned to worker-bot by alice, who has only read permission" in report["reason"]
     assert query(upgraded, "select count(*) from attempts") == [(0,)]
     assert states(upgraded) == {1: "paused"}
+    # Recorded as a pause, which a resumption reads the state to return to from.
+    assert query(upgraded, "select from_state from events where kind = 'task.paused'") == [
+        ("running",)
+    ]

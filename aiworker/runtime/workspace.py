@@ -264,8 +264,9 @@ def carry(value: str, workspace: Workspace, hidden: list[Path]) -> str:
         return value
     if not any(place == path or place in path.parents for place in hidden):
         return value
-    target = workspace.home / "carried" / path.name
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = workspace.home / "carried"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = folder / f"{len(list(folder.iterdir()))}-{path.name}"
     shutil.copyfile(path, target)
     return str(target)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
 from aiworker.core.delivery.pull import (
     CI_CONTEXT,
@@ -26,6 +27,7 @@ from aiworker.core.delivery.scope_check import repair_if_scope_moved
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
@@ -63,7 +65,13 @@ def merge(env: Environment, task_id: int) -> MergeReport:
         db.dispose()
 
 
-def _refusals(env: Environment, db: Database, access: ForgeAccess, delivery: Delivery) -> list[str]:
+def _refusals(
+    db: Database,
+    access: ForgeAccess,
+    delivery: Delivery,
+    issue: Issue,
+    decision: Decision,
+) -> list[str]:
     """Why the PR may not be merged now; empty when it may."""
     task, repo = delivery.task, delivery.repo
     head = task.head_commit
@@ -82,8 +90,6 @@ def _refusals(env: Environment, db: Database, access: ForgeAccess, delivery: Del
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
     if not any(s.context == CI_CONTEXT and s.status == "success" for s in statuses):
         reasons.append(f"no successful '{CI_CONTEXT}' status on {head}")
-    issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
-    decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         reasons.append(f"authorisation no longer holds: {decision.reason}")
     if task.kind in ("feature", "plan"):
@@ -112,9 +118,11 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
     pull = pull_at_head(reviewer, delivery)
     if not pull.merged:  # merged already: a run that died after the request
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
-        if repair_if_scope_moved(env, db, task, issue, S.APPROVED):
+        decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
+        # Work still authorised but done for an issue that changed since: repaired first.
+        if decision.authorized and repair_if_scope_moved(env, db, task, issue, S.APPROVED):
             return MergeReport(task.id, delivery.pr, head, None, None, S.REPAIRING)
-        reasons = _refusals(env, db, access, delivery)
+        reasons = _refusals(db, access, delivery, issue, decision)
         if reasons:
             record(db, task, "merge.refused", {"reasons": reasons})
             raise Conflict(f"task {task.id} is not mergeable: " + "; ".join(reasons))

@@ -20,6 +20,11 @@ from aiworker.runtime.processes import which
 from aiworker.runtime.workspace import ExecutionBackend, LocalBackend
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "socat")
+# Folders a configuration may lie in that the rest of the system needs.
+SHARED_FOLDERS = frozenset(
+    Path(p)
+    for p in ("/", "/etc", "/tmp", "/var", "/opt", "/usr", "/root", "/home", "/srv")  # noqa: S108
+)
 # Replays scenarios with a helper of ours: no agent runs, so it may run on the host.
 HOST_SAFE = frozenset({"script"})
 
@@ -74,18 +79,20 @@ def isolation_refusal(env: Environment, provider: str) -> str | None:
 def host_secrets(env: Environment) -> list[Path]:
     """What a job on this host must not read: the state directory (the database, runner
     and web keys, logs), the configuration's folder and every token file it names. A
-    folder that holds the Python running aiworker is not hidden, only the file in it."""
-    config_file = env.loaded.path
+    folder shared with the rest of the system (/etc, a home, /tmp) or holding the Python
+    that runs aiworker is not hidden, only the configuration file in it."""
+    config_file = env.loaded.path.expanduser().absolute()
     folder = config_file.parent
-    runtime = Path(sys.prefix).resolve()
-    keep_folder = folder == runtime or folder in runtime.parents
-    secrets = [env.state_dir, config_file if keep_folder else folder]
+    runtime = Path(sys.prefix).absolute()
+    shared = folder in SHARED_FOLDERS or folder == Path.home().absolute()
+    keep_folder = shared or folder == runtime or folder in runtime.parents
+    secrets = [env.state_dir.absolute(), config_file if keep_folder else folder]
     forge = env.loaded.config.forge
     identities = forge.identities if forge else None
     for role in ("planner", "worker", "reviewer", "operator"):
         identity = getattr(identities, role, None)
         if identity is not None and identity.token_file:
-            secrets.append(token_path(identity, folder))
+            secrets.append(token_path(identity, folder).absolute())
     return secrets
 
 

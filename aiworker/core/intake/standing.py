@@ -81,7 +81,8 @@ def withdrawn_at_claim(
     issue: Issue,
 ) -> str | None:
     """Why a claimed task may not be worked on now because its authorisation was withdrawn
-    (None when it stands). A milestone stands on its plan's label, on the plan's issue."""
+    (None when it stands). A milestone stands on its plan's label, on the plan's issue:
+    its caller lets it wait (poll pauses the plan, which a milestone waits for)."""
     kind = "plan" if task.kind == "milestone" else task.kind
     decision = still_authorized(env, access, repo.owner, repo.name, kind, issue)
     return None if decision.authorized else f"authorisation no longer holds: {decision.reason}"

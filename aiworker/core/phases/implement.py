@@ -108,8 +108,10 @@ def _implement(
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     wait = _not_now(env, task, parent, issue)
     if withdrawn or wait:
-        # Withdrawn: paused until a writer authorises it again; else it waits, ready.
-        state, why = (S.PAUSED, withdrawn) if withdrawn else (S.READY, wait)
+        # Withdrawn: paused until a writer authorises it again (a milestone waits for its
+        # plan, which poll pauses); else it waits, ready.
+        paused = withdrawn and task.kind != "milestone"
+        state, why = (S.PAUSED, withdrawn) if paused else (S.READY, withdrawn or wait)
         return ended(db, running, report, state, str(state), why or "")
     exhausted = budget_spent(env, db, task.id, PHASE)
     if exhausted:

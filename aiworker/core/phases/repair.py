@@ -31,7 +31,12 @@ from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.phases.implement_outcomes import ImplementReport, Running, retained
+from aiworker.core.phases.implement_outcomes import (
+    ImplementReport,
+    Running,
+    retained,
+    stopped,
+)
 from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.phases.slot_start import load_on_slot, take_up
 from aiworker.core.runner.dispatch import Dispatch
@@ -114,8 +119,12 @@ def _repair(
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     if withdrawn:
-        _land(db, running, S.PAUSED, withdrawn)  # resumes repairing once authorised again
-        report.outcome, report.reason, report.state = "paused", withdrawn, S.PAUSED
+        # Paused, it resumes repairing once authorised again; a milestone waits for its
+        # plan (which poll pauses) without a slot.
+        state = S.REPAIRING if task.kind == "milestone" else S.PAUSED
+        if not _land(db, running, state, withdrawn):
+            return stopped(db, running, report)
+        report.outcome, report.reason, report.state = "paused", withdrawn, state
         return report
     cache = GitCache(env.state_dir)
     cache.fetch(

@@ -74,6 +74,8 @@ def advance(
     decision does not depend on the scope (a failure, a step's recorded outcome); a
     changed state (paused, cancelled) is refused all the same.
     """
+    if to_state == "paused" and expected_state != "paused" and kind == "task.transition":
+        kind = "task.paused"  # what a resumption reads the state to return to from
     if not allowed(expected_state, to_state):
         refusal = Refusal(task_id, expected_state, expected_version, to_state, "disallowed")
         log.error("%s", refusal.sentence())

@@ -90,6 +90,8 @@ class Session:
     guest: Guest
     proxy: EgressProxy
     leases: list[Lease] = field(default_factory=list)
+    # What `git status` said once the repository's own setup ran (a read-only checkout).
+    baseline: frozenset[str] = frozenset()
     mapping: dict[str, str] = field(default_factory=dict)  # host path -> guest path
     home_open: bool = False
 
@@ -172,8 +174,10 @@ class QemuBackend:
             self._send(session, workspace, bundle, base_ref, detached=read_only)
             self._setup(session)
             if read_only:
-                # After the repository's own setup: a read-only bind the job cannot undo
-                # (it runs as dev, without capabilities); the files stay dev's for git.
+                # After the repository's own setup (what it wrote is the baseline): a
+                # read-only bind the job cannot undo (it runs as dev, without
+                # capabilities); the files stay dev's for git.
+                session.baseline = frozenset(self._status(session))
                 session.shell.check(
                     f"mount --bind {WORK}/repo {WORK}/repo && mount -o remount,bind,ro {WORK}/repo"
                 )
@@ -207,12 +211,16 @@ class QemuBackend:
 
     def altered(self, workspace: Workspace) -> list[str]:
         """What the job changed in a checkout it was to leave as it was (see the local
-        backend's): a moved HEAD and every path `git status` reports."""
+        backend's): a moved HEAD and every path `git status` reports that it did not
+        report once the repository's setup had run."""
         session = self.sessions[workspace.root]
         head = self._check(session, "git rev-parse HEAD base").decode().split()
         found = [f"HEAD moved to {head[0][:12]}"] if head[0] != head[1] else []
+        return found + [p for p in self._status(session) if p not in session.baseline]
+
+    def _status(self, session: Session) -> list[str]:
         status = self._check(session, "git status --porcelain --untracked-files=all").decode()
-        return found + [line[3:] for line in status.splitlines() if line.strip()]
+        return [line[3:] for line in status.splitlines() if line.strip()]
 
     def _check(
         self, session: Session, command: str, *, cwd: str = f"{WORK}/repo", timeout: float = 300
