@@ -150,3 +150,98 @@ def test_killed_jobs_are_recovered_at_every_point(
         finals = [item["state"] for item in posted if item["state"] != "pending"]
     assert finals.count("success") == 1, finals
     assert os.listdir(state_dir / "logs") == []
+
+
+PLAN_DEFINED = DEFINED | {"awaiting_plan_approval", "milestones", "planning", "repairing"}
+
+
+@pytest.mark.slow
+def test_killed_plan_jobs_are_recovered_at_every_point(
+    cli, forge, upgraded, state_dir, tmp_path, monkeypatch
+):
+    from tests.test_plan import SCENARIO
+
+    config = configure(tmp_path, forge, monkeypatch)
+    config.write_text(CONFIG.replace("review = 6", "review = 6\nplanning = 6") + config.read_text())
+    write_scenario(tmp_path / "scenario.json", **SCENARIO)
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
+    assert run_process("poll").exit_code == 0
+    plan = 1
+    for point in POINTS["plan"]:
+        tick(cli, monkeypatch, point)
+        assert state_of(upgraded) in PLAN_DEFINED, point
+        assert_nothing_unexplained(upgraded, state_dir)
+    for _ in range(3):  # recovered, and the plan is posted (once)
+        if query(upgraded, f"select state from tasks where id = {plan}") == [
+            ("awaiting_plan_approval",)
+        ]:
+            break
+        tick(cli, monkeypatch)
+    assert query(upgraded, f"select state from tasks where id = {plan}") == [
+        ("awaiting_plan_approval",)
+    ]
+    comments = forge.client("alice").comments("team", "app", 1)
+    plans = [c for c in comments if c.user.login == "planner-bot" and "proposes" in c.body]
+    assert len(plans) == 1, [c.body[:80] for c in plans]
+    # The planner ran for the first three points only: once its plan was recorded, the
+    # runs after a kill posted (or found) it without running the planner again.
+    assert query(upgraded, "select count(*) from events where kind = 'plan.decided'") == [(1,)]
+    ran = "select count(*) from attempts where phase = 'planning' and provider is not null"
+    assert query(upgraded, ran) == [(3,)]
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    # Each milestones point kills the step wherever it passes it, for a few ticks.
+    for point in POINTS["milestones"]:
+        for _ in range(4):
+            tick(cli, monkeypatch, point)
+            assert query(upgraded, f"select state from tasks where id = {plan}")[0][0] in (
+                PLAN_DEFINED
+            )
+    for _ in range(25):
+        if query(upgraded, f"select state from tasks where id = {plan}") == [("done",)]:
+            break
+        tick(cli, monkeypatch)
+    assert query(upgraded, f"select state from tasks where id = {plan}") == [("done",)]
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    [pull] = forge.client("worker-bot").pulls("team", "app", state="all")
+    assert pull.merged
+
+
+@pytest.mark.slow
+def test_killed_repair_episodes_are_recovered_at_every_point(
+    cli, forge, upgraded, state_dir, tmp_path, monkeypatch
+):
+    from tests.test_delivery import REVIEW_BLOCKING
+    from tests.test_repair import MORE_TESTS
+
+    config = configure(tmp_path, forge, monkeypatch)
+    config.write_text(CONFIG.replace("review = 6", "review = 6\nrepair = 6") + config.read_text())
+    repair = {"edits": {"test_calc.py": MORE_TESTS}, "result": result_doc()}
+    write_scenario(
+        tmp_path / "scenario.json",
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"review": [REVIEW_BLOCKING, REVIEW_OK], "repair": repair},
+    )
+    assert run_process("poll").exit_code == 0
+    for _ in range(10):  # implemented, published, tested, and changes requested
+        if state_of(upgraded) == "repairing":
+            break
+        tick(cli, monkeypatch)
+    assert state_of(upgraded) == "repairing"
+    for point in POINTS["repair"]:
+        tick(cli, monkeypatch, point)
+        assert state_of(upgraded) in DEFINED | {"repairing"}, point
+        assert_nothing_unexplained(upgraded, state_dir)
+    for _ in range(12):
+        if state_of(upgraded) == "done":
+            break
+        tick(cli, monkeypatch)
+    assert state_of(upgraded) == "done"
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    killed = query(upgraded, "select count(*) from attempts where outcome = 'abandoned'")
+    assert killed == [(len(POINTS["repair"]),)]
+    worker = forge.client("worker-bot")
+    [pull] = worker.pulls("team", "app", state="all")
+    assert pull.merged
+    reviews = [r.state for r in worker.reviews("team", "app", pull.number)]
+    assert reviews == ["REQUEST_CHANGES", "APPROVED"]

@@ -14,7 +14,12 @@ import signal
 
 # Between the durable writes of each step (the phase commands, and the runner listener).
 POINTS: dict[str, tuple[str, ...]] = {
-    "plan": ("planning.attempt_started", "planning.after_run"),
+    "plan": (
+        "planning.attempt_started",
+        "planning.after_run",
+        "planning.after_decision",
+        "planning.after_post",
+    ),
     "implement": ("implementation.attempt_started", "implementation.after_run"),
     "repair": ("repair.attempt_started", "repair.after_run"),
     "publish": (

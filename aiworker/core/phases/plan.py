@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from aiworker.contracts.agent import AgentResult
+from aiworker.adapters.forgejo.models import Issue
+from aiworker.contracts.agent import AgentResult, MilestoneSpec
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
@@ -25,6 +26,12 @@ from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.implement_outcomes import ImplementReport
+from aiworker.core.phases.plan_decisions import (
+    pending_plan,
+    plan_marker,
+    posted_plan,
+    record_plan,
+)
 from aiworker.core.phases.prompts import plan_prompt
 from aiworker.core.phases.slot_start import load_on_slot, take_up
 from aiworker.core.scheduling.launcher import follow_up_if_asked
@@ -34,6 +41,7 @@ from aiworker.core.tasks.milestones import plan_comment, plan_problems, supersed
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_OK
+from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
@@ -96,17 +104,70 @@ def _plan(
         report.outcome, report.reason = "paused", withdrawn
         _move(db, task, S.PAUSED, withdrawn, report)
         return
+    scope = fingerprint(issue, config.labels.approved)
+    # A plan a dead run recorded (for this base and scope) is posted as it was.
+    pending = pending_plan(db, task.id, base, scope)
+    if pending is None:
+        proposed = _propose(env, db, guard, task, repo, slot, issue, base, report)
+        if proposed is None:
+            return
+        decision = record_plan(db, task.id, base, scope, proposed)
+        failpoint("planning.after_decision")
+        pending = decision, proposed
+    else:
+        guard.start(None, {"base": base, "adopted": pending[0]})
+    decision, milestones = pending
+    marker = plan_marker(task.id, decision)
+    where = (repo.owner, repo.name, issue.number)
+    posted = posted_plan(planner, access.logins["planner"], *where, marker)
+    if posted is None:
+        body = plan_comment(
+            task.id, milestones, config.labels.approved, config.planning.approve_command
+        )
+        posted = planner.create_comment(*where, f"{body}\n{marker}").id
+    failpoint("planning.after_post")
+    guard.finish("succeeded", f"posted a plan of {len(milestones)} milestones")
+    spec = {
+        "milestones": [m.model_dump() for m in milestones],
+        # The scope this plan answers, read with the issue it planned (not poll's record,
+        # which may lag: the plan step would plan again for a scope already planned).
+        "fingerprint": scope,
+        "comment": posted,
+        # Timeline items share one sequence: only an approval after the plan counts.
+        "approval_after": posted,
+    }
+    supersede_milestones(db, task.id)
+    report.outcome, report.milestones = "planned", len(milestones)
+    reason = f"posted a plan of {len(milestones)} milestones; awaiting approval"
+    _move(db, task, S.AWAITING_PLAN_APPROVAL, reason, report, base_commit=base, spec=spec)
+
+
+def _propose(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    task: Task,
+    repo: Repository,
+    slot: int,
+    issue: Issue,
+    base: str,
+    report: PlanReport,
+) -> list[MilestoneSpec] | None:
+    """Run the planner at BASE; its milestones once they pass the bounds, else None (the
+    report says why: a failed run, a plan out of bounds, questions)."""
+    config = env.loaded.config
+    cache = GitCache(env.state_dir)
     exhausted = budget_spent(env, db, task.id, PHASE)
     if exhausted:
         guard.recover(exhausted)
         report.outcome, report.reason = "failed", "budget spent"
-        return
+        return None
     admission = admit(env, db, PHASE)
     report.decisions = admission.decisions
     if admission.provider is None:
         report.outcome, report.reason = "unavailable", "no provider is eligible for planning now"
         _move(db, task, S.READY, report.reason, report)
-        return
+        return None
     limit = config.planning.max_milestones
     run = run_model_phase(
         env,
@@ -141,7 +202,7 @@ def _plan(
         guard.finish(failure, reason[:1000], refunded=failure == "quota_exhausted")
         report.outcome, report.reason = failure, reason[:1000]
         guard.recover(f"{failure}: {reason}")
-        return
+        return None
     if asks:
         questions = list(result.questions) or [result.summary]
         guard.finish("needs_input", "; ".join(questions)[:1000])
@@ -155,25 +216,8 @@ def _plan(
                 + "\n".join(f"- {q}" for q in questions)
                 + "\n\nEditing the issue makes it eligible again.",
             )
-        return
-    body = plan_comment(
-        task.id, result.milestones, config.labels.approved, config.planning.approve_command
-    )
-    posted = planner.create_comment(repo.owner, repo.name, issue.number, body)
-    guard.finish("succeeded", f"posted a plan of {len(result.milestones)} milestones")
-    spec = {
-        "milestones": [m.model_dump() for m in result.milestones],
-        # The scope this plan answers, read with the issue it planned (not poll's record,
-        # which may lag: the plan step would plan again for a scope already planned).
-        "fingerprint": fingerprint(issue, config.labels.approved),
-        "comment": posted.id,
-        # Timeline items share one sequence: only an approval after the plan counts.
-        "approval_after": posted.id,
-    }
-    supersede_milestones(db, task.id)
-    report.outcome, report.milestones = "planned", len(result.milestones)
-    reason = f"posted a plan of {len(result.milestones)} milestones; awaiting approval"
-    _move(db, task, S.AWAITING_PLAN_APPROVAL, reason, report, base_commit=base, spec=spec)
+        return None
+    return list(result.milestones)
 
 
 def _move(
