@@ -230,3 +230,40 @@ def test_a_plan_made_after_an_edit_poll_has_not_seen_is_not_planned_again(
     # The plan answers the text it was made from: it waits for approval, no second plan.
     assert step(cli)["state"] == "awaiting_plan_approval"
     assert query(upgraded, "select count(*) from attempts where phase = 'planning'") == [(1,)]
+
+
+def test_a_plan_whose_issue_changed_after_its_review_is_approved_again_before_it_merges(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    assert step(cli)["state"] == "milestones"
+    claim_and_run(cli, "implement", 2)
+    step(cli)
+    claim_and_run(cli, "implement", 3)
+    assert step(cli)["state"] == "implemented"
+    reports = deliver_until(1, "publish", "ci", "review", cli=cli)
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    edit_issue(forge, 1, body="Fix add(), and keep it fast.")
+    assert cli("poll").exit_code == 0  # records the new scope; the approved task waits
+    merged = cli("--json", "merge", "--task", "1")
+    assert merged.exit_code == 0, merged
+    assert (merged.json()["merge_commit"], merged.json()["state"]) == (
+        None,
+        "awaiting_plan_approval",
+    )
+    pr = reports["publish"].json()["pr"]
+    assert forge.client("alice").pull("team", "app", pr).merged is False
+    # The approval given before the edit does not count for the new text.
+    waiting = step(cli)
+    assert waiting["state"] == "awaiting_plan_approval"
+    assert "a writer must approve again" in waiting["reason"]
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    for _ in range(3):
+        if step(cli)["state"] == "implemented":
+            break
+    assert query(upgraded, "select state from tasks where id = 1") == [("implemented",)]
+    again = deliver_until(1, "publish", "ci", "review", "merge", cli=cli)
+    assert all(r.exit_code == 0 for r in again.values()), again
+    assert again["publish"].json()["pr"] == pr  # the same PR, reviewed again
+    assert forge.client("alice").pull("team", "app", pr).merged

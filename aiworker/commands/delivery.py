@@ -28,7 +28,9 @@ def publish(
         report,
         lambda c: c.print(
             f"task {report['task']}: {verb} PR #{report['pr']} from {report['branch']} at "
-            f"{report['head']}",
+            f"{report['head']}"
+            if report["pr"] is not None
+            else f"task {report['task']}: not published; the task is {report['state']}",
             markup=False,
         ),
     )
@@ -94,7 +96,7 @@ def merge(
             f"task {report['task']}: merged PR #{report['pr']} as {report['merge_commit']}"
             if report["merge_commit"]
             else f"task {report['task']}: PR #{report['pr']} not merged: the issue changed "
-            "after the work was done; the task is repairing",
+            f"after the work was done; the task is {report['state']}",
             markup=False,
         ),
     )

@@ -23,7 +23,7 @@ from aiworker.core.delivery.pull import (
     pull_at_head,
     record,
 )
-from aiworker.core.delivery.scope_check import repair_if_scope_moved
+from aiworker.core.delivery.scope_check import answer_moved_scope
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
@@ -45,7 +45,9 @@ class MergeReport(Report):
     head: str
     merge_commit: str | None
     merged_at: str | None
-    state: str = S.DONE  # repairing: the issue changed after review; nothing was merged
+    # repairing (awaiting_plan_approval for a plan): the issue changed after the review;
+    # nothing was merged.
+    state: str = S.DONE
 
 
 def merge(env: Environment, task_id: int) -> MergeReport:
@@ -56,8 +58,8 @@ def merge(env: Environment, task_id: int) -> MergeReport:
         assert task.head_commit is not None
         with step_guard(env, db, task, "merge", {"head": task.head_commit}) as guard:
             report = _merge(env, db, delivery)
-            if report.state == S.REPAIRING:
-                guard.finish("succeeded", "not merged: the issue changed; a repair takes it on")
+            if report.state != S.DONE:
+                guard.finish("succeeded", f"not merged: the issue changed; {report.state}")
             else:
                 guard.finish("succeeded", f"merged as {report.merge_commit}")
         return report
@@ -119,9 +121,11 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
     if not pull.merged:  # merged already: a run that died after the request
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
         decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
-        # Work still authorised but done for an issue that changed since: repaired first.
-        if decision.authorized and repair_if_scope_moved(env, db, task, issue, S.APPROVED):
-            return MergeReport(task.id, delivery.pr, head, None, None, S.REPAIRING)
+        # Work still authorised but done for an issue that changed since: repaired first
+        # (a plan approved again first).
+        moved = decision.authorized and answer_moved_scope(env, db, task, issue, S.APPROVED)
+        if moved:
+            return MergeReport(task.id, delivery.pr, head, None, None, moved)
         reasons = _refusals(db, access, delivery, issue, decision)
         if reasons:
             record(db, task, "merge.refused", {"reasons": reasons})

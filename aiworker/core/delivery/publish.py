@@ -17,7 +17,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.context import Environment
 from aiworker.core.delivery.refresh import refresh_base
-from aiworker.core.delivery.scope_check import repair_if_scope_moved
+from aiworker.core.delivery.scope_check import answer_moved_scope
 from aiworker.core.delivery.steps import refuse_publication, step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
@@ -45,7 +45,9 @@ class PublishReport(Report):
     branch: str
     head: str
     created: bool
-    state: str = S.AWAITING_CI  # repairing: the base moved and a repair episode took it on
+    # repairing: a changed scope or a moved base sent the work to a repair episode
+    # (awaiting_plan_approval: a plan's issue changed after approval); nothing was published.
+    state: str = S.AWAITING_CI
 
 
 def owned_by(pull: PullRequest, task_id: int) -> bool:
@@ -59,15 +61,17 @@ def _preconditions(
     repo: Repository,
     access: ForgeAccess,
     worker: ForgejoClient,
-) -> tuple[Issue, str] | None:
-    """The issue and default branch to publish against, or None when a changed scope or a
-    base move sent the work to a repair episode instead."""
+) -> tuple[Issue, str] | str:
+    """The issue and default branch to publish against, or the state the task went to
+    instead: a repair episode for a changed scope or a moved base, or awaiting a new
+    approval for a plan whose issue changed."""
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
-    if repair_if_scope_moved(env, db, task, issue, S.IMPLEMENTED):
-        return None
+    moved = answer_moved_scope(env, db, task, issue, S.IMPLEMENTED)
+    if moved:
+        return moved
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if scope != task.scope_fingerprint:
         refuse_publication(db, task, "the issue's requirements changed since the work was scoped")
@@ -89,7 +93,7 @@ def _preconditions(
             forge_repo.default_branch,
         )
         if refreshed is None:
-            return None
+            return str(S.REPAIRING)
         task.head_commit, task.base_commit = refreshed.head, refreshed.base
         task.version = refreshed.version
     assert task.head_commit is not None
@@ -119,8 +123,8 @@ def publish(env: Environment, task_id: int) -> PublishReport:
             raise Conflict(f"task {task_id} is {task.state}; only implemented work is published")
         with step_guard(env, db, task, "publish", {"head": task.head_commit}) as guard:
             report = _publish(env, db, task, repo)
-            if report.state == S.REPAIRING:
-                guard.finish("succeeded", "a repair episode takes the work on (scope or base)")
+            if report.state != S.AWAITING_CI:
+                guard.finish("succeeded", f"not published: the task is {report.state}")
             else:
                 guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
         failpoint("publish.after_record")
@@ -136,8 +140,8 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
     worker = access.required("worker")
     branch = f"aiworker/task-{task.id}"
     ready = _preconditions(env, db, task, repo, access, worker)
-    if ready is None:
-        return PublishReport(task.id, None, branch, task.head_commit, False, S.REPAIRING)
+    if isinstance(ready, str):
+        return PublishReport(task.id, None, branch, task.head_commit, False, ready)
     issue, default_branch = ready
     with db.write() as session:
         publication = current_publication(session, task.id)

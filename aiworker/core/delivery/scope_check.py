@@ -1,5 +1,6 @@
-"""A scope that moved after the work was done: the task goes to a repair episode, never on
-to publication or merge with work done for requirements that no longer stand."""
+"""A scope that moved after the work was done: the task goes to a repair episode (a plan
+back to awaiting a writer's approval), never on to publication or merge with work done
+for requirements that no longer stand."""
 
 from __future__ import annotations
 
@@ -8,24 +9,29 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.gate import PHASE as VALIDATION
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.tasks.budgets import RELEASE
+from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
+from aiworker.core.tasks.states import TaskState as S
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.receipts import receipts_for
 
-# Plans answer a changed scope with a new approval (delivery/milestones.py, publish).
 REPAIRABLE = ("issue", "feature")
 
 
-def repair_if_scope_moved(
+def answer_moved_scope(
     env: Environment, db: Database, task: Task, issue: Issue, from_state: str
 ) -> str | None:
     """When ISSUE's requirements are no longer those the work at the task's head was checked
-    for, request a repair (cause `scope`) with the new scope recorded, and say why; None
-    when the scope stands. TASK (in FROM_STATE) follows the move."""
+    for, request a repair (cause `scope`) with the new scope recorded, or send a plan back
+    to await approval (delivery/plan_approval.py then wants a new one); the state the task
+    went to, or None when the scope stands. TASK (in FROM_STATE) follows the move."""
+    scope = fingerprint(issue, env.loaded.config.labels.approved)
+    if task.kind == "plan":
+        return _plan_approved_for(db, task, scope, from_state)
     if task.kind not in REPAIRABLE or not task.head_commit or not task.base_commit:
         return None
-    scope = fingerprint(issue, env.loaded.config.labels.approved)
     with db.read() as session:
         checked_for = {
             r.scope_fingerprint
@@ -40,5 +46,24 @@ def repair_if_scope_moved(
         message=f"{why}: make the work meet the request as it reads now (the issue's text)",
     )
     request = RepairRequest("scope", task.head_commit, task.base_commit, [finding])
-    state = request_repair(env, db, task, from_state, request, why, scope_fingerprint=scope)
-    return f"{why}; the task is {state}"
+    return request_repair(env, db, task, from_state, request, why, scope_fingerprint=scope)
+
+
+def _plan_approved_for(db: Database, task: Task, scope: str, from_state: str) -> str | None:
+    approved = (task.spec or {}).get("approved", {}).get("fingerprint")
+    if approved is None or approved == scope:
+        return None
+    why = "the issue changed after the plan was approved; a writer must approve it again"
+    with db.write() as session:
+        task.version = advance(
+            session,
+            task.id,
+            from_state,
+            task.version,
+            S.AWAITING_PLAN_APPROVAL,
+            why,
+            actor="scope",
+            follow_data_changes=True,
+            **RELEASE,
+        )
+    return str(S.AWAITING_PLAN_APPROVAL)

@@ -82,17 +82,33 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
         {S.MILESTONES, S.IMPLEMENTED, S.AWAITING_PLAN_APPROVAL, S.REPAIRING, S.FAILED, *_LEAVE}
     ),
     # implemented -> repairing: the base moved and the work must be brought forward;
-    # -> done: a milestone accepted into its plan's branch.
+    # -> done: a milestone accepted into its plan's branch. From here to approved,
+    # -> awaiting_plan_approval: a plan whose issue changed after it was approved waits
+    # for a writer to approve it again (delivery/scope_check.py).
     S.IMPLEMENTED: frozenset(
-        {S.IMPLEMENTED, S.AWAITING_CI, S.REPAIRING, S.DONE, S.FAILED, *_LEAVE}
+        {
+            S.IMPLEMENTED,
+            S.AWAITING_CI,
+            S.REPAIRING,
+            S.AWAITING_PLAN_APPROVAL,
+            S.DONE,
+            S.FAILED,
+            *_LEAVE,
+        }
     ),
     # awaiting_ci -> awaiting_ci: a CI run died and is retried within its budget.
-    S.AWAITING_CI: frozenset({S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.FAILED, *_LEAVE}),
-    S.AWAITING_REVIEW: frozenset({S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING, S.FAILED, *_LEAVE}),
+    S.AWAITING_CI: frozenset(
+        {S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
+    ),
+    S.AWAITING_REVIEW: frozenset(
+        {S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
+    ),
     S.REPAIRING: frozenset(
         {S.REPAIRING, S.IMPLEMENTED, S.AWAITING_CI, S.NEEDS_INPUT, S.FAILED, *_LEAVE}
     ),
-    S.APPROVED: frozenset({S.APPROVED, S.DONE, S.REPAIRING, S.FAILED, *_LEAVE}),
+    S.APPROVED: frozenset(
+        {S.APPROVED, S.DONE, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
+    ),
     # needs_input -> ready: the issue was fixed (a new scope) or an operator retried it.
     S.NEEDS_INPUT: frozenset({S.NEEDS_INPUT, S.READY, *_LEAVE}),
     # paused -> the state it was paused in, once authorised again, for work past
