@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -54,3 +55,12 @@ def configure(tmp_path, forge, monkeypatch, *, operator=True):
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("AIWORKER_CONFIG", str(path))
     return path
+
+
+def worker_token_from_file(config: Path, token: Path) -> None:
+    """The configuration CONFIG (as configure() wrote it) reads the worker's token from
+    the file TOKEN instead of its variable."""
+    text = config.read_text().replace(
+        'token_env = "AIWORKER_TEST_WORKER_TOKEN"', f'token_file = "{token}"'
+    )
+    config.write_text(text)

@@ -10,6 +10,7 @@ from tests.forge_fixtures import git
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+from tests.test_lifecycle import edit_issue
 
 REVIEW_OK = {
     "result": {
@@ -228,18 +229,6 @@ def test_a_base_that_moved_after_implementation_still_ends_in_a_merged_pr(
     ]
 
 
-def _edit_issue(forge, body):
-    import requests
-
-    response = requests.patch(
-        f"{forge.url}/api/v1/repos/team/app/issues/1",
-        json={"body": body},
-        headers={"Authorization": f"token {forge.tokens['alice']}"},
-        timeout=10,
-    )
-    assert response.status_code == 201, response.text
-
-
 @pytest.mark.parametrize("polled_first", [True, False], ids=["poll-recorded", "unpolled"])
 def test_an_issue_edited_after_approval_goes_to_repair_not_to_merge(
     forge, delivered, upgraded, polled_first
@@ -248,7 +237,7 @@ def test_an_issue_edited_after_approval_goes_to_repair_not_to_merge(
     reports = deliver_until(task, "publish", "ci", "review")
     assert all(r.exit_code == 0 for r in reports.values()), reports
     pr = reports["publish"].json()["pr"]
-    _edit_issue(forge, "add() must also accept three numbers")
+    edit_issue(forge, 1, body="add() must also accept three numbers")
     if polled_first:  # the poll records the new scope on the approved task
         assert run_process("poll").exit_code == 0
         assert query(upgraded, "select state from tasks") == [("approved",)]
@@ -270,7 +259,7 @@ def test_an_issue_edited_after_implementation_is_repaired_before_it_is_published
     forge, delivered, upgraded
 ):
     task, _head = delivered()
-    _edit_issue(forge, "add() must also accept three numbers")
+    edit_issue(forge, 1, body="add() must also accept three numbers")
     assert run_process("poll").exit_code == 0
     published = run_process("--json", "publish", "--task", str(task))
     assert published.exit_code == 0, published

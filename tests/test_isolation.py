@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 from aiworker.runtime.gitcache import GitCache
-from tests.helpers import run_process
+from tests.helpers import run_process, worker_token_from_file
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
 
 CANARY = "canary-token-5f1c0a9e"
@@ -23,10 +23,7 @@ def _worker_token_in_a_file(config, forge, tmp_path):
     token = secrets / "worker.token"
     token.write_text(forge.tokens["worker-bot"])
     token.chmod(0o600)
-    text = config.read_text().replace(
-        'token_env = "AIWORKER_TEST_WORKER_TOKEN"', f'token_file = "{token}"'
-    )
-    config.write_text(text)
+    worker_token_from_file(config, token)
     return token
 
 

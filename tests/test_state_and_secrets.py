@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from aiworker.secrets import redact, register_secret
-from tests.helpers import configure
+from tests.helpers import configure, worker_token_from_file
 
 LINE_ONE = "ghp-canary-first-line-7d1e"
 LINE_TWO = "canary-second-line-93b0"
@@ -26,10 +26,7 @@ def two_line_token(tmp_path, monkeypatch, forge):
     token = tmp_path / "worker.token"
     token.write_text(f"{LINE_ONE}\n{LINE_TWO}\n")
     token.chmod(0o600)
-    text = config.read_text().replace(
-        'token_env = "AIWORKER_TEST_WORKER_TOKEN"', f'token_file = "{token}"'
-    )
-    config.write_text(text)
+    worker_token_from_file(config, token)
     return token
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
+from aiworker.core.delivery.pull import move
 from aiworker.core.evidence.gate import PHASE as VALIDATION
 from aiworker.core.intake.scope import fingerprint
-from aiworker.core.tasks.budgets import RELEASE
-from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.store.engine import Database
@@ -54,16 +53,5 @@ def _plan_approved_for(db: Database, task: Task, scope: str, from_state: str) ->
     if approved is None or approved == scope:
         return None
     why = "the issue changed after the plan was approved; a writer must approve it again"
-    with db.write() as session:
-        task.version = advance(
-            session,
-            task.id,
-            from_state,
-            task.version,
-            S.AWAITING_PLAN_APPROVAL,
-            why,
-            actor="scope",
-            follow_data_changes=True,
-            **RELEASE,
-        )
+    move(db, task, from_state, S.AWAITING_PLAN_APPROVAL, "plan.scope_changed", {}, why)
     return str(S.AWAITING_PLAN_APPROVAL)

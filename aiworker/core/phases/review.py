@@ -85,6 +85,7 @@ def _decide(
     env: Environment,
     db: Database,
     guard: PhaseGuard,
+    reviewer: ForgejoClient,
     delivery: Delivery,
     pull: PullRequest,
     report: ReviewReport,
@@ -97,7 +98,6 @@ def _decide(
     if admission.provider is None:
         report.reason = "no provider is eligible for review now"
         return None
-    reviewer = ForgeAccess(env.loaded).required("reviewer")
     ref = f"refs/aiworker/review/task-{task.id}"
     issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
     cache = GitCache(env.state_dir)
@@ -196,7 +196,7 @@ def review(env: Environment, task_id: int) -> ReviewReport:
                 report.reason = "budget spent"
                 return report
             if decided is None:
-                decided = _decide(env, db, guard, delivery, pull, report)
+                decided = _decide(env, db, guard, reviewer, delivery, pull, report)
                 if decided is None:
                     return report
             else:
