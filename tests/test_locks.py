@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from aiworker.errors import InvalidInput, LockHeld
-from aiworker.runtime.locks import LockDir
+from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from aiworker.runtime.locks import LockDir
+from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
 lock = LockDir(Path(sys.argv[1])).lock(sys.argv[2])
 assert lock.try_acquire()
 print("held", flush=True)
@@ -64,6 +66,58 @@ def test_lock_is_released_when_the_holder_dies(state_dir, hold_in_child):
     assert lock.try_acquire()
     assert lock.holder_pid() == os.getpid()
     lock.release()
+
+
+# A job killed in the instant after it forked: the child shares the lock's descriptor
+# until it execs (close-on-exec) or exits. Here it keeps it until its stdin closes.
+FORKING_HOLDER = """
+import os, sys, time
+from pathlib import Path
+from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
+lock = LockDir(Path(sys.argv[1])).lock(sys.argv[2])
+assert lock.try_acquire()
+child = os.fork()
+if child == 0:
+    os.read(0, 1)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_holders_forked_child_is_waited_for_not_taken_for_the_holder(state_dir):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", FORKING_HOLDER, str(state_dir), "slot-1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    straggler = int(holder.stdout.readline())
+    assert straggler > 0
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    lock = LockDir(state_dir).slot(1)
+    # The kernel still sees the lock held: by the straggler, not by the dead holder.
+    with open(lock.path) as probe, pytest.raises(BlockingIOError):
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert lock.path.read_text().strip() == str(holder.pid)
+    threading.Timer(0.3, holder.stdin.close).start()
+    assert lock.try_acquire(), "the straggler lets go within the settle time"
+    assert lock.holder_pid() == os.getpid()
+    lock.release()
+    assert not lock.is_locked()
+
+
+def test_a_live_holders_lock_is_reported_held_at_once(state_dir, hold_in_child):
+    child = hold_in_child(state_dir, "slot-2")
+    lock = LockDir(state_dir).slot(2)
+    started = time.monotonic()
+    assert not lock.try_acquire()
+    assert lock.is_locked()
+    # Only a dead recorded holder is waited for: a live one is answered without the wait.
+    assert time.monotonic() - started < SETTLE_SECONDS
+    assert lock.holder_pid() == child.pid
 
 
 def test_blocking_acquire_waits_for_release(state_dir, hold_in_child):

@@ -1,8 +1,14 @@
 """Named kernel flock locks under $STATE_DIR/locks/.
 
 The kernel releases a flock when its holder dies, so a free lock always means
-nobody holds it. The holder writes its pid into the file for diagnosis only;
-the pid is never used to decide who holds the lock.
+nobody holds it. The holder writes its pid into the file; the pid never decides
+who holds the lock, only whether a held lock is worth a short wait: a process
+the holder forked shares its descriptor from the fork until it execs (the
+descriptor is close-on-exec) or exits, so for a moment after the holder was
+killed the lock can still be held by such a child. A lock whose recorded holder
+no longer runs is therefore waited for, up to SETTLE_SECONDS, before it is
+reported held: a job killed a moment ago is seen dead by the next claim, never
+alive because of a child it forked in its last instant.
 """
 
 from __future__ import annotations
@@ -12,14 +18,16 @@ import fcntl
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 from aiworker.errors import InvalidInput, LockHeld
+from aiworker.runtime.processes import process_alive
 
 _LOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _POLL_SECONDS = 0.01
+SETTLE_SECONDS = 5.0
 
 
 class FileLock:
@@ -35,7 +43,10 @@ class FileLock:
         return self._fd is not None
 
     def try_acquire(self) -> bool:
-        """Take the lock if it is free; never waits."""
+        """Take the lock if it is free; never waits for a holder that still runs."""
+        return self._settled(self._take)
+
+    def _take(self) -> bool:
         if self._fd is not None:
             raise RuntimeError(f"{self.description} is already held by this process")
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,17 +106,39 @@ class FileLock:
         """True when some process (possibly this one) holds the lock now."""
         if self._fd is not None:
             return True
+        return not self._settled(self._free)
+
+    def _free(self) -> bool:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            return False
+            return True
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
+            return False
         finally:
             os.close(fd)
-        return False
+        return True
+
+    def _settled(self, attempt: Callable[[], bool]) -> bool:
+        """ATTEMPT (take the lock, or see it free); while it fails only because the
+        recorded holder's forked children still let go, try again up to SETTLE_SECONDS."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while not attempt():
+            if not self._holder_gone() or time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_SECONDS)
+        return True
+
+    def _holder_gone(self) -> bool:
+        """The pid the holder recorded no longer runs (None recorded: a holder between
+        taking the lock and writing its pid, alive)."""
+        try:
+            text = self.path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return False
+        return text.isdigit() and not process_alive(int(text))
 
     def holder_pid(self) -> int | None:
         """The pid the holder recorded, if the lock is held and the record is readable."""
