@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from aiworker.runtime.gitcache import GitCache
 from tests.helpers import run_process, worker_token_from_file
@@ -127,3 +128,72 @@ def test_the_local_backend_without_bubblewrap_refuses_real_agents_unless_told_it
     doctor = run_process("--json", "doctor", env=env).json()
     [execution] = [c for c in doctor["checks"] if c["name"] == "execution"]
     assert execution["status"] == "ok", execution
+
+
+# The repository's checks are code the agent wrote: this ./ci/run reports what it can
+# read and where it can write, then runs the tests.
+CHECK_PROBE = """#!/bin/sh
+set -eu
+cd "$(dirname "$0")/.."
+python3 - <<'PROBE'
+import json, os
+seen = {}
+for path in json.loads(os.environ.get("PROBED", "[]")) or %s:
+    try:
+        if os.path.isdir(path):
+            seen[path] = "directory: " + ",".join(sorted(os.listdir(path)))
+        else:
+            seen[path] = "read: " + open(path, errors="replace").read(200)
+    except OSError as exc:
+        seen[path] = "refused: " + exc.strerror
+try:
+    open("%s", "w").write("escaped")
+    seen["write"] = "written"
+except OSError as exc:
+    seen["write"] = "refused: " + exc.strerror
+print("PROBE " + json.dumps(seen))
+PROBE
+python3 -m unittest -q
+"""
+
+
+def test_checks_on_this_host_cannot_read_the_secrets_or_other_attempts(
+    forge, claimed, upgraded, tmp_path
+):
+    config = tmp_path / "config.toml"
+    token = _worker_token_in_a_file(config, forge, tmp_path)
+    escape = tmp_path.parent / f"{tmp_path.name}-escape"
+    # Another job's attempt beside this one's, under the same attempt root.
+    temp = tmp_path.parent / f"{tmp_path.name}-tmp"
+    root = temp / "aiworker" / "attempts"
+    (root / "attempt-other").mkdir(parents=True)
+    (root / "attempt-other" / "notes.txt").write_text(CANARY)
+    probed = [str(token), str(config), str(upgraded), str(root), "/etc/hostname"]
+    probed.append(str(root / "attempt-other" / "notes.txt"))
+    task = claimed(
+        SCRIPT_ONLY + '[execution]\nbackend = "local"\n',
+        edits={"calc.py": FIX, "ci/run.sh": CHECK_PROBE % (json.dumps(probed), escape)},
+        result=result_doc(),
+    )
+    assert run_process("--json", "implement", "--task", str(task), "--slot", "1").exit_code == 0
+    assert run_process("--json", "publish", "--task", str(task)).exit_code == 0
+    checked = run_process("--json", "ci", "--task", str(task), env={"TMPDIR": str(temp)})
+    assert checked.exit_code == 0, checked
+    evidence = json.loads(Path(checked.json()["evidence"]).read_text())
+    [line] = [x for x in evidence["stdout_tail"].splitlines() if x.startswith("PROBE ")]
+    seen = json.loads(line.removeprefix("PROBE "))
+    assert seen["/etc/hostname"].startswith("read: ")
+    assert len(seen["/etc/hostname"]) > 6  # the probe does read what is not hidden
+    assert seen[str(token)] == "read: "  # an empty file in its place
+    for path in (str(config), str(upgraded), str(root / "attempt-other" / "notes.txt")):
+        assert seen[path] == "refused: No such file or directory", (path, seen[path])
+    # The attempt root shows the check's own attempt only.
+    [own] = seen[str(root)].removeprefix("directory: ").split(",")
+    assert own.startswith("attempt-")
+    assert own != "attempt-other"
+    assert seen["write"] == "refused: Read-only file system"
+    assert not escape.exists()
+    assert forge.tokens["worker-bot"] not in json.dumps(evidence)
+    assert CANARY not in json.dumps(evidence)
+    assert (root / "attempt-other" / "notes.txt").read_text() == CANARY
+    assert query(upgraded, "select state from tasks") == [("awaiting_review",)]

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from aiworker.errors import AiworkerError
 from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.bubblewrap import Jail, installed, jailed
 from aiworker.runtime.credentials import adopt, copy_home, credential_files
 from aiworker.runtime.processes import run_command
 
@@ -139,10 +140,6 @@ def teardown(workspace: Workspace, *, preserve: bool) -> bool:
     return remove_attempt(workspace.root).removed
 
 
-# The user id a root-started job has inside its own user namespace.
-UNPRIVILEGED_UID = 1000
-
-
 def sandboxed(
     argv: list[str],
     workspace: Workspace,
@@ -151,55 +148,22 @@ def sandboxed(
     hidden: list[Path] | None = None,
     read_only: bool = False,
 ) -> list[str]:
-    """ARGV inside bubblewrap when it is installed: the whole system read-only (paths stay
-    where they are, so a checkout or a venv under /tmp still works), a private pid
-    namespace, TMPDIR in the private home, and only the workspace (and WRITABLE)
-    writable; HIDDEN directories (other providers' homes) are empty in there, with the
-    workspace and WRITABLE mounted again on top where they lie inside one. Run by root,
-    the job is an ordinary user (UNPRIVILEGED_UID) of its own user namespace with no
-    capabilities: agents that refuse root (claude's permission bypass) run, and what
-    it writes still belongs to the host user. Without bwrap, ARGV."""
-    bwrap = bwrap or shutil.which("bwrap")
+    """ARGV inside bubblewrap when it is installed (runtime/bubblewrap.py): only the
+    workspace (and WRITABLE) writable, TMPDIR in the private home, HIDDEN places (other
+    providers' homes, the host's secrets) empty, the checkout read-only when READ_ONLY.
+    Without bwrap, ARGV."""
+    bwrap = bwrap or installed()
     if bwrap is None:
         return argv
-    user = []
-    if os.geteuid() == 0:
-        uid = str(UNPRIVILEGED_UID)
-        user = ["--unshare-user", "--uid", uid, "--gid", uid]
-    binds = []
-    empty = workspace.root / "empty"
-    for path in hidden or []:
-        if path.is_dir():
-            binds += ["--tmpfs", str(path)]
-        elif path.exists():  # a file (a token): an empty one in its place
-            empty.touch(mode=0o400, exist_ok=True)
-            binds += ["--ro-bind", str(empty), str(path)]
-    for path in [workspace.root, *writable]:
-        if path.is_dir():
-            binds += ["--bind", str(path), str(path)]
-    if read_only:
-        binds += ["--ro-bind", str(workspace.repo), str(workspace.repo)]
-    return [
-        bwrap,
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        *binds,
-        "--setenv",
-        "TMPDIR",
-        str(workspace.home / "tmp"),
-        *user,
-        "--unshare-pid",
-        "--die-with-parent",
-        "--chdir",
-        str(workspace.repo),
-        "--",
-        *argv,
-    ]
+    jail = Jail(
+        chdir=workspace.repo,
+        tmpdir=workspace.home / "tmp",
+        empty=workspace.root / "empty",
+        writable=[workspace.root, *writable],
+        hidden=list(hidden or []),
+        read_only=[workspace.repo] if read_only else [],
+    )
+    return jailed(argv, jail, bwrap)
 
 
 class ExecutionBackend(Protocol):

@@ -105,10 +105,16 @@ def backend_for(env: Environment, phase: str) -> ExecutionBackend:
     return QemuBackend(*_guest_parts(env, phase))
 
 
-def guest_checks(env: Environment) -> Any:
-    """What runs repository checks in a guest (GuestChecks) when the backend is qemu."""
+def checks_place(env: Environment) -> Any:
+    """Where repository checks run instead of plainly on this host: a guest
+    (GuestChecks) when the backend is qemu; with the local backend, bubblewrap hiding
+    the host's secrets (SandboxedChecks) when it is installed; None without it."""
     if backend_choice(env)[0] == "local":
-        return None
+        from aiworker.runtime.bubblewrap import installed
+        from aiworker.runtime.host_checks import SandboxedChecks
+
+        bwrap = installed()
+        return SandboxedChecks(host_secrets(env), bwrap) if bwrap else None
     from aiworker.runtime.guests.checks import GuestChecks
 
     store, image, _, policy, settings, unavailable = _guest_parts(env, "ci")

@@ -48,16 +48,18 @@ class Dispatch:
     state_dir: Path
     runners: Runners
     names: dict[int, str]
-    guest: Any = None  # GuestChecks: the embedded runner runs checks in a guest
+    # Where the embedded runner runs checks: a guest (GuestChecks) or bubblewrap on this
+    # host (SandboxedChecks); None: plainly on this host.
+    place: Any = None
 
     @classmethod
     def of(cls, env: Environment, db: Database) -> Dispatch:
-        from aiworker.core.guests.backends import guest_checks
+        from aiworker.core.guests.backends import checks_place
 
         config = env.loaded.config
         names = {r.index: f"{r.owner}/{r.name}" for r in config.repositories}
         return cls(
-            db, GitCache(env.state_dir), env.state_dir, config.runners, names, guest_checks(env)
+            db, GitCache(env.state_dir), env.state_dir, config.runners, names, checks_place(env)
         )
 
     def run(
@@ -108,7 +110,7 @@ class Dispatch:
         options = AgentOptions(
             worker_id=f"embedded-{os.getpid()}",
             settings=RunnerSettings(
-                source_root=self.state_dir, attempt_root=default_attempt_root(), guest=self.guest
+                source_root=self.state_dir, attempt_root=default_attempt_root(), place=self.place
             ),
             heartbeat_interval_s=self.runners.lease_seconds / 3,
         )

@@ -51,8 +51,9 @@ class RunnerSettings:
     tail_bytes: int = DEFAULT_TAIL_BYTES
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_BYTES
-    # Runs the command in a disposable guest instead of on this host (GuestChecks).
-    guest: Any = None
+    # Runs the command in a disposable guest (GuestChecks) or in bubblewrap hiding the
+    # host's secrets (SandboxedChecks) instead of plainly on this host.
+    place: Any = None
 
 
 def job_environment(
@@ -132,7 +133,7 @@ def run_attempt(
             drain_timeout_s=settings.drain_timeout_s,
             tail_bytes=settings.tail_bytes,
         )
-        run = settings.guest.run if settings.guest is not None else _on_host
+        run = settings.place.run if settings.place is not None else _on_host
         outcome = run(
             attempt.workspace,
             home,
