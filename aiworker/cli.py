@@ -12,7 +12,9 @@ from typing import Annotated, NoReturn
 import typer
 from typer.main import get_command
 
-from aiworker import __version__
+from aiworker import __version__, completion
+from aiworker.arguments import normalized
+from aiworker.cli_help import describe
 from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_UNAVAILABLE, AiworkerError
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
@@ -80,6 +82,26 @@ def root(
             "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
         ),
     ] = False,
+    _show_completion: Annotated[
+        str | None,
+        typer.Option(
+            "--show-completion",
+            metavar="[SHELL]",
+            is_eager=True,
+            callback=completion.show,
+            help="Print the completion script for SHELL (bash, zsh, fish; default: this one).",
+        ),
+    ] = None,
+    _install_completion: Annotated[
+        str | None,
+        typer.Option(
+            "--install-completion",
+            metavar="[SHELL]",
+            is_eager=True,
+            callback=completion.install,
+            help="Install completion for SHELL (bash, zsh, fish; default: this one).",
+        ),
+    ] = None,
 ) -> None:
     from aiworker import logs
 
@@ -100,7 +122,8 @@ def build_app(only: str | None = None) -> typer.Typer:
         name="aiworker",
         help="Turn forge issues into reviewed, CI-verified pull requests written by coding agents.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=False,  # ours, taking a shell's name or detecting it: completion.py
+        context_settings={"help_option_names": ["-h", "--help"]},
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
     )
@@ -124,7 +147,7 @@ def selected_command(args: list[str]) -> str | None:
             skip = False
         elif arg in GLOBAL_OPTIONS_WITH_VALUES:
             skip = True
-        elif arg == "--" or arg in ("--help", "--version"):
+        elif arg == "--" or arg in ("-h", "--help", "--version"):
             return None
         elif not arg.startswith("-"):
             return arg if arg in COMMANDS else None
@@ -157,12 +180,15 @@ def run() -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = normalized(list(sys.argv[1:] if argv is None else argv))
     json_mode = _wants(args, "--json")
     verbose = any(a in ("-v", "--verbose") or a.startswith("-vv") for a in args)
     try:
+        if completion.requested():
+            completion.prepare()
         tree = build_app(selected_command(args))
-        result = get_command(tree).main(args=args, prog_name="aiworker", standalone_mode=False)
+        command = describe(get_command(tree))
+        result = command.main(args=args, prog_name="aiworker", standalone_mode=False)
     except AiworkerError as exc:
         emit_error(json_mode, exc.code, exc.message, getattr(exc, "problems", None))
         return exc.exit_code

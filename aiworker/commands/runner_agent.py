@@ -65,7 +65,14 @@ def serve(
         typer.Option("--repository-index", min=1, help="Only these repositories (repeatable)."),
     ] = None,
     once: Annotated[bool, typer.Option("--once", help="Return after one job's outcome.")] = False,
-    poll_interval_ms: Annotated[int, typer.Option("--poll-interval-ms", min=1)] = 1000,
+    poll_interval_ms: Annotated[
+        int,
+        typer.Option(
+            "--poll-interval-ms",
+            min=1,
+            help="Wait after an empty answer before asking again (long polling off or cut short).",
+        ),
+    ] = 1000,
     heartbeat_interval_ms: Heartbeat = 30_000,
     long_poll_ms: Annotated[
         int, typer.Option("--long-poll-ms", min=0, max=30_000, help="0: poll instead.")
@@ -99,9 +106,15 @@ def serve(
 def run_job(
     ctx: typer.Context,
     server: Server,
-    repository_index: Annotated[int, typer.Option("--repository-index", min=1)],
-    worker_job_index: Annotated[int, typer.Option("--worker-job-index", min=1)],
-    worker_id: Annotated[str, typer.Option("--worker-id")] = "run-job",
+    repository_index: Annotated[
+        int, typer.Option("--repository-index", min=1, help="The job's repository (its index).")
+    ],
+    worker_job_index: Annotated[
+        int, typer.Option("--worker-job-index", min=1, help="The job's index in that repository.")
+    ],
+    worker_id: Annotated[
+        str, typer.Option("--worker-id", help="This runner's name, as the controller records it.")
+    ] = "run-job",
     heartbeat_interval_ms: Heartbeat = 30_000,
     source_root: SourceRoot = Path("."),
     attempt_root: AttemptRoot = None,

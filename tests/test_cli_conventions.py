@@ -1,0 +1,117 @@
+"""CLI conventions a user meets: global options anywhere, -h, an Examples section and named
+metavars in every command's help, help text for every option, shell completion."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.main import get_command
+
+from aiworker.arguments import normalized
+from aiworker.cli import build_app
+from aiworker.cli_help import EXAMPLES, describe, leaves
+from tests.helpers import run_process
+
+TREE = describe(get_command(build_app()))
+COMMANDS = [path for path, _command in leaves(TREE)]
+AIWORKER = str(Path(sys.executable).parent / "aiworker")
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_every_command_has_examples_named_metavars_and_help_for_each_option(cli, path):
+    shown = cli(*path.split(), "-h")
+    assert shown.exit_code == 0, shown
+    text = shown.stdout
+    examples = text[text.index("Examples:") :].splitlines()[1:]
+    assert examples, text
+    for line in examples:
+        assert line.strip().removeprefix("sudo ").startswith(f"aiworker {path}"), line
+    assert not re.search(r"<[a-z ]+>|\{[a-z_]+\}", text), text  # no <str>, {task}
+    [(_, command)] = [leaf for leaf in leaves(TREE) if leaf[0] == path]
+    for param in command.params:
+        assert param.help, f"{path}: {param.name} has no help text"
+
+
+def test_examples_name_only_commands_that_exist():
+    assert sorted(EXAMPLES) == sorted(COMMANDS)
+
+
+def test_global_options_work_after_the_subcommand_and_h_is_help(upgraded, cli, state_dir):
+    before = run_process("--json", "--state-dir", str(state_dir), "status")
+    after = run_process("status", "--json", "--state-dir", str(state_dir))
+    assert after.exit_code == before.exit_code == 0, after
+    assert after.json().keys() == before.json().keys()
+    assert after.json()["tasks"] == before.json()["tasks"]
+    shown = cli("task", "show", "1", "--json")
+    assert shown.exit_code == 2
+    assert shown.json()["error"]["message"] == "no task 1"
+    assert cli("-h").stdout == cli("--help").stdout
+    assert "Usage: aiworker status" in cli("status", "-h").stdout
+    # What follows `--` belongs to the command run in a guest (qemu ssh), not to aiworker.
+    passed = ["qemu", "ssh", "g", "--", "-v", "--json"]
+    assert normalized(passed) == passed
+    assert normalized(["task", "list", "-vv", "--config=c.toml"]) == [
+        "-vv",
+        "--config=c.toml",
+        "task",
+        "list",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shell", "marker"),
+    [
+        ("bash", "complete -o default -F _aiworker_completion aiworker"),
+        ("zsh", "#compdef aiworker"),
+        ("fish", "complete --command aiworker"),
+    ],
+)
+def test_completion_scripts_for_each_shell(cli, shell, marker):
+    shown = cli("--show-completion", shell)
+    assert shown.exit_code == 0, shown
+    assert marker in shown.stdout
+
+
+def test_an_unknown_shell_is_refused_by_name(cli):
+    refused = cli("--show-completion", "tcsh")
+    assert refused.exit_code == 2
+    assert "'tcsh' is not a supported shell: bash, zsh or fish" in refused.stderr
+
+
+def test_bash_completes_commands_and_subcommands_through_the_script(tmp_path):
+    script = subprocess.run(
+        [AIWORKER, "--show-completion", "bash"], capture_output=True, text=True, check=True
+    ).stdout
+    (tmp_path / "completion.bash").write_text(script)
+    probe = (
+        f"source {tmp_path / 'completion.bash'}\n"
+        "COMP_WORDS=(aiworker ta); COMP_CWORD=1; _aiworker_completion aiworker\n"
+        'echo "${COMPREPLY[@]}"\n'
+        "COMP_WORDS=(aiworker task s); COMP_CWORD=2; _aiworker_completion aiworker\n"
+        'echo "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{Path(AIWORKER).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-c", probe], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.splitlines() == ["task", "show"]
+
+
+def test_install_completion_writes_the_script_into_the_users_shell_setup(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [AIWORKER, "--install-completion", "bash"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done
+    assert "bash completion installed in" in done.stdout
+    assert "_aiworker_completion" in (tmp_path / ".bash_completions" / "aiworker.sh").read_text()
+    assert ".bash_completions/aiworker.sh" in (tmp_path / ".bashrc").read_text()
