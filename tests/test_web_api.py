@@ -340,3 +340,43 @@ def test_an_issued_token_outlives_a_restart_of_the_server(upgraded, state_dir, m
         assert client.post(f"{url}/api/v1/actions/pause", json={}).status_code == 200
     key = state_dir / "web" / "csrf.key"
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+HAND_WRITTEN = """\
+# aiworker on build-3 (ops team, ticket OPS-112)
+shares = 2  # two slots: this host has 8 GiB
+
+[forge]
+# the company forge
+url = "http://127.0.0.1:9"
+
+[forge.identities.worker]
+token_env = "AIWORKER_TEST_WEB_TOKEN"  # from the unit's EnvironmentFile
+
+# budgets agreed with finance
+[budgets]
+implementation = 3
+"""
+
+
+def test_edits_keep_the_comments_order_and_layout_of_a_hand_written_file(web):
+    url, config = web
+    config.write_text(HAND_WRITTEN)
+    for key, value in (("shares", "3"), ("budgets.repair", "2"), ("forge.url", "http://h:3000")):
+        assert run_process("config", "set", key, value).exit_code == 0
+    client = session(url)
+    revision = client.get(f"{url}/api/v1/settings").json()["revision"]
+    saved = client.put(
+        f"{url}/api/v1/settings",
+        json={"revision": revision, "values": {"budgets.implementation": 5}},
+    )
+    assert saved.status_code == 200, saved.text
+    expected = (
+        HAND_WRITTEN.replace("shares = 2", "shares = 3")
+        .replace('url = "http://127.0.0.1:9"', 'url = "http://h:3000"')
+        .replace("implementation = 3\n", "implementation = 5\nrepair = 2\n")
+    )
+    assert config.read_text() == expected
+    assert config.stat().st_mode & 0o777 == 0o600
+    shown = run_process("--json", "config", "show").json()["config"]
+    assert (shown["shares"], shown["budgets"]["implementation"]) == (3, 5)

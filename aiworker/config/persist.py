@@ -6,8 +6,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from aiworker.config.loader import parse_config, parse_toml, revision_of
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.atomic import write_private_file
@@ -56,22 +54,42 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
+def edited(data: bytes | None, path: Path, changes: dict[str, Any]) -> bytes:
+    """The file DATA with CHANGES (dotted key -> value; None removes the key) made in
+    place: comments, order and formatting of everything else are kept (tomlkit)."""
+    import tomlkit
+    from tomlkit.exceptions import ConvertError
+
+    text = data.decode("utf-8") if data else ""
+    if data:
+        parse_toml(data, str(path))  # a broken file is refused with the loader's own words
+    document = tomlkit.parse(text)
+    for key, value in changes.items():
+        parts = key.split(".")
+        if not all(parts):
+            raise InvalidInput(f"invalid key {key!r}: use dotted names such as forge.url")
+        table: Any = document
+        for part in parts[:-1]:
+            if part not in table:
+                table[part] = tomlkit.table()
+            table = table[part]
+            if not isinstance(table, dict):
+                raise InvalidInput(f"invalid key {key!r}: {part!r} is not a table")
+        if value is None:
+            table.pop(parts[-1], None)
+            continue
+        try:
+            table[parts[-1]] = value
+        except (ConvertError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"{key}: this value cannot be saved: {exc}") from None
+    return tomlkit.dumps(document).encode("utf-8")
+
+
 def set_config_value(
     path: Path, key: str, raw_value: str, expected_revision: str | None
 ) -> tuple[str, str]:
     """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
     data = _current_bytes(path)
     revision = revision_of(data)
-    document: dict[str, Any] = parse_toml(data, str(path)) if data else {}
-    parts = key.split(".")
-    if not all(parts):
-        raise InvalidInput(f"invalid key {key!r}: use dotted names such as forge.url")
-    table = document
-    for part in parts[:-1]:
-        child = table.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise InvalidInput(f"invalid key {key!r}: {part!r} is not a table")
-        table = child
-    table[parts[-1]] = parse_value(raw_value)
-    new = tomli_w.dumps(document).encode("utf-8")
+    new = edited(data, path, {key: parse_value(raw_value)})
     return revision, save_config_bytes(path, new, expected_revision or revision)

@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import tomli_w
-
-from aiworker.config.loader import LoadedConfig, parse_toml
+from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import Phases
-from aiworker.config.persist import save_config_bytes
+from aiworker.config.persist import edited, save_config_bytes
 from aiworker.core.maintenance.configuration import describe_config
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
@@ -105,22 +103,5 @@ def save_settings(loaded: LoadedConfig, revision: str, values: dict[str, Any]) -
     refused = sorted(key for key in values if key not in editable)
     if refused:
         raise InvalidInput(f"not editable here: {', '.join(refused)[:500]}")
-    data = loaded.path.read_bytes() if loaded.path.exists() else b""
-    document: dict[str, Any] = parse_toml(data, str(loaded.path)) if data else {}
-    for key, value in values.items():
-        *tables, name = key.split(".")
-        table = document
-        for part in tables:
-            child = table.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise InvalidInput(f"{key}: {part!r} is not a table in the configuration")
-            table = child
-        if value is None:
-            table.pop(name, None)
-        else:
-            table[name] = value
-    try:
-        encoded = tomli_w.dumps(document).encode("utf-8")
-    except TypeError as exc:
-        raise InvalidInput(f"a value cannot be saved: {exc}") from None
-    return save_config_bytes(loaded.path, encoded, revision)
+    data = loaded.path.read_bytes() if loaded.path.exists() else None
+    return save_config_bytes(loaded.path, edited(data, loaded.path, values), revision)
