@@ -37,17 +37,18 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 def emit_health(json_mode: bool, document: dict[str, Any]) -> None:
-    """A health report (`doctor`, `runner doctor`): one line a check, its status coloured."""
+    """A health report (`doctor`, `runner doctor`): one check a line, its status coloured
+    and its detail folded under itself at the terminal's width."""
 
     def human(out: Any) -> None:
         from rich.markup import escape
 
+        from aiworker.humanize import fold
+
         for check in document["checks"]:
             style = _STYLE[check["status"]]
-            out.print(
-                f"[{style}]{check['status']:>4}[/{style}]  {check['name']:<14} "
-                f"{escape(check['detail'])}"
-            )
+            line = fold(f"{check['status']:>4}  {check['name']:<14} {check['detail']}", " " * 21)
+            out.print(f"[{style}]{line[:4]}[/{style}]{escape(line[4:])}")
 
     emit(json_mode, document, human)
 

@@ -64,3 +64,46 @@ def worker_token_from_file(config: Path, token: Path) -> None:
         'token_env = "AIWORKER_TEST_WORKER_TOKEN"', f'token_file = "{token}"'
     )
     config.write_text(text)
+
+
+def at_terminal(*args: str, columns: int = 80, rows: int = 24, timeout: float = 60) -> str:
+    """The CLI's output in a pseudo-terminal of COLUMNS x ROWS, colours stripped."""
+    import fcntl
+    import pty
+    import re
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**env, "TERM": "xterm-256color"},
+    )
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed: the command ended
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        process.kill()
+        process.wait()
+        os.close(master)
+    text = output.decode(errors="replace").replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)

@@ -94,12 +94,18 @@ def test_open_state_dir_is_a_warning(cli, upgraded, state_dir):
     assert "0755" in checks_by_name(result)["state-dir"]["detail"]
 
 
-def test_human_output_has_one_line_per_check(cli, upgraded, minimal_config):
+def test_human_output_has_one_entry_per_check_its_detail_folded_under_it(
+    cli, upgraded, minimal_config
+):
     result = cli("doctor")
     assert result.exit_code == 0, result
-    lines = result.stdout.strip().splitlines()
+    lines = result.stdout.strip("\n").splitlines()
     assert any(line.split()[:2] == ["ok", "database"] for line in lines), lines
-    assert all(line.split()[0] in ("ok", "warn", "fail") for line in lines)
+    entries = [line for line in lines if not line.startswith(" " * 21)]
+    assert all(line.split()[0] in ("ok", "warn", "fail") for line in entries), lines
+    checks = cli("--json", "doctor").json()["checks"]
+    assert len(entries) == len(checks)
+    assert all(len(line) <= 80 for line in lines), lines
 
 
 def test_doctor_sees_the_forge_each_identity_and_each_repository(

@@ -63,5 +63,9 @@ def test_status_counts_tasks_and_shows_slots(cli, upgraded, tmp_path, state_dir)
 def test_status_human_table(cli, upgraded):
     result = cli("status")
     assert result.exit_code == 0, result
-    assert "ready" in result.stdout
+    assert "Scheduler: running" in result.stdout
     assert "Last check: never" in result.stdout
+    assert "Tasks: none" in result.stdout
+    every = cli("status", "--all")
+    assert "ready" in every.stdout
+    assert "cancelled" in every.stdout

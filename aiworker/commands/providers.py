@@ -18,39 +18,30 @@ app = typer.Typer(
 
 def _render(report: dict[str, Any]) -> Any:
     def human(console: Any) -> None:
-        from rich.table import Table
+        from aiworker.humanize import ago, table
 
         if report["suspended"]:
             console.print("no providers configured: inference is suspended", markup=False)
-        table = Table(
-            "provider",
-            "window",
-            "used %",
-            "resets at",
-            "headroom",
-            "phase",
-            "eligible",
-            "reason",
-            title="Providers",
-        )
+        windows = table("provider", "window", "used %", "resets", "headroom", title="Quota")
+        verdicts = table("provider", "phase", "eligible", "reason", title="Eligibility")
         for name, entry in report["providers"].items():
-            windows = entry.get("windows") or [{}]
             resets = {w["name"]: w["resets_at"] for w in entry["reading"]["windows"]}
+            for window in entry.get("windows") or [{}]:
+                reset = resets.get(window.get("name"))
+                windows.add_row(
+                    name,
+                    window.get("name", "-"),
+                    str(window.get("used_percent", "-")),
+                    ago(reset) if reset else "-",
+                    str(window.get("headroom", "-")),
+                )
             for phase, verdict in entry["eligible"].items() or [
                 ("-", {"eligible": False, "reason": entry["reading"]["reason"]})
             ]:
-                for window in windows:
-                    table.add_row(
-                        name,
-                        window.get("name", "-"),
-                        str(window.get("used_percent", "-")),
-                        str(resets.get(window.get("name"), "-")),
-                        str(window.get("headroom", "-")),
-                        phase,
-                        "yes" if verdict["eligible"] else "no",
-                        verdict["reason"],
-                    )
-        console.print(table)
+                eligible = "yes" if verdict["eligible"] else "no"
+                verdicts.add_row(name, phase, eligible, verdict["reason"])
+        console.print(windows)
+        console.print(verdicts)
         for phase, provider in report["phases"].items():
             console.print(f"{phase}: {provider or 'none eligible'}", markup=False)
 

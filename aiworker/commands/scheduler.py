@@ -61,10 +61,11 @@ def pause(
     reason: Annotated[str, typer.Option("--reason", help="Shown in status.")] = "",
 ) -> None:
     """Stop starting new work (running jobs finish)."""
-    from aiworker.core.scheduling.state import update_state
+    from aiworker.core.scheduling.state import login
+    from aiworker.core.scheduling.state import pause as pause_scheduler
 
     inv: Invocation = ctx.obj
-    update_state(inv.environment(), paused=True, paused_reason=reason)
+    pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
     emit(
         inv.json,
         {"paused": True, "reason": reason},
@@ -75,10 +76,10 @@ def pause(
 @app.command("resume")
 def resume(ctx: typer.Context) -> None:
     """Start new work again."""
-    from aiworker.core.scheduling.state import update_state
+    from aiworker.core.scheduling.state import resume as resume_scheduler
 
     inv: Invocation = ctx.obj
-    update_state(inv.environment(), paused=False, paused_reason="")
+    resume_scheduler(inv.environment())
     emit(inv.json, {"paused": False}, lambda c: c.print("scheduler resumed", markup=False))
 
 

@@ -1,8 +1,8 @@
-"""`aiworker status`: tasks by state, slots and the last check."""
+"""`aiworker status`: why work moves or not, then slots, then tasks by state."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -10,20 +10,27 @@ from aiworker.invocation import Invocation
 from aiworker.render import emit
 
 
-def status(ctx: typer.Context) -> None:
-    """Show task counts by state, slot holders and when work was last checked."""
+def status(
+    ctx: typer.Context,
+    every_state: Annotated[
+        bool, typer.Option("--all", help="List every task state, also those with no task.")
+    ] = False,
+) -> None:
+    """The scheduler (running or paused, the last and next check, poll failures), the
+    slots and their jobs, then the task states that hold tasks."""
     from aiworker.core.scheduling.overview import collect_status
 
     inv: Invocation = ctx.obj
     report = collect_status(inv.environment()).to_json()
 
     def human(console: Any) -> None:
-        from rich.table import Table
+        from aiworker.humanize import fold, table
 
-        tasks = Table("state", "tasks", title="Tasks")
-        for state, count in report["tasks"].items():
-            tasks.add_row(state, str(count))
-        slots = Table("slot", "busy", "holder pid", "task", "task state", title="Slots")
+        for line in scheduler_lines(report["scheduler"]):
+            console.print(fold(line), markup=False)
+        for provider, why in report["isolation"].items():
+            console.print(fold(f"Provider {provider} cannot run: {why}"), markup=False)
+        slots = table("slot", "busy", "holder pid", "task", "task state", title="Slots")
         for slot in report["slots"]:
             slots.add_row(
                 str(slot["slot"]),
@@ -32,15 +39,42 @@ def status(ctx: typer.Context) -> None:
                 str(slot["task_id"] or "-"),
                 slot["task_state"] or "-",
             )
-        console.print(tasks)
         console.print(slots)
-        console.print(f"Last check: {report['last_check'] or 'never'}", markup=False)
-        for provider, why in report["isolation"].items():
-            console.print(f"Provider {provider} cannot run: {why}", markup=False)
-        if report["poll_error"]:
-            console.print(
-                f"Poll failing ({report['poll_failures']} in a row): {report['poll_error']}",
-                markup=False,
-            )
+        shown = {s: n for s, n in report["tasks"].items() if n or every_state}
+        if not shown:
+            console.print("Tasks: none", markup=False)
+            return
+        tasks = table("state", "tasks", title=f"Tasks ({report['total_tasks']})")
+        for state, count in shown.items():
+            tasks.add_row(state, str(count))
+        console.print(tasks)
 
     emit(inv.json, report, human)
+
+
+def scheduler_lines(scheduler: dict[str, Any]) -> list[str]:
+    """The scheduler in words: its state, the last and next check, the polls."""
+    from aiworker.humanize import ago, both
+
+    if scheduler["paused"]:
+        by = f" by {scheduler['paused_by']}" if scheduler["paused_by"] else ""
+        since = f" since {both(scheduler['paused_at'])}" if scheduler["paused_at"] else ""
+        why = scheduler["paused_reason"] or "no reason given"
+        lines = [f"Scheduler: PAUSED{by}{since}: {why}"]
+    else:
+        lines = ["Scheduler: running"]
+    last = f"Last check: {both(scheduler['last_check'])}"
+    if scheduler["overdue"]:
+        last += f"; OVERDUE (interval {scheduler['check_interval_s']} s): is the timer running?"
+    lines.append(last)
+    if scheduler["next_check"]:
+        lines.append(
+            f"Next check: {'asked for' if scheduler['check_requested'] else ''}"
+            f"{'' if scheduler['check_requested'] else ago(scheduler['next_check'])}"
+        )
+    if scheduler["poll_error"]:
+        lines.append(
+            f"Polls failing: {scheduler['poll_failures']} in a row, the last "
+            f"{ago(scheduler['poll_error_at'])}: {scheduler['poll_error']}"
+        )
+    return lines

@@ -25,14 +25,10 @@ def list_(
     report = list_task_rows(inv.environment(), state, after=after).to_json()
 
     def human(console: Any) -> None:
-        for t in report["tasks"]:
-            console.print(
-                f"{t['id']:>5} {t['state']:<22} {t['kind']:<9} {t['repository']}#{t['issue']} "
-                f"{t['title']}",
-                markup=False,
-            )
-        if not report["tasks"]:
-            console.print("no tasks", markup=False)
+        from aiworker.views import task_list
+
+        for part in task_list(report):
+            console.print(part, markup=False)
 
     emit(inv.json, report, human)
 
@@ -47,47 +43,11 @@ def show(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Ta
     report = show_task(inv.environment(), task).to_json()
 
     def human(console: Any) -> None:
-        lines = [
-            f"task {report['id']} ({report['kind']}) {report['repository']}#{report['issue']}: "
-            f"{report['title']}",
-            f"state {report['state']} (version {report['version']}); base {report['base']}; "
-            f"head {report['head']}",
-            "history:",
-            *(_event_line(e) for e in report["history"]),
-            "attempts:",
-            *(
-                f"  {a['id']} {a['phase']} {a['provider'] or 'host'}: {a['outcome']}"
-                + (f" ({a['reason']})" if a["reason"] else "")
-                for a in report["attempts"]
-            ),
-            "budgets: "
-            + (
-                ", ".join(f"{k} {v['used']}/{v['limit']}" for k, v in report["budgets"].items())
-                or "none used"
-            ),
-            *(
-                f"receipt: {r['phase']} {r['check'] or ''} {r['outcome']} at {r['head']}"
-                for r in report["receipts"]
-            ),
-            *(
-                f"publication: {p['state']} {p['branch']} PR #{p['pr']}"
-                for p in report["publications"]
-            ),
-            *(f"file: {f}" for f in report["files"]),
-        ]
-        console.print("\n".join(lines), markup=False)
+        from aiworker.views import task_show
+
+        console.print("\n".join(task_show(report)), markup=False)
 
     emit(inv.json, report, human)
-
-
-def _event_line(event: dict[str, Any]) -> str:
-    line = f"  {event['at']} {event['kind']}"
-    if event["to"]:
-        line += f" {event['from'] or ''} -> {event['to']}".replace("  ", " ")
-    data = event["data"]
-    if data.get("phase"):
-        line += f" [{data['phase']}" + (f" #{data['attempt']}]" if data.get("attempt") else "]")
-    return line + (f": {data['reason']}" if data.get("reason") else "")
 
 
 @app.command("retry")

@@ -206,17 +206,17 @@ def _changes(router: APIRouter, Env: Any) -> None:
 
     @router.post("/actions/pause")
     def pause(env: Env, request: Annotated[PauseRequest | None, Body()] = None) -> dict[str, Any]:
-        from aiworker.core.scheduling.state import update_state
+        from aiworker.core.scheduling.state import pause as pause_scheduler
 
         reason = request.reason if request is not None else ""
-        update_state(env, paused=True, paused_reason=reason)
+        pause_scheduler(env, reason, "the web control plane")
         return {"paused": True, "reason": reason}
 
     @router.post("/actions/resume")
     def resume(env: Env) -> dict[str, Any]:
-        from aiworker.core.scheduling.state import update_state
+        from aiworker.core.scheduling.state import resume as resume_scheduler
 
-        update_state(env, paused=False, paused_reason="")
+        resume_scheduler(env)
         return {"paused": False}
 
     @router.post("/actions/stop-slot")

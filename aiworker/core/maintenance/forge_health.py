@@ -5,7 +5,7 @@ did the last poll work, and is the tick running on time."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeError
@@ -117,9 +117,8 @@ def scheduler_checks(env: Environment, now: datetime | None = None) -> list[Chec
     elif state.last_check is None:
         checks.append(Check("scheduler", "warn", "no check recorded yet; is the timer enabled?"))
     else:
-        last = datetime.fromisoformat(state.last_check)
-        age = now - last
-        if age > timedelta(seconds=2 * interval):
+        age = now - (state.last_check_at() or now)
+        if state.overdue(interval, now):
             checks.append(
                 Check(
                     "scheduler",

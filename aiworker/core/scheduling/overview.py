@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.core.context import Environment
@@ -35,9 +35,11 @@ class StatusReport(Report):
     poll_failures: int = 0
     # Configured providers that cannot run for want of isolation: provider -> why, and the fix.
     isolation: dict[str, str] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "scheduler": self.scheduler,
             "tasks": self.tasks,
             "total_tasks": sum(self.tasks.values()),
             "slots": [vars(s) for s in self.slots],
@@ -75,4 +77,34 @@ def collect_status(env: Environment) -> StatusReport:
     state = SchedulerState.load(env.state_dir)
     refused = {name: isolation_refusal(env, name) for name in env.loaded.config.providers}
     isolation = {str(name): why for name, why in refused.items() if why}
-    return StatusReport(tasks, slots, last_check, state.poll_error, state.poll_failures, isolation)
+    summary = scheduler_summary(state, env.loaded.config.check_interval, datetime.now(UTC))
+    return StatusReport(
+        tasks, slots, last_check, state.poll_error, state.poll_failures, isolation, summary
+    )
+
+
+def scheduler_summary(state: SchedulerState, interval: int, now: datetime) -> dict[str, Any]:
+    """Why work moves or not: paused (why, by whom, since), the last check and whether
+    it is overdue, the next one, and the polls' failures."""
+    last = state.last_check_at()
+    if state.paused:
+        next_check = None  # a paused scheduler starts nothing
+    elif state.check_requested or last is None:
+        next_check = now.isoformat()
+    else:
+        next_check = max(now, last + timedelta(seconds=interval)).isoformat()
+    return {
+        "paused": state.paused,
+        "paused_reason": state.paused_reason,
+        "paused_by": state.paused_by,
+        "paused_at": state.paused_at,
+        "last_check": state.last_check,
+        "last_check_age_s": int((now - last).total_seconds()) if last else None,
+        "overdue": state.overdue(interval, now),
+        "check_interval_s": interval,
+        "check_requested": state.check_requested,
+        "next_check": next_check,
+        "poll_error": state.poll_error,
+        "poll_error_at": state.poll_error_at,
+        "poll_failures": state.poll_failures,
+    }

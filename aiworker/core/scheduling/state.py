@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 class SchedulerState:
     paused: bool = False
     paused_reason: str = ""
+    paused_by: str = ""  # who paused: a login and where from ("alice (command line)")
+    paused_at: str | None = None
     check_requested: bool = False
     last_check: str | None = None
     next_deadline: str | None = None
@@ -52,6 +55,37 @@ class SchedulerState:
         except ValueError:
             return True
         return now >= last + timedelta(seconds=interval)
+
+    def overdue(self, interval: int, now: datetime) -> bool:
+        """The last check is older than twice INTERVAL: the timer is probably not running."""
+        last = self.last_check_at()
+        return last is not None and now - last > timedelta(seconds=2 * interval)
+
+    def last_check_at(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(self.last_check) if self.last_check else None
+        except ValueError:
+            return None
+
+
+def pause(env: Environment, reason: str, by: str) -> SchedulerState:
+    """Stop starting new work; status says why, who paused and since when."""
+    now = datetime.now(UTC).isoformat()
+    return update_state(env, paused=True, paused_reason=reason, paused_by=by, paused_at=now)
+
+
+def resume(env: Environment) -> SchedulerState:
+    return update_state(env, paused=False, paused_reason="", paused_by="", paused_at=None)
+
+
+def login() -> str:
+    """This process's user, as status names who paused from the command line."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
 
 
 def update_state(env: Environment, **changes: Any) -> SchedulerState:

@@ -1,0 +1,83 @@
+"""What an operator reads in a terminal of 80x24: status explains why nothing moves, and
+every table (status, providers, task list and show, qemu list, doctor) fits, uncut."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from tests.helpers import at_terminal, run_process
+from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
+
+VIEWS = [
+    ("status",),
+    ("status", "--all"),
+    ("providers", "status"),
+    ("task", "list"),
+    ("task", "show", "1"),
+    ("qemu", "list"),
+    ("doctor",),
+]
+
+
+def readable_at_80_columns(text):
+    for line in text.splitlines():
+        assert len(line) <= 80, f"wider than 80 columns: {line!r}"
+    assert "…" not in text, text  # nothing cut short
+
+
+def test_every_table_reads_at_80_columns(forge, claimed, upgraded):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), failure="transient")
+    implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert implemented.json()["outcome"] == "transient", implemented
+    for view in VIEWS:
+        shown = at_terminal(*view)
+        assert "error" not in shown.lower().split(":")[0], shown
+        readable_at_80_columns(shown)
+    providers = at_terminal("providers", "status")
+    for header in ("provider", "window", "used %", "resets", "headroom", "eligible", "reason"):
+        assert header in providers
+    shown = at_terminal("task", "show", "1")
+    assert f"task {task} (issue) team/app#1" in shown
+    assert "state ready" in shown
+    assert "1 implementation script: transient" in shown
+    assert "(removed)" in shown  # the attempt's workspace went with the attempt
+
+
+def test_status_says_why_nothing_moves_on_one_screen(forge, claimed, upgraded, state_dir):
+    claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    running = at_terminal("status")
+    assert running.startswith("Scheduler: running\n"), running
+    assert "Last check: never" in running
+    assert run_process("scheduler", "pause", "--reason", "forge upgrade tonight").exit_code == 0
+    state_file = state_dir / "scheduler.json"
+    state = json.loads(state_file.read_text())
+    long_ago = datetime.now(UTC) - timedelta(minutes=25)
+    state.update(
+        last_check=long_ago.isoformat(),
+        poll_error="forge http://127.0.0.1:9: connection refused",
+        poll_error_at=(datetime.now(UTC) - timedelta(minutes=2)).isoformat(),
+        poll_failures=3,
+    )
+    state_file.write_text(json.dumps(state))
+    paused = at_terminal("status")
+    readable_at_80_columns(paused)
+    assert len(paused.rstrip("\n").splitlines()) <= 24, paused
+    words = " ".join(paused.split())
+    assert "Scheduler: PAUSED by " in words
+    assert "(command line) since just now" in words
+    assert "forge upgrade tonight" in words
+    assert "Last check: 25 min ago" in words
+    assert "OVERDUE (interval 180 s): is the timer running?" in words
+    assert "Polls failing: 3 in a row, the last 2 min ago: forge http://127.0.0.1:9" in words
+    assert "claimed" in words  # the one state that holds a task
+    assert "awaiting_review" not in words  # states without tasks are left out
+    report = run_process("--json", "status").json()
+    assert report["scheduler"]["paused"] is True
+    assert report["scheduler"]["paused_by"].endswith("(command line)")
+    assert report["scheduler"]["overdue"] is True
+    assert report["scheduler"]["next_check"] is None
+    assert report["tasks"]["awaiting_review"] == 0  # the JSON keeps every state
+    assert run_process("scheduler", "resume").exit_code == 0
+    resumed = run_process("--json", "status").json()["scheduler"]
+    assert (resumed["paused"], resumed["paused_by"], resumed["paused_at"]) == (False, "", None)
