@@ -8,6 +8,8 @@ from typing import Any
 
 from aiworker.humanize import ago, both, exact, fold, table
 
+TAIL_LINES = 8  # of a failed attempt's output, in `task show`
+
 
 def task_list(report: dict[str, Any]) -> list[Any]:
     if not report["tasks"]:
@@ -30,7 +32,7 @@ def task_show(report: dict[str, Any]) -> list[str]:
         "history:",
         *(_event(e) for e in history),
         "attempts:",
-        *(_attempt(a) for a in report["attempts"]),
+        *(line for a in report["attempts"] for line in _attempt(a)),
         "budgets: "
         + (
             ", ".join(f"{k} {v['used']}/{v['limit']}" for k, v in report["budgets"].items())
@@ -65,10 +67,17 @@ def _event(event: dict[str, Any]) -> str:
     return line + (f": {data['reason']}" if data.get("reason") else "")
 
 
-def _attempt(attempt: dict[str, Any]) -> str:
+def _attempt(attempt: dict[str, Any]) -> list[str]:
     line = f"  {attempt['id']} {attempt['phase']} {attempt['provider'] or 'host'}: "
     line += attempt["outcome"] or f"running since {exact(attempt['started_at'])}"
     line += f" ({attempt['reason']})" if attempt["reason"] else ""
     if attempt.get("workspace"):
         line += f"; workspace {_file(attempt['workspace'])}"
-    return line
+    lines = [line]
+    for name in ("prompt", "result", "log"):
+        if attempt.get(name):
+            lines.append(f"    {name}: {_file(attempt[name])}")
+    if attempt.get("output_tail") and attempt["outcome"] != "succeeded":
+        printed = attempt["output_tail"].rstrip("\n").splitlines()[-TAIL_LINES:]
+        lines += ["    it printed, at the end:", *(f"      | {text}" for text in printed)]
+    return lines

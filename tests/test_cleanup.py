@@ -28,6 +28,11 @@ def test_cleanup_removes_delivered_leftovers_only(upgraded, state_dir, tmp_path)
     (preserved / "work").write_text("quota-preserved work")
     (state_dir / "logs").mkdir()
     (state_dir / "logs" / f"task-{done}.log").write_text("log")
+    kept_files = state_dir / "attempts" / f"task-{done}-attempt-1"
+    kept_files.mkdir(parents=True)
+    (kept_files / "output.log").write_text("what the provider printed")
+    still_needed = state_dir / "attempts" / f"task-{active}-attempt-2"
+    still_needed.mkdir()
     cache = state_dir / "git-cache" / "repo-1.git"
     cache.mkdir(parents=True)
 
@@ -35,15 +40,17 @@ def test_cleanup_removes_delivered_leftovers_only(upgraded, state_dir, tmp_path)
     assert first.exit_code == 0, first
     report = first.json()
     assert sorted(item["path"] for item in report["removed"]) == sorted(
-        [str(delivered), str(state_dir / "logs" / f"task-{done}.log")]
+        [str(delivered), str(kept_files), str(state_dir / "logs" / f"task-{done}.log")]
     )
     assert not delivered.exists()
+    assert not kept_files.exists()
+    assert still_needed.exists()
     assert preserved.exists()
     assert cache.exists()
     assert outside.read_text() == "keep me"
     conn = sqlite3.connect(upgraded)
     inventory = conn.execute("select task_id, action from cleanup_inventory").fetchall()
     conn.close()
-    assert inventory == [(done, "removed"), (done, "removed")]
+    assert inventory == [(done, "removed")] * 3
     second = run_process("--json", "cleanup").json()
     assert (second["removed"], second["changed"]) == ([], False)

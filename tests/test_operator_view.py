@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from tests.helpers import at_terminal, run_process
 from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
@@ -81,3 +82,42 @@ def test_status_says_why_nothing_moves_on_one_screen(forge, claimed, upgraded, s
     assert run_process("scheduler", "resume").exit_code == 0
     resumed = run_process("--json", "status").json()["scheduler"]
     assert (resumed["paused"], resumed["paused_by"], resumed["paused_at"]) == (False, "", None)
+
+
+CANARY_KEY = "canary-7d1f2a9e4b6c"  # a provider's key, kept in its home's auth.json
+
+
+def test_a_failed_attempt_keeps_what_the_provider_printed_masked(
+    forge, claimed, upgraded, state_dir, cli
+):
+    home = state_dir / "providers" / "script"
+    home.mkdir(parents=True)
+    (home / "auth.json").write_text(json.dumps({"api_key": CANARY_KEY}))
+    noisy = (
+        f"loading key {CANARY_KEY}\nAuthorization: Bearer abcdefgh12345678\n"
+        f"forge token {forge.tokens['worker-bot']}\nthe model gave up on calc.py"
+    )
+    task = claimed(
+        SCRIPT_ONLY, edits={"calc.py": FIX}, stderr=noisy, failure="transient", result=None
+    )
+    failed = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert failed.json()["outcome"] == "transient", failed
+    [attempt] = cli("--json", "task", "show", str(task)).json()["attempts"]
+    assert "the model gave up on calc.py" in attempt["output_tail"]
+    kept = "".join(Path(attempt[name]).read_text() for name in ("prompt", "log"))
+    for secret in (CANARY_KEY, "abcdefgh12345678", forge.tokens["worker-bot"]):
+        assert secret not in kept
+    assert "Bearer ***" in kept
+    assert attempt["result"] is None  # it gave no result: nothing is written for one
+    assert "add() returns the wrong result" in Path(attempt["prompt"]).read_text()
+    for name in ("prompt", "log"):
+        assert Path(attempt[name]).stat().st_mode & 0o777 == 0o600
+    shown = at_terminal("task", "show", str(task))
+    readable_at_80_columns(shown)
+    assert "it printed, at the end:" in shown
+    assert "| the model gave up on calc.py" in shown
+    # Kept while the task is not delivered; removed with the task's files after that.
+    assert run_process("task", "cancel", str(task)).exit_code == 0
+    assert Path(attempt["log"]).exists()
+    [after_cancel] = cli("--json", "task", "show", str(task)).json()["attempts"]
+    assert after_cancel["output_tail"] == attempt["output_tail"]

@@ -23,13 +23,21 @@ pytestmark = [
 
 def seed_task(db_path: Path) -> None:
     from aiworker.core.tasks.lifecycle import advance
+    from aiworker.store.attempts import finish_attempt, set_attempt_files, start_attempt
     from aiworker.store.engine import Database
     from aiworker.store.task_records import create_task, ensure_repository
 
+    # An attempt whose provider failed, with what it printed kept beside the database.
+    output = db_path.parent / "attempts" / "task-1-attempt-1" / "output.log"
+    output.parent.mkdir(parents=True)
+    output.write_text("--- stderr (its end) ---\nTraceback: the model gave up\n")
     db = Database(f"sqlite:///{db_path}")
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
         task = create_task(session, repo.id, "issue", issue_number=4, title="Crash on start")
+        attempt = start_attempt(session, task.id, "implementation", "script", None, None, {})
+        set_attempt_files(session, attempt, None, None, str(output))
+        finish_attempt(session, attempt, "transient", reason="script provider exited 1")
         advance(session, task.id, "ready", task.version, "needs_input", "no ci/run at the base")
     db.dispose()
 
@@ -54,6 +62,9 @@ def test_the_page_shows_history_saves_a_setting_and_pauses(web, upgraded):  # no
             history = page.inner_text("#history")
             assert "ready -> needs_input" in history
             assert "no ci/run at the base" in history
+            attempts = page.inner_text("#attempts")
+            assert "script provider exited 1" in attempts
+            assert "Traceback: the model gave up" in attempts
             page.wait_for_selector("input[name='check_interval']")
             page.fill("input[name='check_interval']", "240")
             page.click("#save-settings")

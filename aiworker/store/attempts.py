@@ -51,8 +51,6 @@ def finish_attempt(
     *,
     reason: str = "",
     refunded: bool = False,
-    result_path: str | None = None,
-    log_path: str | None = None,
 ) -> bool:
     """Close an open attempt; False when it was already closed (by its phase or recovery).
     A refund gives its budget charge back in the same transaction."""
@@ -64,8 +62,6 @@ def finish_attempt(
             outcome=outcome,
             reason=reason[:2000],
             refunded=refunded,
-            result_path=result_path,
-            log_path=log_path,
         )
     )
     if closed.rowcount != 1:  # type: ignore[attr-defined]
@@ -94,3 +90,18 @@ def providers_tried_at(session: Session, task_id: int, base: str) -> set[str]:
     """Providers that already ran an attempt of TASK_ID on the snapshot BASE."""
     rows = attempts_of(session, task_id)
     return {a.provider for a in rows if a.provider and a.settings.get("base") == base}
+
+
+def set_attempt_files(
+    session: Session,
+    attempt_id: int,
+    prompt_path: str | None,
+    result_path: str | None,
+    log_path: str | None,
+) -> None:
+    """Where the attempt's prompt, result document and provider output are kept."""
+    session.execute(
+        update(Attempt)
+        .where(Attempt.id == attempt_id)
+        .values(prompt_path=prompt_path, result_path=result_path, log_path=log_path)
+    )

@@ -78,6 +78,8 @@ async function refreshTask() {
   $("task-id").textContent = "#" + t.id + " (" + t.kind + ", " + t.state + ")";
   const body = $("history").tBodies[0]; body.replaceChildren();
   for (const e of t.history) body.appendChild(row([e.at, e.kind, e.from ? e.from + " -> " + e.to : (e.to || ""), e.data && e.data.reason]));
+  const tried = $("attempts").tBodies[0]; tried.replaceChildren();
+  for (const a of t.attempts) tried.appendChild(row([a.id, a.phase, a.provider || "host", a.outcome, a.reason, a.output_tail]));
   $("log").textContent = (await api("GET", "/api/v1/tasks/" + selected + "/logs?limit=8192")).tail;
 }
 

@@ -45,9 +45,15 @@ def _size(path: Path) -> int:
     return total
 
 
+# Where a task's files lie: workspaces, attempts' kept files (prompt, result, output).
+TASK_FOLDERS = ("workspaces", "attempts")
+
+
 def task_artifacts(state_dir: Path, task_id: int) -> list[Path]:
-    workspaces = state_dir / "workspaces"
-    found = [*workspaces.glob(f"task-{task_id}-*")] if workspaces.is_dir() else []
+    found = []
+    for name in TASK_FOLDERS:
+        folder = state_dir / name
+        found += [*folder.glob(f"task-{task_id}-*")] if folder.is_dir() else []
     found += [p for p in (state_dir / "logs" / f"task-{task_id}.log",) if p.exists()]
     return sorted(found)
 
@@ -55,7 +61,7 @@ def task_artifacts(state_dir: Path, task_id: int) -> list[Path]:
 def tasks_with_artifacts(state_dir: Path) -> set[int]:
     """Tasks that have anything on disk, from two directory listings (no database)."""
     ids: set[int] = set()
-    for folder in (state_dir / "workspaces", state_dir / "logs"):
+    for folder in (*(state_dir / name for name in TASK_FOLDERS), state_dir / "logs"):
         try:
             names = os.listdir(folder)
         except OSError:
@@ -127,7 +133,7 @@ def _remove(
                         task_id,
                         str(path),
                         "removed",
-                        f"{why}: workspace, bundle or log",
+                        f"{why}: workspace, attempt files or log",
                         size,
                     )
                 report.removed.append({"task": task_id, "path": str(path), "bytes": size})

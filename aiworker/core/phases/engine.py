@@ -9,6 +9,7 @@ means for its task.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import host_secrets
+from aiworker.core.phases.attempt_files import keep_attempt_files
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.run import RunReport, run_provider
 from aiworker.core.providers.admission import provider_settings, select_provider
@@ -34,6 +36,8 @@ from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.workspace import Workspace
 from aiworker.store.engine import Database
 from aiworker.store.observations import record_run, running_jobs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,6 +153,7 @@ def run_model_phase(
         hidden=[*provider_homes(env), *host_secrets(env)],
     )
     failpoint(f"{guard.phase}.after_run")
+    _keep_files(env, db, guard, attempt, inputs.get("prompt.md", ""), run)
     result, failure, reason = _validated(run)
     changed = backend.altered(workspace) if read_only and failure is None else []
     if changed:
@@ -159,6 +164,23 @@ def run_model_phase(
     with db.write() as session:
         record_run(session, name, "ok" if failure is None else failure, reason)
     return ModelRun(name, attempt, workspace, result, failure, reason)
+
+
+def _keep_files(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    attempt: int,
+    prompt: str | bytes,
+    run: RunReport,
+) -> None:
+    """The attempt's prompt, result and provider output, for the operator; a file system
+    that refuses them costs the operator that view, never the attempt's result."""
+    text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
+    try:
+        keep_attempt_files(env, db, guard.task_id, attempt, text, run)
+    except OSError as exc:
+        log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
 
 
 def _validated(run: RunReport) -> tuple[AgentResult | None, str | None, str]:

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
 OUTPUT_TAIL = 4 * 1024 * 1024
+# The end of each stream kept with the attempt (masked) for the operator.
+KEPT_TAIL = 16 * 1024
 
 
 @dataclass
@@ -27,6 +29,9 @@ class RunReport:
     result: dict[str, Any] | None
     failure: str | None
     reason: str
+    # What the provider printed (the ends of its streams), kept masked with the attempt.
+    stdout: bytes = b""
+    stderr: bytes = b""
 
 
 def run_provider(
@@ -77,14 +82,14 @@ def run_provider(
         except Exception:  # the run's own outcome matters more; teardown tries again
             log.exception("taking the provider's home back failed")
     stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
+    printed = {"stdout": stdout[-KEPT_TAIL:], "stderr": stderr[-KEPT_TAIL:]}
     if outcome.timed_out:
-        return RunReport(None, "transient", "the provider run timed out")
+        return RunReport(None, "transient", "the provider run timed out", **printed)
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
     if parsed.error is not None or parsed.result is None:
-        # stderr helps classify the failure but is never kept: a CLI may print anything
-        # it holds, its credentials included.
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"
-        return RunReport(None, provider.classify(message), (parsed.error or "no result")[:300])
+        why = (parsed.error or "no result")[:300]
+        return RunReport(None, provider.classify(message), why, **printed)
     budget = getattr(provider, "diff_budget_lines", None)
     if budget:
         changed = backend.changed_lines(workspace)
@@ -93,5 +98,6 @@ def run_provider(
                 None,
                 "over_budget",
                 f"{provider.name} changed {changed} lines, over its budget of {budget}",
+                **printed,
             )
-    return RunReport(parsed.result, None, "")
+    return RunReport(parsed.result, None, "", **printed)

@@ -23,6 +23,7 @@ from aiworker.store.receipts import receipts_of
 from aiworker.store.task_records import events_of, list_tasks, recent_events, task_row
 
 LIST_LIMIT = 500
+OUTPUT_TAIL_CHARS = 1500  # of an attempt's kept provider output, in `task show`
 
 
 def _when(value: Any) -> str | None:
@@ -138,6 +139,10 @@ def show_task(env: Environment, task_id: int) -> TaskShowReport:
                         "reason": a.reason,
                         "refunded": a.refunded,
                         "workspace": a.workspace_path,
+                        "prompt": a.prompt_path,
+                        "result": a.result_path,
+                        "log": a.log_path,
+                        "output_tail": output_tail(a.log_path),
                     }
                     for a in attempts_of(session, task.id)
                 ],
@@ -165,6 +170,19 @@ def show_task(env: Environment, task_id: int) -> TaskShowReport:
             )
     finally:
         db.dispose()
+
+
+def output_tail(log_path: str | None, limit: int = OUTPUT_TAIL_CHARS) -> str:
+    """The end of what the attempt's provider printed (kept masked), while it is kept."""
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _budgets(env: Environment, used: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

@@ -175,8 +175,8 @@ def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
 def _remove_workspaces(env: Environment, db: Database, task_id: int) -> list[str]:
     removed = []
     for path in task_artifacts(env.state_dir, task_id):
-        if path.suffix == ".log":
-            continue  # the log stays for the retention period, for diagnosis
+        if path.suffix == ".log" or path.parent.name == "attempts":
+            continue  # the log and the attempts' files stay for the retention period
         gone = remove_attempt(path).removed if path.is_dir() else _unlink(path)
         if gone:
             with db.write() as session:

@@ -1,0 +1,102 @@
+"""What an attempt leaves for the operator: its prompt, its result document and the end
+of what the provider printed, under $STATE_DIR/attempts/task-N-attempt-M/.
+
+Kept while the task is not delivered (cleanup removes them with the task's other
+files: at once once it is done, after the retention period when it failed or was
+cancelled), recorded in the attempt's prompt_path, result_path and log_path, shown by
+`task show` and the web page. What the provider printed can hold anything its CLI
+knows: it is bounded (the last KEPT_TAIL bytes of each stream) and masked: the
+forge tokens, every value in a provider home's credential files, and anything shaped
+like a key or a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.core.phases.run import RunReport
+from aiworker.core.providers.registry import provider_homes
+from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.credentials import credential_files
+from aiworker.runtime.evidence import mask_secrets
+from aiworker.secrets import MASK, redact
+from aiworker.store.attempts import set_attempt_files
+from aiworker.store.engine import Database
+
+# Shapes of credentials whatever their source: provider keys and tokens by prefix, and
+# the value after "Bearer", "api_key", "token", "secret" or "password".
+PREFIXED = re.compile(r"\b(?:sk|pk|rk|ghp|gho|ghs|glpat|xoxb|xoxp|hf)[-_][A-Za-z0-9_-]{16,}")
+LABELLED = re.compile(
+    r"(?i)(bearer\s+|(?:api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)"
+    r"([A-Za-z0-9._~+/=-]{8,})"
+)
+MIN_CREDENTIAL = 8
+
+
+def attempt_folder(env: Environment, task_id: int, attempt: int) -> Path:
+    return env.state_dir / "attempts" / f"task-{task_id}-attempt-{attempt}"
+
+
+def keep_attempt_files(
+    env: Environment, db: Database, task_id: int, attempt: int, prompt: str, run: RunReport
+) -> None:
+    """Write the attempt's files and record where they are; nothing unused is written."""
+    folder = attempt_folder(env, task_id, attempt)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secrets = provider_secrets(provider_homes(env))
+    prompt_path = _write(folder / "prompt.md", prompt.encode(), secrets)
+    result_path = None
+    if run.result is not None:
+        document = json.dumps(run.result, indent=2).encode()
+        result_path = _write(folder / "result.json", document, secrets)
+    log_path = None
+    if run.stdout or run.stderr:
+        # stderr last: the end of the file, which `task show` quotes, is how it ended.
+        sections = [
+            b"--- stdout (its end) ---\n" + run.stdout,
+            b"--- stderr (its end) ---\n" + run.stderr,
+        ]
+        log_path = _write(folder / "output.log", b"\n".join(sections), secrets)
+    with db.write() as session:
+        set_attempt_files(session, attempt, prompt_path, result_path, log_path)
+
+
+def masked(data: bytes, secrets: list[bytes]) -> bytes:
+    text = redact(mask_secrets(data, secrets).decode(errors="replace"))
+    text = PREFIXED.sub(MASK, text)
+    return LABELLED.sub(lambda m: m.group(1) + MASK, text).encode()
+
+
+def provider_secrets(homes: list[Path]) -> list[bytes]:
+    """Every value in the providers' credential files (JSON strings; else each line's
+    value after `=` or `:`), long enough to be a credential."""
+    values: set[str] = set()
+    for home in homes:
+        for content in credential_files(home).values():
+            values.update(_values_in(content.decode(errors="replace")))
+    return sorted((v.encode() for v in values if len(v) >= MIN_CREDENTIAL), key=len, reverse=True)
+
+
+def _values_in(text: str) -> list[str]:
+    try:
+        return list(_strings(json.loads(text)))
+    except ValueError:
+        return [re.split(r"[=:]", line, maxsplit=1)[-1].strip(" \"'") for line in text.splitlines()]
+
+
+def _strings(document: object) -> list[str]:
+    if isinstance(document, str):
+        return [document]
+    if isinstance(document, dict):
+        return [s for value in document.values() for s in _strings(value)]
+    if isinstance(document, list):
+        return [s for item in document for s in _strings(item)]
+    return []
+
+
+def _write(path: Path, data: bytes, secrets: list[bytes]) -> str:
+    write_private_file(path, masked(data, secrets))
+    return str(path)
