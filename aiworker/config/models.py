@@ -233,6 +233,10 @@ class Housekeeping(Strict):
     check_events: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
     # Worker job events kept, per kind (claimed, finished, ...): the latest.
     worker_job_events: Annotated[int, Field(ge=100, le=10_000_000)] = 100_000
+    # scheduler.log and each task's log are rotated past this size; this many rotated
+    # files are kept beside each.
+    log_max_mib: Annotated[int, Field(ge=1, le=10_240)] = 10
+    log_keep: Annotated[int, Field(ge=0, le=100)] = 3
 
 
 EGRESS_PHASES = ("default", "planning", "implementation", "review", "repair", "setup", "ci")

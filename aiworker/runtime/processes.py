@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.runtime.logfiles import Rotation, rotate
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 
@@ -202,13 +204,17 @@ def spawn_detached(
     keep_fds: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    rotation: Rotation | None = None,
 ) -> int:
-    """Start ARGV in its own session, outliving us, with output appended to LOG_PATH.
+    """Start ARGV in its own session, outliving us, with output appended to LOG_PATH
+    (rotated first when it is past ROTATION's limit).
 
     KEEP_FDS stay open in the child (a slot lock travels this way); ENV is added to
     ours; return its pid.
     """
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if rotation is not None:
+        rotate(log_path, rotation)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         child = subprocess.Popen(
@@ -272,12 +278,14 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def tee_output(log_path: Path) -> None:
+def tee_output(log_path: Path, rotation: Rotation | None = None) -> None:
     """Send this process's stdout and stderr (and so an exec'd program's) both where they
     went so far (a unit's journal) and, appended, to LOG_PATH, through `tee`. tee ignores
     the stop signals a unit's processes all get, so a stopping job can still write how
     it ended; it ends when the last writer closes its pipe (or with SIGKILL)."""
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if rotation is not None:
+        rotate(log_path, rotation)
     os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ import signal
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
+from aiworker import logs
 from aiworker.errors import EXIT_UNAVAILABLE, AiworkerError
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
@@ -74,6 +75,7 @@ class PhaseGuard:
     ) -> None:
         self.db = db
         self.task_id = task_id
+        logs.task_id.set(task_id)  # every log line of this job names its task
         self.phase = phase
         self.recover = recover
         self.backend = backend
@@ -111,6 +113,14 @@ class PhaseGuard:
                 actor=provider or self.phase,
                 data={"attempt": self.attempt, "phase": self.phase, **settings},
             )
+        logs.attempt_id.set(self.attempt)
+        log.info(
+            "task %d: %s attempt %d started (%s)",
+            self.task_id,
+            self.phase,
+            self.attempt,
+            provider or "host",
+        )
         return self.attempt
 
     def track(self, workspace: Workspace) -> Workspace:
@@ -142,6 +152,14 @@ class PhaseGuard:
                 },
             )
         self.finished = True
+        log.info(
+            "task %d: %s attempt %d %s%s",
+            self.task_id,
+            self.phase,
+            self.attempt,
+            outcome,
+            f": {reason}" if reason else "",
+        )
 
     def __enter__(self) -> PhaseGuard:
         self._signals.__enter__()

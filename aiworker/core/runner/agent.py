@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aiworker import logs
 from aiworker.adapters.runner_api import LeaseGone, Rejected, ServerUnavailable
 from aiworker.contracts.runner import (
     REQUEST_CONTRACT,
@@ -105,6 +106,7 @@ def run_leased(
     and then nothing is delivered."""
     began = time.monotonic()
     pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
+    logs.job_id.set(f"{pair[0]}/{pair[1]}")
     token = str(claimed["lease_token"])
     cancel = cancel or threading.Event()
     leases = (_lease_left(claimed), float(claimed.get("lease_seconds") or _lease_left(claimed)))

@@ -27,7 +27,9 @@ from aiworker.core.scheduling.phase_commands import (
 )
 from aiworker.core.scheduling.state import update_state
 from aiworker.errors import Unavailable
+from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
+from aiworker.runtime.logfiles import Rotation
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached, tee_output
 from aiworker.store.engine import Database
 from aiworker.store.tasks import claimed_on, kind_and_state, task_state, tasks_in_states
@@ -39,6 +41,23 @@ FOLLOW_UP = "AIWORKER_FOLLOW_UP"
 
 def task_log(env: Environment, task_id: int) -> Path:
     return env.state_dir / "logs" / f"task-{task_id}.log"
+
+
+def log_rotation(env: Environment) -> Rotation:
+    """How far a log file grows before it is rotated, and how many rotated ones stay."""
+    housekeeping = env.loaded.config.housekeeping
+    return Rotation(housekeeping.log_max_mib * 1024 * 1024, housekeeping.log_keep)
+
+
+def _detached(
+    env: Environment, argv: list[str], log_path: Path, keep_fds: tuple[int, ...] = ()
+) -> int:
+    """ARGV started detached, its output appended, stamped line by line, to LOG_PATH; a
+    job (it holds a lock, KEEP_FDS) is asked to request a check when it made progress."""
+    extra = {STAMP_ENV: "1", **({FOLLOW_UP: "1"} if keep_fds else {})}
+    return spawn_detached(
+        argv, log_path=log_path, keep_fds=keep_fds, env=extra, rotation=log_rotation(env)
+    )
 
 
 def _systemctl_start(unit: str) -> None:
@@ -62,7 +81,7 @@ def request_follow_up(env: Environment) -> FollowUpReport:
         _systemctl_start("aiworker-scheduler.service")
         return FollowUpReport(True, "aiworker-scheduler.service", None)
     argv = [*aiworker_argv(env), "scheduler", "tick"]
-    pid = spawn_detached(argv, log_path=env.state_dir / "logs" / "scheduler.log")
+    pid = _detached(env, argv, env.state_dir / "logs" / "scheduler.log")
     return FollowUpReport(True, "tick", pid)
 
 
@@ -119,7 +138,7 @@ def _become_job(env: Environment, task_id: int, argv: list[str], lock: FileLock)
     task's log and still reaching the journal."""
     log.info("task %d: running %s", task_id, " ".join(argv[-5:]))
     os.environ[FOLLOW_UP] = "1"
-    tee_output(task_log(env, task_id))
+    tee_output(task_log(env, task_id), log_rotation(env))
     exec_keeping(argv, lock.fileno)
 
 
@@ -150,9 +169,7 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
             _systemctl_start(entry["unit"])
         else:
             argv = [*command, "--task", str(task_id)]
-            entry["pid"] = spawn_detached(
-                argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
-            )
+            entry["pid"] = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
             lock.hand_over(entry["pid"])
         started.append(entry)
     return started
@@ -201,9 +218,7 @@ def launch(
         # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.
         _systemctl_start(f"aiworker-slot@{slot}.service")
         return {"slot": slot, "task": task_id, "unit": f"aiworker-slot@{slot}.service"}
-    pid = spawn_detached(
-        argv, log_path=task_log(env, task_id), keep_fds=[lock.fileno], env={FOLLOW_UP: "1"}
-    )
+    pid = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
     lock.hand_over(pid)
     _record_job(db, task_id, slot, pid)
     log.info("slot %d: started %s for task %d as pid %d", slot, argv[:4], task_id, pid)

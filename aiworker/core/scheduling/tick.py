@@ -11,6 +11,7 @@ used by the tick that holds its lock.
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from aiworker.core.intake.discovery import PollReport
 
 CHECK_EVENT = "scheduler.check"
+
+log = logging.getLogger(__name__)
 
 
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
@@ -87,6 +90,13 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         db.dispose()
     update_state(
         env, last_check=now.isoformat(), next_deadline=report.next_deadline, check_requested=False
+    )
+    log.info(
+        "tick: %s; %d started, %d steps, %d recovered",
+        report.status,
+        len(report.started),
+        len(report.delivering),
+        len(report.recovered),
     )
     return report
 

@@ -117,4 +117,5 @@ def advance(
         )
         log.warning("%s", refusal.sentence())
         raise TransitionRefused(refusal)
+    log.info("task %d: %s -> %s: %s", task_id, expected_state, to_state, reason)
     return expected_version + 1
