@@ -52,11 +52,3 @@ def rotate(path: Path, rotation: Rotation) -> bool:
     finally:
         os.close(fd)
 
-
-def rotated(path: Path) -> list[Path]:
-    """PATH's rotated files, newest first."""
-    found = sorted(
-        path.parent.glob(f"{path.name}.*"),
-        key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0,
-    )
-    return [p for p in found if p.suffix[1:].isdigit()]
