@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiworker.secrets import redact
@@ -55,6 +57,46 @@ def emit_health(json_mode: bool, document: dict[str, Any]) -> None:
 
 def console() -> Any:
     return PlainConsole()
+
+
+@contextlib.contextmanager
+def stages_shown(json_mode: bool) -> Iterator[Any]:
+    """A Stages callback for long work: nothing under --json; on a terminal, each stage
+    printed with the time it began and a spinner showing the latest detail; otherwise
+    one plain line a stage on stderr. All of it on stderr: stdout stays the report."""
+    if json_mode:
+        from aiworker.core.progress import quiet
+
+        yield quiet
+        return
+    started = time.monotonic()
+
+    def elapsed() -> str:
+        return f"[{int(time.monotonic() - started):>4} s]"
+
+    if not sys.stderr.isatty():
+
+        def plain(text: str, *, passing: bool = False) -> None:
+            if not passing:
+                sys.stderr.write(f"{elapsed()} {text}\n")
+                sys.stderr.flush()
+
+        yield plain
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False)
+    with err.status("starting") as spinner:
+
+        def live(text: str, *, passing: bool = False) -> None:
+            if passing:
+                spinner.update(escape(text[: max(err.width - 4, 20)]))
+                return
+            err.print(f"{elapsed()} {escape(text)}")
+            spinner.update(escape(text[: max(err.width - 4, 20)]))
+
+        yield live
 
 
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:

@@ -59,6 +59,8 @@ def test_a_jobs_log_is_stamped_names_its_task_and_attempt_and_is_rotated(
     assert len(started) == 1, lines
     assert " task=1 attempt=1 run=" in started[0]
     assert any("task 1: claimed -> running: implementing on slot 1" in line for line in lines)
+    # A first fetch into the git cache, the one long step of a job, says so as it starts.
+    assert any("repository 1: a first fetch, of its whole history" in line for line in lines)
 
 
 def test_a_tick_started_for_a_follow_up_writes_stamped_lines_to_the_scheduler_log(

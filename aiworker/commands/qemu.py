@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from aiworker.invocation import Invocation
-from aiworker.render import emit
+from aiworker.render import emit, stages_shown
 
 app = typer.Typer(
     help="Provision the guest image; list, boot, enter and stop guests.",
@@ -37,7 +37,10 @@ def provision(
     inv: Invocation = ctx.obj
     from aiworker.core.guests.provision import provision as run
 
-    report = run(inv.environment(), wait_s=wait, recipe=recipe, save_state=saved_state).to_json()
+    env = inv.environment()
+    with stages_shown(inv.json) as stages:
+        built = run(env, wait_s=wait, recipe=recipe, save_state=saved_state, stages=stages)
+    report = built.to_json()
     line = (
         f"provisioned {report['image']} ({report['accel']}; built in {report['build_s']} s, "
         f"cold boot {report['cold_boot_s']} s, saved state: {report['saved_state']})"
@@ -62,7 +65,10 @@ def layer(
     from aiworker.core.guests.layers import provision_layer
 
     inv: Invocation = ctx.obj
-    report = provision_layer(inv.environment(), name, script, wait_s=wait).to_json()
+    env = inv.environment()
+    with stages_shown(inv.json) as stages:
+        built = provision_layer(env, name, script, wait_s=wait, stages=stages)
+    report = built.to_json()
     line = f"layer {report['layer']} of {report['image']} built in {report['build_s']} s"
     emit(inv.json, report, lambda c: c.print(line, markup=False))
 

@@ -10,6 +10,7 @@ argv or the cache's config.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 from contextlib import AbstractContextManager
@@ -18,6 +19,8 @@ from pathlib import Path
 from aiworker.errors import AiworkerError
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
+
+log = logging.getLogger(__name__)
 
 FULL_HASH = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 LOCK_SECONDS = 60.0
@@ -87,7 +90,9 @@ class GitCache:
     def fetch(self, index: int, url: str, token: str | None) -> dict[str, str]:
         """Bring the cache up to date with the forge; return branch -> full hash."""
         with self._locked(index):
-            if not (self.path(index) / "HEAD").exists():
+            first = not (self.path(index) / "HEAD").exists()
+            if first:
+                log.info("repository %d: a first fetch, of its whole history", index)
                 self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
                 result = run_command(
                     ["git", "init", "--bare", "-q", str(self.path(index))], timeout=60
@@ -103,6 +108,8 @@ class GitCache:
                 "+refs/heads/*:refs/remotes/origin/*",
                 token=token,
             )
+            if first:
+                log.info("repository %d: fetched into the cache", index)
         out = self._must(
             index,
             "for-each-ref",

@@ -51,4 +51,3 @@ def rotate(path: Path, rotation: Rotation) -> bool:
         return True
     finally:
         os.close(fd)
-

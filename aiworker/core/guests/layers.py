@@ -17,6 +17,7 @@ from pathlib import Path
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import accel_of, require_image
 from aiworker.core.guests.provision import boot_and_save, sha256_of, wait_for_jobs
+from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.guests.backend import proxy_env
@@ -37,7 +38,9 @@ class LayerReport(Report):
     script_sha256: str
 
 
-def provision_layer(env: Environment, name: str, script: Path, *, wait_s: float = 0) -> LayerReport:
+def provision_layer(
+    env: Environment, name: str, script: Path, *, wait_s: float = 0, stages: Stages = quiet
+) -> LayerReport:
     if not LAYER_NAME.match(name):
         raise InvalidInput(f"--layer {name!r}: 1-32 of a-z 0-9 - (starting with a letter or digit)")
     if not script.is_file():
@@ -55,7 +58,7 @@ def provision_layer(env: Environment, name: str, script: Path, *, wait_s: float 
         shutil.rmtree(layer.layer_dir, ignore_errors=True)
         layer.layer_dir.mkdir(mode=0o700, parents=True)
         try:
-            return _build(env, store, layer, script)
+            return _build(env, store, layer, script, stages)
         except BaseException:
             shutil.rmtree(layer.layer_dir, ignore_errors=True)
             raise
@@ -63,13 +66,16 @@ def provision_layer(env: Environment, name: str, script: Path, *, wait_s: float 
         maintenance.release()
 
 
-def _build(env: Environment, store: ImageStore, layer: Image, script: Path) -> LayerReport:
+def _build(
+    env: Environment, store: ImageStore, layer: Image, script: Path, stages: Stages
+) -> LayerReport:
     execution = env.loaded.config.execution
     data = script.read_bytes()
     machine = MachineSpec(execution.memory_mib, execution.cpus, accel_of(layer))
     policy = EgressPolicy(tuple(execution.allowlist("setup")), tuple(execution.trusted_networks))
 
     def run_script(shell: GuestShell) -> None:
+        stages(f"running {script} in the guest (setup egress allowlist)")
         shell.put_bytes(data, SCRIPT, mode=0o700)
         variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in proxy_env("/root").items())
         done = shell.run(f"env {variables} {SCRIPT}", timeout=execution.setup_timeout_s)
@@ -78,8 +84,10 @@ def _build(env: Environment, store: ImageStore, layer: Image, script: Path) -> L
             tail = done.stderr.decode(errors="replace").strip()[-400:]
             raise AiworkerError(f"the layer script {what}: {tail}")
         shell.check(f"rm -f {SCRIPT}")
+        stages("saving the layer's booted state")
 
     started = time.monotonic()
+    stages(f"booting {layer.name} cold with layer {layer.layer}")
     boot_and_save(store, layer, machine, execution.boot_deadline_s, True, run_script, policy)
     digest = sha256_of(script)
     record = {

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import guest_store, missing_tools
+from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
@@ -32,7 +33,8 @@ from aiworker.runtime.guests.keys import new_key_pair
 from aiworker.runtime.guests.machine import MachineSpec
 from aiworker.runtime.guests.probe import choose_accel
 from aiworker.runtime.guests.ssh import GuestShell
-from aiworker.runtime.processes import run_command, which
+from aiworker.runtime.logged import run_logged
+from aiworker.runtime.processes import which
 
 BUILD_TIMEOUT_S = 3600
 
@@ -59,8 +61,15 @@ def recipe_dir() -> Path:
 
 
 def provision(
-    env: Environment, *, wait_s: float = 0, recipe: Path | None = None, save_state: bool = True
+    env: Environment,
+    *,
+    wait_s: float = 0,
+    recipe: Path | None = None,
+    save_state: bool = True,
+    stages: Stages = quiet,
 ) -> ProvisionReport:
+    """Build, boot and publish a new image; STAGES hears each stage as it begins (and,
+    as passing detail, each line the build prints)."""
     recipe = recipe or recipe_dir()
     if not (recipe / "build.sh").is_file():
         raise InvalidInput(f"no image recipe at {recipe} (build.sh missing); give --recipe")
@@ -74,7 +83,7 @@ def provision(
         raise LockHeld("another maintenance operation holds maintenance.lock")
     try:
         wait_for_jobs(env, guest_store(env), wait_s)
-        return _provision(env, recipe, save_state)
+        return _provision(env, recipe, save_state, stages)
     finally:
         maintenance.release()
 
@@ -99,18 +108,21 @@ def wait_for_jobs(env: Environment, store: ImageStore, wait_s: float) -> None:
         time.sleep(1)
 
 
-def _provision(env: Environment, recipe: Path, save_state: bool) -> ProvisionReport:
+def _provision(env: Environment, recipe: Path, save_state: bool, stages: Stages) -> ProvisionReport:
     store = guest_store(env)
     execution = env.loaded.config.execution
     path = store.new_image_dir()
     image = Image(path)
     try:
         started = time.monotonic()
-        _build(recipe, path, execution)
+        _build(recipe, path, execution, stages)
         build_s = time.monotonic() - started
+        stages("probing the accelerator")
         choice = choose_accel(image)
         machine = MachineSpec(execution.memory_mib, execution.cpus, choice.accel)
+        stages(f"booting the image cold ({choice.accel}) and saving its booted state")
         boot_s = boot_and_save(store, image, machine, execution.boot_deadline_s, save_state)
+        stages("recording the image's digests")
         files = _record(image, machine, choice.accel)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
@@ -131,13 +143,14 @@ def _provision(env: Environment, recipe: Path, save_state: bool) -> ProvisionRep
     )
 
 
-def _build(recipe: Path, path: Path, execution: Any) -> None:
+def _build(recipe: Path, path: Path, execution: Any, stages: Stages) -> None:
     keys = Path(tempfile.mkdtemp(prefix="aiworker-keys-"))
     try:
         host_pub = new_key_pair(keys / "host_key", "aiworker-guest")
         new_key_pair(keys / "client_key", "aiworker-control")
         log = path.parent / f".{path.name}.build.log"
-        done = run_command(
+        stages(f"building the image from {recipe} (its output, as it comes: {log})")
+        done = run_logged(
             ["bash", str(recipe / "build.sh")],
             env={
                 "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -150,13 +163,14 @@ def _build(recipe: Path, path: Path, execution: Any) -> None:
                 "EXTRA_PACKAGES": " ".join(execution.extra_packages),
                 "LANG": "C.UTF-8",
             },
+            log_path=log,
             timeout=BUILD_TIMEOUT_S,
+            on_line=lambda line: stages(line, passing=True),
         )
-        log.write_text(done.stdout + done.stderr)
         if not done.ok:
-            tail = (done.stderr.strip() or done.stdout.strip())[-600:]
+            how = "timed out" if done.exit_code is None else f"exit {done.exit_code}"
             raise AiworkerError(
-                f"the image recipe failed (exit {done.returncode}; its output is in {log}): {tail}"
+                f"the image recipe failed ({how}; its output is in {log}): {done.tail[-600:]}"
             )
         log.unlink()
         (path / "host_key.pub").write_text(host_pub + "\n")
