@@ -32,7 +32,12 @@ bytecode:
 	$(BIN)/python -m compileall -q aiworker > /dev/null
 
 # Four workers on two cores: most tests wait on subprocesses, git and the sandbox forge.
-test: install
+# The page's browser test checks it with axe-core, from npm (pinned here).
+AXE := .cache/npm/node_modules/axe-core/axe.min.js
+$(AXE):
+	npm install --silent --no-audit --no-fund --prefix .cache/npm axe-core@4.11.0
+
+test: install $(AXE)
 	$(BIN)/python -m pytest -q -n 4
 
 test-fast: install

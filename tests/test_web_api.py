@@ -215,7 +215,10 @@ def test_tasks_are_served_as_the_cli_shows_them(web, upgraded):
     rest = requests.get(f"{url}/api/v1/tasks?limit=5&after={first['next_after']}", timeout=10)
     assert [t["id"] for t in rest.json()["tasks"]] == [6, 7]
     shown = requests.get(f"{url}/api/v1/tasks/3", timeout=10).json()
+    # The CLI's record, with links to the forge added for the page.
+    assert shown.pop("issue_url") == "http://127.0.0.1:9/team/app/issues/3"
     assert shown == run_process("--json", "task", "show", "3").json()
+    assert first["tasks"][0]["issue_url"] == "http://127.0.0.1:9/team/app/issues/1"
     bad = requests.get(f"{url}/api/v1/tasks?state=sleeping", timeout=10)
     assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_input")
 
@@ -380,3 +383,29 @@ def test_edits_keep_the_comments_order_and_layout_of_a_hand_written_file(web):
     assert config.stat().st_mode & 0o777 == 0o600
     shown = run_process("--json", "config", "show").json()["config"]
     assert (shown["shares"], shown["budgets"]["implementation"]) == (3, 5)
+
+
+def test_task_actions_need_the_csrf_token_and_a_confirmed_cancel(web, upgraded):
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    url, _ = web
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session_:
+        repo = ensure_repository(session_, 1, "team", "app")
+        create_task(session_, repo.id, "issue", issue_number=1, title="issue 1")
+    db.dispose()
+    bare = requests.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": True}, timeout=10)
+    assert (bare.status_code, bare.json()["error"]["code"]) == (403, "csrf")
+    client = session(url)
+    unconfirmed = client.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": False})
+    assert (unconfirmed.status_code, unconfirmed.json()["error"]["code"]) == (400, "invalid_input")
+    not_failed = client.post(f"{url}/api/v1/tasks/1/retry")
+    assert not_failed.status_code == 409  # a conflict with the task's state, named
+    assert "only failed or needs_input tasks" in not_failed.json()["error"]["message"]
+    assert run_process("--json", "task", "show", "1").json()["state"] == "ready"
+    cancelled = client.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": True})
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["state"] == "cancelled"
+    missing = client.post(f"{url}/api/v1/tasks/99/cancel", json={"confirm": True})
+    assert missing.status_code == 400

@@ -1,6 +1,8 @@
-"""The page in headless Chromium (Debian's, driven by Playwright): it loads without console
-errors, shows a seeded task's history, saves a setting and pauses the scheduler through
-the UI. A screenshot is kept in test-artifacts/."""
+"""The page in headless Chromium (Debian's, driven by Playwright), as an operator uses it:
+states in colour, relative times with the exact time on hover, links to the forge,
+retry and cancel per task, pause with a reason, settings as a typed form; at 1280 and
+390 px wide, by keyboard, without console errors and without serious or critical
+accessibility findings from axe-core. Screenshots are kept in test-artifacts/."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from tests.test_web_api import web  # noqa: F401 - the running server fixture
 
 CHROMIUM = shutil.which("chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+# Installed by `make test` from npm (see the Makefile); the page's test injects it.
+AXE = Path(__file__).resolve().parent.parent / ".cache/npm/node_modules/axe-core/axe.min.js"
 
 pytestmark = [
     pytest.mark.slow,
@@ -21,64 +25,114 @@ pytestmark = [
 ]
 
 
-def seed_task(db_path: Path) -> None:
+def seed_tasks(db_path: Path) -> None:
+    """A task that failed after its provider gave up (its output kept), and one that
+    waits for input."""
     from aiworker.core.tasks.lifecycle import advance
     from aiworker.store.attempts import finish_attempt, set_attempt_files, start_attempt
     from aiworker.store.engine import Database
     from aiworker.store.task_records import create_task, ensure_repository
 
-    # An attempt whose provider failed, with what it printed kept beside the database.
     output = db_path.parent / "attempts" / "task-1-attempt-1" / "output.log"
     output.parent.mkdir(parents=True)
     output.write_text("--- stderr (its end) ---\nTraceback: the model gave up\n")
     db = Database(f"sqlite:///{db_path}")
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
-        task = create_task(session, repo.id, "issue", issue_number=4, title="Crash on start")
-        attempt = start_attempt(session, task.id, "implementation", "script", None, None, {})
+        failed = create_task(session, repo.id, "issue", issue_number=4, title="Crash on start")
+        attempt = start_attempt(session, failed.id, "implementation", "script", None, None, {})
         set_attempt_files(session, attempt, None, None, str(output))
         finish_attempt(session, attempt, "transient", reason="script provider exited 1")
-        advance(session, task.id, "ready", task.version, "needs_input", "no ci/run at the base")
+        version = advance(session, failed.id, "ready", failed.version, "claimed", "claimed")
+        version = advance(session, failed.id, "claimed", version, "running", "implementing")
+        advance(session, failed.id, "running", version, "failed", "the budget is spent")
+        waiting = create_task(session, repo.id, "issue", issue_number=5, title="Slow login")
+        advance(session, waiting.id, "ready", waiting.version, "needs_input", "no ci/run")
     db.dispose()
 
 
-def test_the_page_shows_history_saves_a_setting_and_pauses(web, upgraded):  # noqa: F811
+def accessibility_findings(page) -> list[str]:
+    """Serious or critical findings of axe-core on the page as it is now."""
+    # Evaluated through the browser's devtools channel: the page's own CSP (scripts from
+    # its own file only) stays in force for everything the page itself does.
+    page.evaluate(AXE.read_text() + "\n;undefined")
+    results = page.evaluate("async () => await axe.run(document)")
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # noqa: F811
     from playwright.sync_api import sync_playwright
 
+    assert AXE.is_file(), "axe-core is missing: run `make test` (it installs it from npm)"
     url, config = web
-    seed_task(upgraded)
+    seed_tasks(upgraded)
     errors: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1600})
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda dialog: dialog.accept())  # the cancel confirmation
             page.goto(url + "/")
             page.wait_for_selector("#tasks tbody tr.task")
-            assert "Crash on start" in page.inner_text("#tasks")
-            page.click("#tasks tbody tr.task")
-            page.wait_for_selector("#history tbody tr")
-            history = page.inner_text("#history")
-            assert "ready -> needs_input" in history
-            assert "no ci/run at the base" in history
-            attempts = page.inner_text("#attempts")
-            assert "script provider exited 1" in attempts
-            assert "Traceback: the model gave up" in attempts
-            page.wait_for_selector("input[name='check_interval']")
-            page.fill("input[name='check_interval']", "240")
+            tasks = page.inner_text("#tasks")
+            assert "Crash on start" in tasks
+            assert page.locator("#tasks .state-failed").inner_text() == "failed"
+            assert page.locator("#tasks .state-needs_input").inner_text() == "needs_input"
+            updated = page.locator("#tasks time").first
+            assert updated.inner_text().endswith("ago") or updated.inner_text() == "just now"
+            assert updated.get_attribute("title").endswith(" UTC")  # exact time on hover
+            issue = page.locator("#tasks a", has_text="team/app#4")
+            assert issue.get_attribute("href") == "http://127.0.0.1:9/team/app/issues/4"
+            # By keyboard: the task's button takes focus and Enter opens it.
+            page.focus("#tasks button[aria-label='show task 1']")
+            page.keyboard.press("Enter")
+            page.locator("#attempts", has_text="Traceback: the model gave up").wait_for()
+            assert "script provider exited 1" in page.inner_text("#attempts")
+            assert page.is_enabled("#retry-task")
+            page.click("#retry-task")
+            page.locator("#message", has_text="task 1: retry done").wait_for()
+            page.locator("#task-id .state-ready").wait_for()
+            page.click("#cancel-task")
+            page.locator("#message", has_text="task 1: cancel done").wait_for()
+            page.locator("#task-id .state-cancelled").wait_for()
+            # Settings as a typed form made from the capability metadata.
+            interval = page.locator("input[name='check_interval']")
+            assert interval.get_attribute("type") == "number"
+            assert interval.get_attribute("min") == "10"
+            assert page.locator("input[name='providers']").get_attribute("type") == "text"
+            interval.fill("240")
             page.click("#save-settings")
             # The page's CSP allows no eval: wait on the message's text, not on a script.
             page.locator("#message", has_text="saved (revision").wait_for()
+            page.fill("#pause-reason", "forge upgrade tonight")
             page.click("#pause")
-            page.wait_for_selector("#scheduler.paused")
-            assert "PAUSED (paused from the web page)" in page.inner_text("#scheduler")
+            page.locator("#scheduler", has_text="PAUSED by the web control plane").wait_for()
+            assert "forge upgrade tonight" in page.inner_text("#scheduler")
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "web-page.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / "web-page-1280.png"), full_page=True)
+            wide = accessibility_findings(page)
+            page.set_viewport_size({"width": 390, "height": 844})
+            page.reload()
+            page.wait_for_selector("#tasks tbody tr.task")
+            # Nothing but the tables' own scrolling areas is wider than the screen.
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"the page is {width} px wide at 390 px"
+            page.screenshot(path=str(ARTIFACTS / "web-page-390.png"), full_page=True)
+            narrow = accessibility_findings(page)
         finally:
             browser.close()
     assert errors == []
+    assert wide == []
+    assert narrow == []
     assert "check_interval = 240" in config.read_text()
     status = run_process("--json", "scheduler", "status").json()
-    assert (status["paused"], status["paused_reason"]) == (True, "paused from the web page")
-    assert (ARTIFACTS / "web-page.png").stat().st_size > 10_000
+    assert (status["paused"], status["paused_reason"]) == (True, "forge upgrade tonight")
+    assert run_process("--json", "task", "show", "1").json()["state"] == "cancelled"
+    for width in (1280, 390):
+        assert (ARTIFACTS / f"web-page-{width}.png").stat().st_size > 10_000

@@ -7,18 +7,17 @@ import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Cookie, Depends, Path, Query, Response
+from fastapi import APIRouter, Body, Cookie, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
 from aiworker.secrets import redact
 from aiworker.web.protection import CSRF_COOKIE, CsrfTokens
+from aiworker.web.task_api import TaskId, add_task_routes
 
 LOG_TAIL_MAX = 64 * 1024
 SECRET_MARGIN = 8192  # longer than any token the redactor masks
-# Ids are SQLite integers: anything beyond is refused as input, not failed on.
-TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 class Strict(BaseModel):
@@ -110,22 +109,7 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
             "check_requested": state.check_requested,
         }
 
-    @router.get("/tasks")
-    def tasks(
-        env: Env,
-        state: Annotated[str | None, Query(max_length=32)] = None,
-        after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-        limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    ) -> dict[str, Any]:
-        from aiworker.core.tasks.inspect import list_task_rows
-
-        return list_task_rows(env, state, limit, after).to_json()
-
-    @router.get("/tasks/{task_id}")
-    def task(env: Env, task_id: TaskId) -> dict[str, Any]:
-        from aiworker.core.tasks.inspect import show_task
-
-        return show_task(env, task_id).to_json()
+    add_task_routes(router, Env)
 
     @router.get("/tasks/{task_id}/logs")
     def logs(

@@ -1,8 +1,8 @@
 "use strict";
-let csrf = null, revision = null, after = 0, pages = [0], selected = null;
+let csrf = null, revision = null, after = 0, pages = [0], selected = null, fields = {};
 const $ = (id) => document.getElementById(id);
 
-function say(text, bad) { $("message").textContent = text; $("message").style.color = bad ? "#b00" : "#070"; }
+function say(text, bad) { $("message").textContent = text; $("message").className = bad ? "alert" : ""; }
 
 async function api(method, path, body, retried) {
   const headers = { "Accept": "application/json" };
@@ -21,45 +21,106 @@ async function api(method, path, body, retried) {
   return document;
 }
 
+// Times: relative in the text ("4 min ago"), exact (UTC, to the second) on hover.
+function span(seconds) {
+  const s = Math.abs(Math.round(seconds));
+  for (const [size, unit] of [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"]]) if (s >= size) return Math.floor(s / size) + " " + unit;
+  return "0 s";
+}
+function relative(iso) {
+  if (!iso) return "never";
+  const delta = (Date.now() - Date.parse(iso)) / 1000;
+  if (Math.abs(delta) < 1) return "just now";
+  return delta > 0 ? span(delta) + " ago" : "in " + span(delta);
+}
+function exact(iso) { return iso ? new Date(Date.parse(iso)).toISOString().slice(0, 19).replace("T", " ") + " UTC" : ""; }
+function when(iso) {
+  const node = document.createElement("time");
+  node.textContent = relative(iso);
+  if (iso) { node.title = exact(iso); node.dateTime = iso; }
+  return node;
+}
+function state(name) {
+  const node = document.createElement("span");
+  node.className = "state state-" + name; node.textContent = name;
+  return node;
+}
+function link(text, url) {
+  if (!url) return document.createTextNode(text);
+  const a = document.createElement("a"); a.href = url; a.textContent = text; a.rel = "noopener noreferrer";
+  return a;
+}
+
 function row(cells, cls) {
   const tr = document.createElement("tr");
   if (cls) tr.className = cls;
-  for (const cell of cells) { const td = document.createElement("td"); td.textContent = cell === null || cell === undefined ? "-" : String(cell); tr.appendChild(td); }
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    if (cell instanceof Node) td.appendChild(cell);
+    else td.textContent = cell === null || cell === undefined ? "-" : String(cell);
+    tr.appendChild(td);
+  }
   return tr;
 }
 
 async function refreshStatus() {
   const s = await api("GET", "/api/v1/status");
-  $("scheduler").textContent = (s.paused ? "PAUSED" + (s.paused_reason ? " (" + s.paused_reason + ")" : "") : "running")
-    + "; last check " + (s.last_check || "never") + "; next by " + (s.next_check || "-")
-    + (s.poll_error ? "; poll failing (" + s.poll_failures + " in a row): " + s.poll_error : "");
-  $("scheduler").className = s.paused || s.poll_error ? "paused" : "";
+  const sch = s.scheduler;
+  const top = $("scheduler"); top.replaceChildren();
+  if (sch.paused) {
+    top.className = "alert";
+    top.append("PAUSED" + (sch.paused_by ? " by " + sch.paused_by : "") + (sch.paused_at ? " since " : ""), sch.paused_at ? when(sch.paused_at) : "", ": " + (sch.paused_reason || "no reason given"));
+  } else { top.className = ""; top.append("running"); }
+  const checks = $("checks"); checks.replaceChildren("Last check ", when(sch.last_check));
+  if (sch.overdue) { const flag = document.createElement("strong"); flag.className = "alert"; flag.textContent = " OVERDUE (interval " + sch.check_interval_s + " s): is the timer running?"; checks.append(flag); }
+  if (sch.next_check) checks.append("; next ", sch.check_requested ? "asked for" : when(sch.next_check));
+  const polls = $("polls"); polls.replaceChildren();
+  if (sch.poll_error) { polls.className = "alert"; polls.append("Polls failing: " + sch.poll_failures + " in a row, the last ", when(sch.poll_error_at), ": " + sch.poll_error); }
   const body = $("slots").tBodies[0]; body.replaceChildren();
-  for (const slot of s.slots) body.appendChild(row([slot.slot, slot.busy ? "yes" : "no", slot.holder_pid, slot.task_id, slot.task_state]));
-  $("counts").textContent = Object.entries(s.tasks).filter(([, n]) => n > 0).map(([state, n]) => state + ": " + n).join(", ") + " (" + s.total_tasks + " in all)";
+  for (const slot of s.slots) body.appendChild(row([slot.slot, slot.busy ? "yes" : "no", slot.holder_pid, slot.task_id, slot.task_state ? state(slot.task_state) : null]));
+  $("counts").textContent = Object.entries(s.tasks).filter(([, n]) => n > 0).map(([name, n]) => name + ": " + n).join(", ") + " (" + s.total_tasks + " in all)";
   const filter = $("state-filter");
-  if (filter.options.length === 1) for (const state of Object.keys(s.tasks)) { const o = document.createElement("option"); o.value = o.textContent = state; filter.appendChild(o); }
+  if (filter.options.length === 1) for (const name of Object.keys(s.tasks)) { const o = document.createElement("option"); o.value = o.textContent = name; filter.appendChild(o); }
 }
 
+function select(id) { selected = id; refreshTask().catch((e) => say(e.message, true)); }
+
 async function refreshTasks() {
-  const state = $("state-filter").value;
-  const list = await api("GET", "/api/v1/tasks?limit=50&after=" + after + (state ? "&state=" + encodeURIComponent(state) : ""));
+  const filter = $("state-filter").value;
+  const list = await api("GET", "/api/v1/tasks?limit=50&after=" + after + (filter ? "&state=" + encodeURIComponent(filter) : ""));
   const body = $("tasks").tBodies[0]; body.replaceChildren();
   for (const t of list.tasks) {
-    const tr = row([t.id, t.kind, t.issue, t.state, t.title, t.updated_at], "task");
-    tr.addEventListener("click", () => { selected = t.id; refreshTask(); });
-    body.appendChild(tr);
+    const open = document.createElement("button");
+    open.textContent = "#" + t.id; open.setAttribute("aria-label", "show task " + t.id);
+    open.addEventListener("click", () => select(t.id));
+    const issue = t.issue ? t.repository + "#" + t.issue : t.repository;
+    body.appendChild(row([open, t.kind, link(issue, t.issue_url), state(t.state), t.title, when(t.updated_at)], "task"));
   }
   $("next-page").disabled = list.next_after === null || list.next_after === undefined;
   $("next-page").dataset.after = list.next_after || "";
+}
+
+async function refreshTask() {
+  if (selected === null) return;
+  const t = await api("GET", "/api/v1/tasks/" + selected);
+  $("task-id").replaceChildren("#" + t.id + " (" + t.kind + ") ", state(t.state));
+  const links = $("task-links"); links.replaceChildren(link("issue " + t.repository + "#" + (t.issue || "-"), t.issue_url));
+  for (const p of t.publications) links.append(" · ", link("PR #" + p.pr, p.pr_url));
+  $("retry-task").disabled = !["failed", "needs_input"].includes(t.state);
+  $("cancel-task").disabled = ["done", "cancelled"].includes(t.state);
+  const body = $("history").tBodies[0]; body.replaceChildren();
+  for (const e of t.history) body.appendChild(row([when(e.at), e.kind, e.from ? e.from + " -> " + e.to : (e.to || ""), e.data && e.data.reason]));
+  const tried = $("attempts").tBodies[0]; tried.replaceChildren();
+  for (const a of t.attempts) tried.appendChild(row([a.id, a.phase, a.provider || "host", a.outcome, a.reason, a.output_tail]));
+  $("log").textContent = (await api("GET", "/api/v1/tasks/" + selected + "/logs?limit=8192")).tail;
 }
 
 async function refreshProviders() {
   const p = await api("GET", "/api/v1/providers");
   const body = $("providers").tBodies[0]; body.replaceChildren();
   for (const r of p.readings) {
-    const age = r.age_s < 120 ? r.age_s + " s ago" : Math.round(r.age_s / 60) + " min ago";
-    const tr = row([r.provider, r.window, r.used_percent, r.resets_at, age + (r.stale ? " (stale)" : ""), r.valid ? r.reason : "invalid: " + r.reason]);
+    const read = document.createElement("span"); read.append(when(r.observed_at || new Date(Date.now() - r.age_s * 1000).toISOString()), r.stale ? " (stale)" : "");
+    const tr = row([r.provider, r.window, r.used_percent, r.resets_at ? when(r.resets_at) : null, read, r.valid ? r.reason : "invalid: " + r.reason]);
     if (r.stale) tr.className = "muted";
     body.appendChild(tr);
   }
@@ -69,32 +130,69 @@ async function refreshProviders() {
 async function refreshEvents() {
   const e = await api("GET", "/api/v1/events?limit=20");
   const body = $("events").tBodies[0]; body.replaceChildren();
-  for (const ev of e.events) body.appendChild(row([ev.at, ev.task, ev.kind, ev.from ? ev.from + " -> " + ev.to : (ev.to || ""), ev.reason]));
+  for (const ev of e.events) body.appendChild(row([when(ev.at), ev.task, ev.kind, ev.from ? ev.from + " -> " + ev.to : (ev.to || ""), ev.reason]));
 }
 
-async function refreshTask() {
-  if (selected === null) return;
-  const t = await api("GET", "/api/v1/tasks/" + selected);
-  $("task-id").textContent = "#" + t.id + " (" + t.kind + ", " + t.state + ")";
-  const body = $("history").tBodies[0]; body.replaceChildren();
-  for (const e of t.history) body.appendChild(row([e.at, e.kind, e.from ? e.from + " -> " + e.to : (e.to || ""), e.data && e.data.reason]));
-  const tried = $("attempts").tBodies[0]; tried.replaceChildren();
-  for (const a of t.attempts) tried.appendChild(row([a.id, a.phase, a.provider || "host", a.outcome, a.reason, a.output_tail]));
-  $("log").textContent = (await api("GET", "/api/v1/tasks/" + selected + "/logs?limit=8192")).tail;
+// Settings: one control a key, of the type the configuration's schema gives it.
+function control(key, field, value) {
+  let input;
+  const items = field.items || {};
+  if (field.type === "boolean") {
+    input = document.createElement("input"); input.type = "checkbox"; input.checked = value === true;
+    input.dataset.kind = "boolean"; input.dataset.initial = String(input.checked);
+  } else if (field.enum) {
+    input = document.createElement("select");
+    if (field.nullable) { const o = document.createElement("option"); o.value = ""; o.textContent = "(default)"; input.appendChild(o); }
+    for (const choice of field.enum) { const o = document.createElement("option"); o.value = o.textContent = choice; input.appendChild(o); }
+    input.value = value === null || value === undefined ? "" : value; input.dataset.kind = "choice";
+  } else if (field.type === "integer" || field.type === "number") {
+    input = document.createElement("input"); input.type = "number";
+    if (field.minimum !== undefined) input.min = field.minimum;
+    if (field.maximum !== undefined) input.max = field.maximum;
+    input.step = field.type === "integer" ? "1" : "any";
+    input.value = value === null || value === undefined ? "" : value; input.dataset.kind = field.type;
+  } else if (field.type === "array" && items.type === "string") {
+    input = document.createElement("input"); input.type = "text"; input.size = 40;
+    input.placeholder = items.enum ? "in order, e.g. " + items.enum.slice(0, 2).join(", ") : "comma separated";
+    input.value = (value || []).join(", "); input.dataset.kind = "list";
+  } else if (field.type === "string") {
+    input = document.createElement("input"); input.type = "text"; input.size = 30;
+    input.value = value === null || value === undefined ? "" : value; input.dataset.kind = "text";
+  } else {
+    input = document.createElement("textarea"); input.rows = 4;
+    input.value = value === null || value === undefined ? "" : JSON.stringify(value, null, 1); input.dataset.kind = "json";
+  }
+  input.name = key; input.id = "setting-" + key.replaceAll(".", "-");
+  if (input.dataset.initial === undefined) input.dataset.initial = input.value;
+  const label = document.createElement("label");
+  const name = document.createElement("span"); name.className = "key"; name.textContent = key;
+  label.append(name, input);
+  return label;
+}
+
+function valueOf(input) {
+  const kind = input.dataset.kind, text = input.value.trim();
+  if (kind === "boolean") return input.checked;
+  if (text === "") return null;
+  if (kind === "integer" || kind === "number") { const n = Number(text); if (Number.isNaN(n)) throw new Error(input.name + ": not a number"); return n; }
+  if (kind === "list") return text.split(",").map((s) => s.trim()).filter((s) => s);
+  if (kind === "json") { try { return JSON.parse(text); } catch (e) { throw new Error(input.name + ": not a JSON value"); } }
+  return text;
+}
+
+function changed(input) {
+  return input.dataset.kind === "boolean" ? String(input.checked) !== input.dataset.initial : input.value !== input.dataset.initial;
 }
 
 async function loadSettings() {
   const [settings, caps] = await Promise.all([api("GET", "/api/v1/settings"), api("GET", "/api/v1/capabilities")]);
   revision = settings.revision; $("revision").textContent = "revision " + revision.slice(0, 12);
+  fields = caps.fields;
   const form = $("settings"); form.replaceChildren();
   for (const key of caps.general) {
     let value = settings.config;
     for (const part of key.split(".")) value = value === null || value === undefined ? undefined : value[part];
-    const label = document.createElement("label"); label.textContent = key + " ";
-    const input = document.createElement("input"); input.name = key; input.size = 40;
-    input.value = value === null || value === undefined ? "" : JSON.stringify(value);
-    input.dataset.initial = input.value;
-    label.appendChild(input); form.appendChild(label); form.appendChild(document.createElement("br"));
+    form.appendChild(control(key, caps.fields[key] || {}, value));
   }
   // Provider settings per phase, as each configured provider lets them be changed.
   for (const provider of settings.config.providers || []) {
@@ -102,12 +200,7 @@ async function loadSettings() {
       for (const setting of caps.providers[provider] || []) {
         const key = "phases." + phase + ".providers." + provider + "." + setting;
         const current = ((settings.config.phases[phase] || {}).providers || {})[provider];
-        const value = current ? current[setting] : undefined;
-        const label = document.createElement("label"); label.textContent = key + " ";
-        const input = document.createElement("input"); input.name = key; input.size = 30;
-        input.value = value === null || value === undefined ? "" : JSON.stringify(value);
-        input.dataset.initial = input.value;
-        label.appendChild(input); form.appendChild(label); form.appendChild(document.createElement("br"));
+        form.appendChild(control(key, caps.provider_fields[setting] || {}, current ? current[setting] : undefined));
       }
     }
   }
@@ -115,11 +208,8 @@ async function loadSettings() {
 
 async function saveSettings() {
   const values = {};
-  for (const input of $("settings").querySelectorAll("input")) {
-    if (input.value === input.dataset.initial) continue;
-    try { values[input.name] = input.value === "" ? null : JSON.parse(input.value); }
-    catch (e) { say(input.name + ": not a JSON value", true); return; }
-  }
+  try { for (const input of $("settings").querySelectorAll("input, select, textarea")) if (changed(input)) values[input.name] = valueOf(input); }
+  catch (e) { say(e.message, true); return; }
   if (!Object.keys(values).length) { say("nothing changed"); return; }
   try { const saved = await api("PUT", "/api/v1/settings", { revision, values }); say("saved (revision " + saved.revision.slice(0, 12) + ")"); await loadSettings(); }
   catch (e) { say(e.message, true); }
@@ -137,12 +227,21 @@ async function act(path, body) {
   catch (e) { say(e.message, true); }
 }
 
+async function taskAction(action, body) {
+  try { await api("POST", "/api/v1/tasks/" + selected + "/" + action, body); say("task " + selected + ": " + action + " done"); await refresh(); }
+  catch (e) { say(e.message, true); }
+}
+
 $("start-now").addEventListener("click", () => act("start-now"));
-$("pause").addEventListener("click", () => act("pause", { reason: "paused from the web page" }));
+$("pause").addEventListener("click", () => act("pause", { reason: $("pause-reason").value }));
 $("resume").addEventListener("click", () => act("resume"));
 $("stop-slot").addEventListener("click", () => {
   const slot = Number($("stop-slot-number").value);
   if (confirm("Stop the job on slot " + slot + "?")) act("stop-slot", { slot, confirm: true });
+});
+$("retry-task").addEventListener("click", () => taskAction("retry"));
+$("cancel-task").addEventListener("click", () => {
+  if (confirm("Cancel task " + selected + "? Its running job is stopped and its PR left open.")) taskAction("cancel", { confirm: true });
 });
 $("check-access").addEventListener("click", async () => {
   try { showAccess(await api("POST", "/api/v1/access/check")); } catch (e) { say(e.message, true); }
@@ -155,6 +254,7 @@ $("state-filter").addEventListener("change", () => { after = 0; pages = [0]; ref
 $("next-page").addEventListener("click", () => { after = Number($("next-page").dataset.after); pages.push(after); refreshTasks(); });
 $("first-page").addEventListener("click", () => { after = 0; pages = [0]; refreshTasks(); });
 $("save-settings").addEventListener("click", (event) => { event.preventDefault(); saveSettings(); });
+$("settings").addEventListener("submit", (event) => { event.preventDefault(); saveSettings(); });
 
 async function refresh() {
   try { await refreshStatus(); await refreshTasks(); await refreshTask(); await refreshProviders(); await refreshEvents(); }

@@ -12,11 +12,11 @@ replaced atomically as a private file under the configuration's lock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiworker.config.loader import LoadedConfig
-from aiworker.config.models import Phases
+from aiworker.config.models import Config, Phases
 from aiworker.config.persist import edited, save_config_bytes
 from aiworker.core.maintenance.configuration import describe_config
 from aiworker.core.report import Report
@@ -47,6 +47,10 @@ class Capabilities(Report):
     providers: dict[str, list[str]]  # provider -> the settings it lets an operator change
     phases: list[str]
     read_only: list[str]
+    # What each key takes, from the configuration's own schema: type, bounds, choices
+    # (general keys by name, provider settings by setting name); a form is made from it.
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provider_fields: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def editable(self) -> set[str]:
         keys = set(self.general)
@@ -59,12 +63,52 @@ class Capabilities(Report):
 def capabilities() -> Capabilities:
     from aiworker.core.providers.registry import PROVIDER_CLASSES
 
+    providers = {c.name: list(c.editable_settings) for c in PROVIDER_CLASSES}
+    schema = Config.model_json_schema()
+    settings = _resolve(schema, schema["$defs"]["ProviderPhaseSettings"])["properties"]
     return Capabilities(
         general=list(GENERAL),
-        providers={c.name: list(c.editable_settings) for c in PROVIDER_CLASSES},
+        providers=providers,
         phases=list(Phases.model_fields),
         read_only=list(READ_ONLY),
+        fields={key: _field(schema, _at(schema, key.split("."))) for key in GENERAL},
+        provider_fields={
+            name: _field(schema, settings[name])
+            for name in sorted({s for names in providers.values() for s in names})
+        },
     )
+
+
+FIELD_FACTS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum")
+
+
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """NODE with its reference followed and an optional value's null choice set aside."""
+    while "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    if "anyOf" in node:
+        values = [o for o in node["anyOf"] if o.get("type") != "null"]
+        nullable = len(values) < len(node["anyOf"])
+        return {**_resolve(schema, values[0]), "nullable": nullable}
+    return node
+
+
+def _at(schema: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    node = schema
+    for part in path:
+        node = _resolve(schema, node)["properties"][part]
+    return node
+
+
+def _field(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    resolved = _resolve(schema, node)
+    described = {k: resolved[k] for k in FIELD_FACTS if k in resolved}
+    if resolved.get("nullable"):
+        described["nullable"] = True
+    items = _resolve(schema, resolved["items"]) if "items" in resolved else None
+    if items is not None:
+        described["items"] = {k: items[k] for k in FIELD_FACTS if k in items}
+    return described
 
 
 @dataclass
