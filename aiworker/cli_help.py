@@ -150,11 +150,13 @@ def describe(root: Any) -> Any:
         for param in command.params:
             if isinstance(param, TyperArgument):
                 param.__class__ = _PlainArgument
-            takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
-            if param.metavar is None and takes_value:
-                param.metavar = metavar(param)
+            _name_what_it_takes(param)
     for param in root.params:
-        takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
-        if param.metavar is None and takes_value:
-            param.metavar = metavar(param)
+        _name_what_it_takes(param)
     return root
+
+
+def _name_what_it_takes(param: Any) -> None:
+    takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
+    if param.metavar is None and takes_value:
+        param.metavar = metavar(param)
