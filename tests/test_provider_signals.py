@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiworker.adapters.providers.base import classify_text
 from aiworker.adapters.providers.claude import ClaudeProvider, reading_from_usage
@@ -236,3 +238,27 @@ def test_llama_needs_health_and_a_free_slot(http):
     assert reading.valid
     assert "2 slots" in reading.source
     assert LlamaProvider.phases == ("implementation", "review")
+
+
+# An outage's stderr as CLIs print it: timestamps, request ids and tokens are full of
+# digits; a status code counts only where it stands as one.
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("2026-12-02T12:40:21.402Z ERROR stream disconnected before completion", "transient"),
+        ("request 5a402b1c-0401-4503 failed: stream error; retrying", "other"),
+        ("Error: unexpected status 503 Service Unavailable", "transient"),
+        ("error: 402 Payment Required", "quota_exhausted"),
+        ("HTTP/1.1 401 Unauthorized", "auth"),
+        ("API Error (401): invalid credentials", "auth"),
+        ("reconnecting... 2/5 (elapsed 0:00:12.401)", "other"),
+        ("model v1.503.2 unavailable: capacity", "transient"),
+    ],
+)
+def test_status_codes_count_only_where_they_stand_alone(line, expected):
+    assert classify_text(line) == expected
+
+
+@given(st.text(alphabet="0123456789abcdef", min_size=8, max_size=64))
+def test_a_token_or_id_in_the_output_never_reads_as_quota_or_auth(token):
+    assert classify_text(f"stream error for request {token}") == "other"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,12 @@ class Provider(Protocol):
     def classify(self, failure: str) -> str: ...
 
 
+def http_status(text: str, code: str) -> bool:
+    """CODE stands in TEXT as an HTTP status: a number of its own, not a piece of a
+    timestamp (12:40:21.402), a version, a path, a request id or a token (5a402b)."""
+    return re.search(rf"(?<![\w.:/-]){code}(?![\w.:/-])", text) is not None
+
+
 def classify_text(text: str) -> str:
     """Map a failure message to one of FAILURE_CLASSES (shared phrases across CLIs)."""
     lowered = text.lower()
@@ -68,38 +75,36 @@ def classify_text(text: str) -> str:
         "exceeded_current_quota",
         "out of credits",
         "insufficient balance",
-        "402",
     )
-    if any(word in lowered for word in quota):
+    if any(word in lowered for word in quota) or http_status(lowered, "402"):
         return "quota_exhausted"
     if any(
         word in lowered
         for word in (
             "unauthorized",
-            "401",
             "not logged in",
             "invalid api key",
             "invalid x-api-key",
             "incorrect api key",
             "authentication",
         )
-    ):
+    ) or http_status(lowered, "401"):
         return "auth"
     if any(
         word in lowered
         for word in (
             "overloaded",
-            "503",
             "timeout",
             "timed out",
             "capacity",
             "connection reset",
+            "stream disconnected",
             "connection failed",
             "cannot connect",
             "unable to connect",
             "rate limit",
         )
-    ):
+    ) or http_status(lowered, "503"):
         return "transient"
     if any(word in lowered for word in ("schema", "invalid", "malformed")):
         return "invalid"
