@@ -58,7 +58,8 @@ def test_a_jobs_log_is_stamped_names_its_task_and_attempt_and_is_rotated(
     started = [line for line in lines if "implementation attempt 1 started (script)" in line]
     assert len(started) == 1, lines
     assert " task=1 attempt=1 run=" in started[0]
-    assert any("task 1: claimed -> running: implementing on slot 1" in line for line in lines)
+    [taken_up] = [line for line in lines if "task 1: claimed -> running: implementing" in line]
+    assert " task=1 run=" in taken_up  # named from the job's first record on
     # A first fetch into the git cache, the one long step of a job, says so as it starts.
     assert any("repository 1: a first fetch, of its whole history" in line for line in lines)
 

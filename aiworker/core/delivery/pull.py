@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aiworker import logs
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.core.tasks.lifecycle import advance
@@ -25,6 +26,7 @@ class Delivery:
 
 
 def load_delivery(db: Database, task_id: int, state: str) -> Delivery:
+    logs.task_id.set(task_id)  # this job's log lines name its task from here on
     with db.read() as session:
         task = session.get(Task, task_id)
         repo = session.get(Repository, task.repository_id) if task else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from aiworker import logs
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.errors import Conflict, InvalidInput
@@ -29,6 +30,7 @@ def load_on_slot(
     db: Database, task_id: int, slot: int, state: str, what: str, kind: str | None = None
 ) -> tuple[Task, Repository]:
     """TASK_ID with its repository, which must be in STATE on SLOT (and of KIND)."""
+    logs.task_id.set(task_id)  # this job's log lines name its task from here on
     with db.read() as session:
         task = session.get(Task, task_id)
         if task is None:
