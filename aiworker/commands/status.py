@@ -68,10 +68,8 @@ def scheduler_lines(scheduler: dict[str, Any]) -> list[str]:
         last += f"; OVERDUE (interval {scheduler['check_interval_s']} s): is the timer running?"
     lines.append(last)
     if scheduler["next_check"]:
-        lines.append(
-            f"Next check: {'asked for' if scheduler['check_requested'] else ''}"
-            f"{'' if scheduler['check_requested'] else ago(scheduler['next_check'])}"
-        )
+        asked = scheduler["check_requested"]
+        lines.append(f"Next check: {'asked for' if asked else ago(scheduler['next_check'])}")
     if scheduler["poll_error"]:
         lines.append(
             f"Polls failing: {scheduler['poll_failures']} in a row, the last "
