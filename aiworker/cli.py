@@ -105,7 +105,7 @@ def root(
 ) -> None:
     from aiworker import logs
 
-    logs.configure(verbose)
+    logs.configure(verbose, json_output)
     default_config, explicit = default_config_path()
     ctx.obj = Invocation(
         config_path=config or default_config,

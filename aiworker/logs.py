@@ -8,6 +8,10 @@ Three places, chosen by where stderr goes:
 - the journal (JOURNAL_STREAM names our stderr, as under a systemd unit): the native
   protocol, with AIWORKER_TASK, AIWORKER_ATTEMPT, AIWORKER_JOB and AIWORKER_RUN fields;
 - anything else (an operator's terminal, `-v`): JSON lines.
+
+Stages of long work inside a command (a first fetch of a whole repository) are logged
+to PROGRESS: in a terminal without --json they are shown as plain lines whatever the
+verbosity; elsewhere they are ordinary info records.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from aiworker.secrets import redact
 
 RUN_ID = uuid.uuid4().hex[:12]
 STAMP_ENV = "AIWORKER_LOG_STAMP"
+PROGRESS = "aiworker.progress"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 task_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("task_id", default=None)
 attempt_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("attempt_id", default=None)
@@ -144,7 +149,7 @@ def stderr_is_journal() -> bool:
     return named == f"{info.st_dev}:{info.st_ino}"
 
 
-def configure(verbose: int) -> None:
+def configure(verbose: int, json_mode: bool = False) -> None:
     root = logging.getLogger("aiworker")
     root.handlers.clear()
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING
@@ -167,3 +172,17 @@ def configure(verbose: int) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+    _show_progress(isinstance(handler.formatter, JsonLineFormatter) and not json_mode)
+
+
+def _show_progress(human: bool) -> None:
+    """In a terminal, stages of long work are shown as they begin, as plain lines."""
+    progress = logging.getLogger(PROGRESS)
+    progress.handlers.clear()
+    terminal = human and sys.stderr.isatty()
+    if terminal:
+        shown = logging.StreamHandler(sys.stderr)
+        shown.setFormatter(logging.Formatter("aiworker: %(message)s"))
+        progress.addHandler(shown)
+    progress.setLevel(logging.INFO if terminal else logging.NOTSET)
+    progress.propagate = not terminal

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+
+from tests.helpers import at_terminal, run_process
+from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
 
 RECIPE = """#!/bin/bash
 echo "unpacking the base system"
@@ -65,3 +69,18 @@ def test_provision_streams_its_build_log_and_shows_its_stages(
         message = err
     assert f"the image recipe failed (exit 3; its output is in {logs[0]})" in message
     assert "configuring systemd" in message
+
+
+def test_a_first_fetch_says_so_in_a_terminal_and_nothing_under_json(
+    forge, claimed, upgraded, state_dir
+):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), failure="transient")
+    shown = at_terminal("implement", "--task", str(task), "--slot", "1")
+    assert "aiworker: repository 1: a first fetch, of its whole history" in shown, shown
+    assert "aiworker: repository 1: fetched into the cache" in shown
+    # Again from an empty cache, with --json: stdout and stderr carry the report alone.
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    shutil.rmtree(state_dir / "git-cache")
+    quiet = at_terminal("--json", "implement", "--task", str(task), "--slot", "1")
+    assert "a first fetch" not in quiet
+    assert json.loads(quiet)["task"] == task

@@ -20,7 +20,7 @@ from aiworker.errors import AiworkerError
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
 
-log = logging.getLogger(__name__)
+progress = logging.getLogger("aiworker.progress")  # shown as it happens in a terminal
 
 FULL_HASH = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 LOCK_SECONDS = 60.0
@@ -92,7 +92,7 @@ class GitCache:
         with self._locked(index):
             first = not (self.path(index) / "HEAD").exists()
             if first:
-                log.info("repository %d: a first fetch, of its whole history", index)
+                progress.info("repository %d: a first fetch, of its whole history", index)
                 self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
                 result = run_command(
                     ["git", "init", "--bare", "-q", str(self.path(index))], timeout=60
@@ -109,7 +109,7 @@ class GitCache:
                 token=token,
             )
             if first:
-                log.info("repository %d: fetched into the cache", index)
+                progress.info("repository %d: fetched into the cache", index)
         out = self._must(
             index,
             "for-each-ref",
