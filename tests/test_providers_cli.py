@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 
 from tests.helpers import run_process
@@ -101,8 +102,34 @@ def test_check_reads_one_provider(upgraded, tmp_path, monkeypatch):
     assert bad.exit_code == 2
     broken = tmp_path / "s.json"
     broken.write_text("{not json")
-    unreadable = run_process("--json", "providers", "check", "script").json()
-    assert unreadable["providers"]["script"]["reading"]["valid"] is False
+    unreadable = run_process("--json", "providers", "check", "script")
+    assert unreadable.exit_code == 75  # cannot be read now: a script can wait and retry
+    assert unreadable.json()["providers"]["script"]["reading"]["valid"] is False
+
+
+def test_a_local_server_that_is_down_fails_its_check_and_shows_in_doctor(
+    upgraded, tmp_path, monkeypatch
+):
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    scenario(tmp_path / "s.json", used=10)
+    configure(
+        tmp_path,
+        monkeypatch,
+        f'providers = ["llama", "script"]\n[provider_options.llama]\n'
+        f'base_url = "http://127.0.0.1:{port}"\n[provider_options.script]\nscenario = "s.json"\n',
+    )
+    down = run_process("providers", "check", "llama")
+    assert down.exit_code == 75, down
+    assert "health answered" in " ".join(down.stdout.split())
+    assert run_process("providers", "check", "script").exit_code == 0
+    doctor = run_process("--json", "doctor").json()
+    checks = {c["name"]: c for c in doctor["checks"]}
+    assert checks["provider:script"]["status"] == "ok"
+    assert checks["provider:llama"]["status"] == "warn"
+    assert "its signal cannot be read: health answered" in checks["provider:llama"]["detail"]
+    assert "not admitted until it can be read" in checks["provider:llama"]["detail"]
 
 
 def test_recorded_failures_put_a_provider_into_backoff(upgraded, tmp_path, monkeypatch):

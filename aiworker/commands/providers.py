@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from aiworker.errors import EXIT_UNAVAILABLE
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
@@ -18,7 +19,7 @@ app = typer.Typer(
 
 def _render(report: dict[str, Any]) -> Any:
     def human(console: Any) -> None:
-        from aiworker.humanize import ago, table
+        from aiworker.humanize import ago, fold, table
 
         if report["suspended"]:
             console.print("no providers configured: inference is suspended", markup=False)
@@ -42,6 +43,11 @@ def _render(report: dict[str, Any]) -> Any:
                 verdicts.add_row(name, phase, eligible, verdict["reason"])
         console.print(windows)
         console.print(verdicts)
+        for name, entry in report["providers"].items():
+            reading = entry["reading"]
+            if not reading["valid"]:
+                line = f"{name}: its signal cannot be read ({reading['source']}): "
+                console.print(fold(line + reading["reason"]), markup=False)
         for phase, provider in report["phases"].items():
             console.print(f"{phase}: {provider or 'none eligible'}", markup=False)
 
@@ -64,9 +70,15 @@ def check(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Provider name, e.g. codex or script.")],
 ) -> None:
-    """Read one provider's quota signal now (no inference) and record the observation."""
+    """Read one provider's quota signal now (no inference) and record the observation;
+    exit 75 when it cannot be read (a local server down, a CLI not logged in)."""
     from aiworker.core.providers.registry import providers_status
 
     inv: Invocation = ctx.obj
     report = providers_status(inv.environment(), only=name).to_json()
     emit(inv.json, report, _render(report))
+    reading = report["providers"][name]["reading"]
+    if not reading["valid"]:
+        # Its signal cannot be read now (a server down, a login missing): admission
+        # skips it until it can, so a script waiting on it can retry later.
+        raise typer.Exit(EXIT_UNAVAILABLE)

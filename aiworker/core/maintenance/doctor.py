@@ -4,6 +4,7 @@ repository), the last poll and the tick, state directory, database, git, qemu, K
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiworker.config.loader import (
@@ -50,6 +51,7 @@ def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     env = Environment(state_dir, loaded)
     checks.extend(forge_checks(env))
     checks.extend(scheduler_checks(env))
+    checks.extend(_check_providers(env))
     checks.append(_check_state_dir(state_dir))
     checks.append(_check_database(env))
     checks.append(_check_git())
@@ -57,6 +59,29 @@ def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     from aiworker.core.guests.health import guest_findings
 
     checks.extend(Check(*finding) for finding in guest_findings(Environment(state_dir, loaded)))
+    return checks
+
+
+def _check_providers(env: Environment) -> list[Check]:
+    """Each configured provider's quota signal, read as admission reads it (no inference):
+    one that cannot be read is not admitted until it can."""
+    from aiworker.core.providers.registry import read_provider
+
+    if not env.loaded.config.providers:
+        return [Check("providers", "warn", "none configured: inference is suspended")]
+    now = datetime.now(UTC)
+    checks = []
+    for name in env.loaded.config.providers:
+        try:
+            reading, _ = read_provider(env, name, now)
+        except AiworkerError as exc:
+            checks.append(Check(f"provider:{name}", "fail", exc.message))
+            continue
+        if reading.valid:
+            checks.append(Check(f"provider:{name}", "ok", f"readable ({reading.source})"))
+        else:
+            why = f"{reading.reason} ({reading.source}); not admitted until it can be read"
+            checks.append(Check(f"provider:{name}", "warn", f"its signal cannot be read: {why}"))
     return checks
 
 
