@@ -375,8 +375,10 @@ def test_a_slot_units_command_becomes_the_claimed_phase_and_logs_to_the_task(cla
     assert done.exit_code == 0, done
     line = f"task {task}: implemented with script (attempt 1)"
     assert line in done.stdout
-    # The phase's output, tee'd into the task's log as well.
-    assert line in (state_dir / "logs" / f"task-{task}.log").read_text()
+    # The phase's output, tee'd into the task's log as well, stamped as a detached job's.
+    logged = (state_dir / "logs" / f"task-{task}.log").read_text().splitlines()
+    assert any(entry.endswith(line) for entry in logged), logged
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", e) for e in logged)
     again = run_process("scheduler", "run-slot", "1")
     assert again.exit_code == 75
     assert "nothing is claimed on slot 1" in again.stderr

@@ -135,9 +135,11 @@ def _read(env: Environment, query: Callable[[Any], T]) -> T:
 
 def _become_job(env: Environment, task_id: int, argv: list[str], lock: FileLock) -> None:
     """Replace this unit's process with the job, holding LOCK, its output appended to the
-    task's log and still reaching the journal."""
+    task's log and still reaching the journal; stamped line by line like a detached
+    job's, so the task's log reads the same under either launcher."""
     log.info("task %d: running %s", task_id, " ".join(argv[-5:]))
     os.environ[FOLLOW_UP] = "1"
+    os.environ[STAMP_ENV] = "1"
     tee_output(task_log(env, task_id), log_rotation(env))
     exec_keeping(argv, lock.fileno)
 
