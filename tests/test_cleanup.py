@@ -28,6 +28,7 @@ def test_cleanup_removes_delivered_leftovers_only(upgraded, state_dir, tmp_path)
     (preserved / "work").write_text("quota-preserved work")
     (state_dir / "logs").mkdir()
     (state_dir / "logs" / f"task-{done}.log").write_text("log")
+    (state_dir / "logs" / f"task-{done}.log.1").write_text("rotated log")
     kept_files = state_dir / "attempts" / f"task-{done}-attempt-1"
     kept_files.mkdir(parents=True)
     (kept_files / "output.log").write_text("what the provider printed")
@@ -40,7 +41,12 @@ def test_cleanup_removes_delivered_leftovers_only(upgraded, state_dir, tmp_path)
     assert first.exit_code == 0, first
     report = first.json()
     assert sorted(item["path"] for item in report["removed"]) == sorted(
-        [str(delivered), str(kept_files), str(state_dir / "logs" / f"task-{done}.log")]
+        [
+            str(delivered),
+            str(kept_files),
+            str(state_dir / "logs" / f"task-{done}.log"),
+            str(state_dir / "logs" / f"task-{done}.log.1"),
+        ]
     )
     assert not delivered.exists()
     assert not kept_files.exists()
@@ -51,6 +57,6 @@ def test_cleanup_removes_delivered_leftovers_only(upgraded, state_dir, tmp_path)
     conn = sqlite3.connect(upgraded)
     inventory = conn.execute("select task_id, action from cleanup_inventory").fetchall()
     conn.close()
-    assert inventory == [(done, "removed")] * 3
+    assert inventory == [(done, "removed")] * 4
     second = run_process("--json", "cleanup").json()
     assert (second["removed"], second["changed"]) == ([], False)

@@ -55,6 +55,13 @@ def test_global_options_work_after_the_subcommand_and_h_is_help(upgraded, cli, s
     # What follows `--` belongs to the command run in a guest (qemu ssh), not to aiworker.
     passed = ["qemu", "ssh", "g", "--", "-v", "--json"]
     assert normalized(passed) == passed
+    # ... and what follows `qemu ssh NAME` without one runs there as written.
+    guest = ["qemu", "ssh", "g", "grep", "-v", "x", "f", "--json"]
+    assert normalized(guest) == guest
+    assert normalized(["-v", *guest]) == ["-v", *guest]
+    refused = cli("qemu", "ssh", "nosuch", "df", "-h")  # -h is df's here, not help
+    assert "Usage:" not in refused.stdout
+    assert "nosuch" in refused.stderr
     assert normalized(["task", "list", "-vv", "--config=c.toml"]) == [
         "-vv",
         "--config=c.toml",

@@ -168,7 +168,7 @@ def test_checks_on_this_host_cannot_read_the_secrets_or_other_attempts(
     root = temp / "aiworker" / "attempts"
     (root / "attempt-other").mkdir(parents=True)
     (root / "attempt-other" / "notes.txt").write_text(CANARY)
-    probed = [str(token), str(config), str(upgraded), str(root), "/etc/hostname"]
+    probed = [str(token), str(config), str(upgraded), str(root), "/etc/hostname", "/run"]
     probed.append(str(root / "attempt-other" / "notes.txt"))
     task = claimed(
         SCRIPT_ONLY + '[execution]\nbackend = "local"\n',
@@ -193,6 +193,10 @@ def test_checks_on_this_host_cannot_read_the_secrets_or_other_attempts(
     assert own != "attempt-other"
     assert seen["write"] == "refused: Read-only file system"
     assert not escape.exists()
+    # No service socket under /run (the user's systemd, D-Bus, the journal) to ask for
+    # help outside the jail: only the resolver's files, when the host has them.
+    shown = seen["/run"].removeprefix("directory: ")
+    assert set(filter(None, shown.split(","))) <= {"systemd", "resolvconf"}, seen["/run"]
     assert forge.tokens["worker-bot"] not in json.dumps(evidence)
     assert CANARY not in json.dumps(evidence)
     assert (root / "attempt-other" / "notes.txt").read_text() == CANARY

@@ -124,3 +124,28 @@ def test_a_failed_attempt_keeps_what_the_provider_printed_masked(
     assert Path(attempt["log"]).exists()
     [after_cancel] = cli("--json", "task", "show", str(task)).json()["attempts"]
     assert after_cancel["output_tail"] == attempt["output_tail"]
+
+
+def test_a_secret_the_kept_tail_would_cut_is_masked_before_the_cut(upgraded, state_dir):
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.phases.attempt_files import keep_attempt_files
+    from aiworker.core.phases.run import KEPT_TAIL, RunReport
+    from aiworker.store.attempts import start_attempt
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    key = "sk-" + "Q7" * 20  # a provider key's shape, 43 characters
+    # The key straddles the point where the kept tail begins.
+    stderr = b"x" * 20_000 + b" " + key.encode() + b" " + b"y" * (KEPT_TAIL - 20)
+    env = Environment(state_dir, load_config(state_dir / "absent.toml", required=False))
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task = create_task(session, repo.id, "issue", issue_number=1).id
+        attempt = start_attempt(session, task, "implementation", "script", None, None, {})
+    keep_attempt_files(env, db, task, attempt, "prompt", RunReport(None, "other", "", b"", stderr))
+    db.dispose()
+    kept = (state_dir / "attempts" / f"task-{task}-attempt-{attempt}" / "output.log").read_text()
+    assert "Q7Q7Q7" not in kept
+    assert kept.endswith("y" * (KEPT_TAIL - 20))

@@ -115,7 +115,15 @@ def boot(
     emit(inv.json, report, lambda c: c.print(report["name"], markup=False))
 
 
-@app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# -h is the guest command's (`df -h`), not a request for this command's help.
+@app.command(
+    "ssh",
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": ["--help"],
+    },
+)
 def ssh(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The guest's NAME (qemu list).")],

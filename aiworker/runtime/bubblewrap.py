@@ -1,7 +1,8 @@
 """Bubblewrap argv for a job on this host: the system read-only, secrets out of sight.
 
 The whole file system is bound read-only where it lies (a checkout or a venv under
-/tmp still works), with a private /dev, /proc and pid namespace. HIDDEN places are
+/tmp still works), with a private /dev, /proc, IPC and pid namespace and session, and
+an empty /run (its sockets would reach the user's and the system's services). HIDDEN places are
 empty in there (a directory becomes an empty tmpfs, a file an empty read-only file);
 WRITABLE directories are mounted again on top, so one may lie inside a hidden one.
 Run by root, the job is an ordinary user (UNPRIVILEGED_UID) of its own user
@@ -17,6 +18,8 @@ from pathlib import Path
 
 # The user id a root-started job has inside its own user namespace.
 UNPRIVILEGED_UID = 1000
+# What stays visible under /run: name resolution only.
+RUN_KEPT = ("/run/systemd/resolve", "/run/resolvconf")
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,14 @@ def jailed(argv: list[str], jail: Jail, bwrap: str) -> list[str]:
     if os.geteuid() == 0:
         uid = str(UNPRIVILEGED_UID)
         user = ["--unshare-user", "--uid", uid, "--gid", uid]
-    binds = []
+    # /run holds sockets a read-only bind does not close (connect needs no write): the
+    # user's systemd and D-Bus, the system bus, the journal; a job could ask them to act
+    # outside the jail. It is an empty tmpfs in there; only the resolver's files (DNS,
+    # where /etc/resolv.conf points into /run) are bound back, read-only.
+    binds = ["--tmpfs", "/run"]
+    for kept in RUN_KEPT:
+        if Path(kept).is_dir():
+            binds += ["--ro-bind", kept, kept]
     for path in jail.hidden:
         if path.is_dir():
             binds += ["--tmpfs", str(path)]
@@ -66,6 +76,8 @@ def jailed(argv: list[str], jail: Jail, bwrap: str) -> list[str]:
         str(jail.tmpdir),
         *user,
         "--unshare-pid",
+        "--unshare-ipc",
+        "--new-session",  # no TIOCSTI into the caller's terminal
         "--die-with-parent",
         "--chdir",
         str(jail.chdir),

@@ -27,7 +27,7 @@ from aiworker.runtime.processes import process_alive
 
 _LOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _POLL_SECONDS = 0.01
-SETTLE_SECONDS = 5.0
+SETTLE_SECONDS = 2.0  # a child between fork and exec lets go in far less
 
 
 class FileLock:
@@ -142,7 +142,7 @@ class FileLock:
 
     def holder_pid(self) -> int | None:
         """The pid the holder recorded, if the lock is held and the record is readable."""
-        if not self.is_locked():
+        if self._fd is None and self._free():
             return None
         try:
             text = self.path.read_text(encoding="ascii").strip()

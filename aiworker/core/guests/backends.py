@@ -108,13 +108,16 @@ def backend_for(env: Environment, phase: str) -> ExecutionBackend:
 def checks_place(env: Environment) -> Any:
     """Where repository checks run instead of plainly on this host: a guest
     (GuestChecks) when the backend is qemu; with the local backend, bubblewrap hiding
-    the host's secrets (SandboxedChecks) when it is installed; None without it."""
+    the host's secrets and every provider's login (SandboxedChecks) when it is
+    installed; None without it."""
     if backend_choice(env)[0] == "local":
+        from aiworker.core.providers.registry import provider_homes
         from aiworker.runtime.bubblewrap import installed
         from aiworker.runtime.host_checks import SandboxedChecks
 
         bwrap = installed()
-        return SandboxedChecks(host_secrets(env), bwrap) if bwrap else None
+        hidden = [*host_secrets(env), *provider_homes(env)]
+        return SandboxedChecks(hidden, bwrap) if bwrap else None
     from aiworker.runtime.guests.checks import GuestChecks
 
     store, image, _, policy, settings, unavailable = _guest_parts(env, "ci")

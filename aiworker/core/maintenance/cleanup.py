@@ -54,7 +54,9 @@ def task_artifacts(state_dir: Path, task_id: int) -> list[Path]:
     for name in TASK_FOLDERS:
         folder = state_dir / name
         found += [*folder.glob(f"task-{task_id}-*")] if folder.is_dir() else []
-    found += [p for p in (state_dir / "logs" / f"task-{task_id}.log",) if p.exists()]
+    logs = state_dir / "logs"
+    found += [p for p in (logs / f"task-{task_id}.log",) if p.exists()]
+    found += [*logs.glob(f"task-{task_id}.log.*")] if logs.is_dir() else []  # rotated
     return sorted(found)
 
 

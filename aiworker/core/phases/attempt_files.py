@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from aiworker.core.context import Environment
-from aiworker.core.phases.run import RunReport
+from aiworker.core.phases.run import KEPT_TAIL, RunReport
 from aiworker.core.providers.registry import provider_homes
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.credentials import credential_files
@@ -54,10 +54,11 @@ def keep_attempt_files(
         result_path = _write(folder / "result.json", document, secrets)
     log_path = None
     if run.stdout or run.stderr:
-        # stderr last: the end of the file, which `task show` quotes, is how it ended.
+        # Each stream masked whole, then cut to what is kept; stderr last: the end of
+        # the file, which `task show` quotes, is how it ended.
         sections = [
-            b"--- stdout (its end) ---\n" + run.stdout,
-            b"--- stderr (its end) ---\n" + run.stderr,
+            b"--- stdout (its end) ---\n" + masked(run.stdout, secrets)[-KEPT_TAIL:],
+            b"--- stderr (its end) ---\n" + masked(run.stderr, secrets)[-KEPT_TAIL:],
         ]
         log_path = _write(folder / "output.log", b"\n".join(sections), secrets)
     with db.write() as session:

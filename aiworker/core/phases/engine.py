@@ -175,11 +175,12 @@ def _keep_files(
     run: RunReport,
 ) -> None:
     """The attempt's prompt, result and provider output, for the operator; a file system
-    that refuses them costs the operator that view, never the attempt's result."""
+    or a database that refuses them costs the operator that view, never the attempt's
+    result."""
     text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
     try:
         keep_attempt_files(env, db, guard.task_id, attempt, text, run)
-    except OSError as exc:
+    except Exception as exc:
         log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
 
 

@@ -22,6 +22,7 @@ RUN_TIMEOUT_S = 2 * 60 * 60
 OUTPUT_TAIL = 4 * 1024 * 1024
 # The end of each stream kept with the attempt (masked) for the operator.
 KEPT_TAIL = 16 * 1024
+CUT_MARGIN = 8 * 1024  # longer than any credential the masks look for
 
 
 @dataclass
@@ -82,7 +83,12 @@ def run_provider(
         except Exception:  # the run's own outcome matters more; teardown tries again
             log.exception("taking the provider's home back failed")
     stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
-    printed = {"stdout": stdout[-KEPT_TAIL:], "stderr": stderr[-KEPT_TAIL:]}
+    # A margin more than is kept: masked first and cut after, a secret the cut splits
+    # lies in the part that is dropped.
+    printed = {
+        "stdout": stdout[-KEPT_TAIL - CUT_MARGIN :],
+        "stderr": stderr[-KEPT_TAIL - CUT_MARGIN :],
+    }
     if outcome.timed_out:
         return RunReport(None, "transient", "the provider run timed out", **printed)
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)

@@ -106,7 +106,7 @@ def run_leased(
     and then nothing is delivered."""
     began = time.monotonic()
     pair = (int(claimed["repository_index"]), int(claimed["worker_job_index"]))
-    logs.job_id.set(f"{pair[0]}/{pair[1]}")
+    named = logs.job_id.set(f"{pair[0]}/{pair[1]}")
     token = str(claimed["lease_token"])
     cancel = cancel or threading.Event()
     leases = (_lease_left(claimed), float(claimed.get("lease_seconds") or _lease_left(claimed)))
@@ -141,6 +141,7 @@ def run_leased(
         delivered = deliver(controller, pair, kind, token, body, options.delivery_deadline_s)
     finally:
         keeper.stop()
+        logs.job_id.reset(named)  # the next job's lines name their own
     return JobOutcome(pair, claimed["attempt"], delivered, status, _ms(began) - ran_ms)
 
 
