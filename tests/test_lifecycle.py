@@ -89,12 +89,18 @@ def attempt_tag(state_dir: Path, attempt: int) -> str:
 
 
 def wait_for_provider(tag: str) -> list[int]:
-    deadline = time.monotonic() + 20
-    while not tagged_alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    found = tagged_alive(tag)
-    assert found, "the provider should be running"
-    return found
+    """The provider's processes once it runs steadily: the same set on two reads half a
+    second apart, so that its own short-lived children (the scenario's git commit) have
+    come and gone and are not taken for processes that must be stopped."""
+    deadline = time.monotonic() + 30
+    previous = None
+    while time.monotonic() < deadline:
+        found = sorted(tagged_alive(tag))
+        if found and found == previous:
+            return found
+        previous = found
+        time.sleep(0.5)
+    raise AssertionError(f"the provider should be running steadily: {previous}")
 
 
 def test_a_malformed_checks_block_waits_for_input_and_spends_nothing(forge, claimed, upgraded, cli):
