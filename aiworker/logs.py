@@ -20,7 +20,6 @@ import contextvars
 import json
 import logging
 import os
-import socket
 import sys
 import time
 import uuid
@@ -106,6 +105,8 @@ class JournalHandler(logging.Handler):
     PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
 
     def __init__(self, path: str = JOURNAL_SOCKET) -> None:
+        import socket  # only under systemd: not on every command's start-up path
+
         super().__init__()
         self.path = path
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
