@@ -239,6 +239,35 @@ def test_the_sweep_removes_guests_whose_owner_died_and_keeps_live_ones(tmp_path)
     assert [p.name for p in store.run_dir.iterdir()] == ["live"]
 
 
+def test_the_sweep_leaves_a_guest_being_started_to_the_process_starting_it(tmp_path):
+    """A phase's guest is recorded before its overlay is made and QEMU spawned (no pid
+    yet): a `qemu list` or tick sweeping then must not remove it from under its starter
+    (it did, under load: the phase failed with guest.json.tmp missing)."""
+    from aiworker.runtime.guests.guest import Guest, StartOptions
+    from aiworker.runtime.guests.images import Image
+
+    store = ImageStore(tmp_path / "guests")
+    store.ensure()
+    _image(store, "img-a")
+    starting = Guest(store, Image(store.images_dir / "img-a"), "implementati-0001")
+    starting.path.mkdir()
+    starting._record(StartOptions(purpose="implementation", proxy_port=1))
+    record = json.loads((starting.path / "guest.json").read_text())
+    assert record["pid"] is None
+    assert record["starter_pid"] == os.getpid()
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    (store.run_dir / "abandoned-start").mkdir()
+    (store.run_dir / "abandoned-start" / "guest.json").write_text(
+        json.dumps({**record, "starter_pid": dead, "owner_pid": dead})
+    )
+    assert sweep_guests(store) == ["abandoned-start"]
+    assert [p.name for p in store.run_dir.iterdir()] == ["implementati-0001"]
+    starting._record(StartOptions(purpose="implementation", proxy_port=1))  # still its
+
+
 def _query(db, sql):
     with sqlite3.connect(db) as conn:
         return conn.execute(sql).fetchall()

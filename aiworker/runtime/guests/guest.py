@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiworker.runtime.guests.images import Image, ImageStore
+from aiworker.runtime.guests.images import Image, ImageStore, RunningGuest
 from aiworker.runtime.guests.machine import MachineSpec, create_overlay, qemu_argv
 from aiworker.runtime.guests.qmp import Qmp, QmpError
 from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable
@@ -144,6 +144,7 @@ class Guest:
             "layer": self.image.layer,
             "pid": self.pid,
             "owner_pid": None if options.detached else os.getpid(),
+            "starter_pid": os.getpid(),
             "purpose": options.purpose,
             "port": self.port,
             "accel": options.machine.accel,
@@ -248,17 +249,31 @@ def sweep_guests(store: ImageStore) -> list[str]:
     remove their overlay. Operator guests (no owner) go once their QEMU has exited."""
     removed = []
     for guest in store.guests():
-        if guest.owner_alive and guest.alive:
-            continue
         try:
-            fresh = time.time() - guest.path.stat().st_mtime < 60
+            age = time.time() - guest.path.stat().st_mtime
         except FileNotFoundError:
             continue  # its owner removed it just now
-        if not guest.record and fresh:
-            continue  # being created right now
+        if not _abandoned(guest, fresh=age < 60):
+            continue
         pid = guest.record.get("pid")
         if isinstance(pid, int):
             kill_guest_process(pid, guest.path)
         shutil.rmtree(guest.path, ignore_errors=True)
         removed.append(guest.name)
     return removed
+
+
+def _abandoned(guest: RunningGuest, *, fresh: bool) -> bool:
+    """Whether nobody will stop GUEST any more. A guest whose QEMU is not spawned yet
+    (its overlay being made) belongs to the process starting it, as long as that runs;
+    an owned guest whose QEMU has exited is its live owner's to remove, unless it has
+    been so for a minute (the owner's pid may be another process's by now)."""
+    record = guest.record
+    if not record:
+        return not fresh  # the folder exists, its record comes next
+    if record.get("pid") is None:
+        starter = record.get("starter_pid")
+        return not (isinstance(starter, int) and process_alive(starter))
+    if guest.alive:
+        return not guest.owner_alive
+    return record.get("owner_pid") is None or not guest.owner_alive or not fresh
