@@ -185,15 +185,63 @@ def test_llama_gets_one_local_try_within_its_diff_budget(claimed, forge, upgrade
     write_scenario(tmp_path / "llama.json", edits={"calc.py": bloated}, result=result_doc())
     task = claimed(LLAMA_FIRST, edits={"calc.py": FIX}, result=result_doc())
     first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
-    assert (first["provider"], first["outcome"]) == ("llama", "over_budget")
-    assert first["reason"] == "llama changed 42 lines, over its budget of 20"
+    assert (first["provider"], first["outcome"]) == ("llama", "fell_back")
+    assert first["reason"] == (
+        "llama's local try ended over_budget: llama changed 42 lines, over its budget of 20"
+    )
     assert query(upgraded, "select state from tasks") == [("ready",)]
+    assert query(upgraded, "select provider, outcome from attempts") == [("llama", "over_budget")]
     assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
     second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
     assert (second["provider"], second["outcome"]) == ("script", "implemented")
     assert (
         second["decisions"][0]["reason"] == "llama already had its one local try at this snapshot"
     )
+
+
+def test_a_local_try_the_gate_refuses_falls_back_to_the_next_provider(
+    claimed, forge, upgraded, tmp_path
+):
+    """Whatever way the local try fails (here: its change breaks the repository's checks)
+    the task goes on with the next provider on the same attempt budget."""
+    alice = forge.client("alice")
+    alice.ensure_labels("team", "app", ["aiworker-simple"])
+    alice.add_labels("team", "app", 1, ["aiworker-simple"])
+    write_scenario(
+        tmp_path / "llama.json",
+        edits={"calc.py": WRONG},
+        result=result_doc(),
+    )
+    task = claimed(LLAMA_FIRST, edits={"calc.py": FIX}, result=result_doc())
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (first["provider"], first["outcome"], first["state"]) == ("llama", "fell_back", "ready")
+    assert first["reason"].startswith("llama's local try ended gate_failed: ")
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (second["provider"], second["outcome"]) == ("script", "implemented")
+    assert query(upgraded, "select provider, outcome from attempts order by id") == [
+        ("llama", "gate_failed"),
+        ("script", "succeeded"),
+    ]
+
+
+def test_a_local_try_with_no_provider_after_it_fails_the_task_with_every_try_named(
+    claimed, forge, upgraded, tmp_path
+):
+    alice = forge.client("alice")
+    alice.ensure_labels("team", "app", ["aiworker-simple"])
+    alice.add_labels("team", "app", 1, ["aiworker-simple"])
+    write_scenario(tmp_path / "llama.json", edits={}, result=result_doc())
+    only_llama = '\nproviders = ["llama"]\n[provider_options.llama]\nscenario = "llama.json"\n'
+    task = claimed(only_llama, edits={"calc.py": FIX}, result=result_doc())
+    report = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (report["outcome"], report["state"]) == ("failed", "failed")
+    assert report["reason"] == (
+        "llama's local try ended failed: the agent made no commits; "
+        "no other configured provider can take this issue"
+    )
+    [comment] = [c for c in alice.comments("team", "app", 1) if "stopped working on this" in c.body]
+    assert "- attempt 1 (implementation, llama): failed: the agent made no commits" in comment.body
 
 
 def test_llama_does_not_take_work_not_marked_simple(claimed, tmp_path):

@@ -16,8 +16,6 @@ import logging
 
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
-from aiworker.core.evidence.acceptance import refusals
-from aiworker.core.evidence.gate import run_gate
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.images import fetch_images
@@ -31,19 +29,19 @@ from aiworker.core.phases.implement_outcomes import (
     Running,
     ended,
     failed,
-    land,
+    fell_back,
     needs_input,
-    retained,
     still_ours,
     stopped,
 )
+from aiworker.core.phases.implement_verdict import judge, provider_failed
 from aiworker.core.phases.prompts import (
     implementation_context,
     implementation_prompt,
     milestone_prompt,
 )
 from aiworker.core.phases.slot_start import load_on_slot, take_up
-from aiworker.core.runner.dispatch import Dispatch
+from aiworker.core.providers.registry import one_try_per_snapshot
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.milestones import checks_of, milestone_of
@@ -55,8 +53,6 @@ from aiworker.store.models import Task
 
 log = logging.getLogger(__name__)
 PHASE = "implementation"
-# Failures after which another try (maybe another provider) may succeed.
-RETRYABLE = ("quota_exhausted", "transient", "auth", "environment", "over_budget")
 
 
 def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
@@ -165,7 +161,7 @@ def _implement(
     )
     report.provider, report.attempt = run.provider, run.attempt
     requirements = checks_of(db, task, issue.body)
-    return _conclude(env, db, guard, running, cache, requirements, report, run)
+    return _conclude(env, db, guard, running, cache, requirements, report, run, simple=simple)
 
 
 def _not_now(env: Environment, task: Task, parent: Task | None, issue: Issue) -> str | None:
@@ -205,75 +201,31 @@ def _conclude(
     requirements: list[Requirement],
     report: ImplementReport,
     run: ModelRun,
+    *,
+    simple: bool,
 ) -> ImplementReport:
     repo, slot = running.repo, running.slot
     assert guard.backend is not None
     outcome_bundle = guard.backend.result_bundle(
         run.workspace, run.workspace.root / "result.bundle"
     )
+    # A local model has one try at this snapshot: whatever fails, the next provider goes on.
+    local = one_try_per_snapshot(env, run.provider)
+
+    def refuse(outcome: str, reason: str) -> ImplementReport:
+        if local:
+            return fell_back(env, db, guard, running, report, outcome, reason, simple=simple)
+        return failed(db, guard, running, report, reason)
+
     if run.failure is not None:
-        quota = run.failure == "quota_exhausted"
-        if quota and outcome_bundle is not None:
-            report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
-            guard.keep("a quota failure keeps its work for the next provider")
-        guard.finish(run.failure, run.reason, refunded=quota)
-        retry = run.failure in RETRYABLE
-        report.outcome, report.reason = run.failure if retry else "failed", run.reason
-        landed = land_after_failure(
-            env,
-            db,
-            running.task.id,
-            S.RUNNING,
-            running.version,
-            PHASE,
-            f"{run.failure}: {run.reason}",
-            retry_state=S.READY if retry else S.FAILED,
-        )
-        report.state = landed or "unchanged"
-        return report
+        if local:
+            return refuse(run.failure, run.reason)
+        return provider_failed(env, db, guard, running, cache, report, run, outcome_bundle)
     if outcome_bundle is None:
-        return failed(db, guard, running, report, "the agent made no commits")
+        return refuse("failed", "the agent made no commits")
     try:
         report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
     except AncestryRejected as exc:
-        return failed(db, guard, running, report, exc.message)
+        return refuse("failed", exc.message)
     assert run.result is not None
-    gate = run_gate(
-        db,
-        Dispatch.of(env, db),
-        index=repo.index,
-        slot=slot,
-        task_id=running.task.id,
-        scope=running.task.scope_fingerprint,
-        requirements=requirements,
-        claimed=run.result,
-    )
-    report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
-    if run.result.questions or run.result.completion == "needs_input":
-        # The agent asks: the issue's author answers by editing it, then it runs again.
-        questions = list(run.result.questions) or [run.result.summary]
-        guard.finish("needs_input", "; ".join(questions)[:1000])
-        heading = "aiworker needs answers before it can finish this issue:"
-        return needs_input(env, db, running, report, questions, heading)
-    refused = ([] if gate.passed else ["the quality gate failed"]) + refusals(run.result)
-    outcome = "succeeded" if not refused else "gate_failed" if not gate.passed else "not_accepted"
-    guard.finish(outcome, "; ".join(gate.findings or refused)[:1000])
-    state = S.IMPLEMENTED if not refused else S.FAILED
-    reason = (
-        "quality gate passed; the result meets every acceptance rule"
-        if not refused
-        else ("not accepted: " + "; ".join(refused))[:1000]
-    )
-    accepted = land(
-        db,
-        running,
-        state,
-        reason,
-        whatever_the_scope=state != S.IMPLEMENTED,
-        base_commit=report.base,
-        head_commit=report.head,
-    )
-    if not accepted:
-        return retained(db, guard, running, report)
-    report.outcome, report.reason, report.state = str(state), reason, state
-    return report
+    return judge(env, db, guard, running, requirements, report, run.result, refuse, local=local)

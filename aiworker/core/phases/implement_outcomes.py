@@ -14,12 +14,14 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.providers.registry import fallbacks
 from aiworker.core.report import Report
-from aiworker.core.tasks.budgets import RELEASE
+from aiworker.core.tasks.budgets import RELEASE, land_after_failure
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from aiworker.store.attempts import providers_tried_at
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 
@@ -29,7 +31,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class ImplementReport(Report):
     task: int
-    # implemented | ready | failed | needs_input | unavailable | retained | stopped
+    # implemented | ready | failed | needs_input | unavailable | retained | stopped |
+    # fell_back (a local model's one try failed; the next provider takes it), or the
+    # failure class of a retryable failure
     outcome: str
     provider: str | None = None
     attempt: int | None = None
@@ -129,6 +133,46 @@ def failed(
         return retained(db, guard, running, report)
     report.outcome, report.reason, report.state = "failed", reason, S.FAILED
     log.warning("task %d: %s", running.task.id, reason)
+    return report
+
+
+def fell_back(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    running: Running,
+    report: ImplementReport,
+    outcome: str,
+    reason: str,
+    *,
+    simple: bool,
+) -> ImplementReport:
+    """A local model's one try at this snapshot ended without an accepted result (no
+    result, over a bound or its diff budget, refused by the gate, questions): the attempt
+    is recorded as it ended, and the task goes back to ready for the next provider in
+    order, on the same attempt budget. It fails only when no other provider could take
+    it, or the budget is spent."""
+    guard.finish(outcome, reason[:1000])
+    with db.read() as session:
+        tried = providers_tried_at(session, running.task.id, report.base or "")
+    left = fallbacks(env, "implementation", simple=simple, tried_here=tried)
+    why = f"{report.provider}'s local try ended {outcome}: {reason}"
+    if not left:
+        why += "; no other configured provider can take this issue"
+    landed = land_after_failure(
+        env,
+        db,
+        running.task.id,
+        running.state,
+        running.version,
+        "implementation",
+        why[:1000],
+        retry_state=S.READY if left else S.FAILED,
+    )
+    report.state = landed or "unchanged"
+    report.outcome = "fell_back" if landed == S.READY else "failed"
+    report.reason = why
+    log.warning("task %d: %s", running.task.id, why)
     return report
 
 

@@ -129,6 +129,21 @@ def capability_check(
     return check
 
 
+def one_try_per_snapshot(env: Environment, name: str) -> bool:
+    """Whether NAME is a local model: one try per snapshot, then the next provider."""
+    return bool(getattr(provider_for(env, name), "diff_budget_lines", None))
+
+
+def fallbacks(
+    env: Environment, phase: str, *, simple: bool, tried_here: Iterable[str]
+) -> list[str]:
+    """The configured providers that could still serve PHASE at this snapshot (their
+    capabilities and isolation; quota is read when they are chosen)."""
+    tried = set(tried_here)
+    check = capability_check(env, phase, simple=simple, tried_here=tried)
+    return [n for n in env.loaded.config.providers if n not in tried and check(n) is None]
+
+
 def observe(db: Database, decisions: list[Decision]) -> None:
     """Record every admission decision as a provider observation with its reason."""
     with db.write() as session:
