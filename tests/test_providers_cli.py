@@ -132,6 +132,20 @@ def test_a_local_server_that_is_down_fails_its_check_and_shows_in_doctor(
     assert "not admitted until it can be read" in checks["provider:llama"]["detail"]
 
 
+def test_llama_without_a_base_url_is_unavailable_and_says_why(upgraded, tmp_path, monkeypatch):
+    """No guessed port: without provider_options.llama.base_url the provider is
+    unavailable, and check, status and doctor name the missing setting."""
+    configure(tmp_path, monkeypatch, 'providers = ["llama"]\n')
+    check = run_process("providers", "check", "llama")
+    assert check.exit_code == 75, check
+    why = "provider_options.llama.base_url is not set"
+    assert why in " ".join(check.stdout.split())
+    status = run_process("--json", "providers", "status").json()
+    assert why in status["providers"]["llama"]["reading"]["reason"]
+    checks = {c["name"]: c for c in run_process("--json", "doctor").json()["checks"]}
+    assert why in checks["provider:llama"]["detail"]
+
+
 def test_recorded_failures_put_a_provider_into_backoff(upgraded, tmp_path, monkeypatch):
     from aiworker.store.engine import Database
     from aiworker.store.observations import record_run

@@ -122,6 +122,22 @@ class Phases(Strict):
     simple_implementation: PhaseSettings = PhaseSettings()
 
 
+class LocalBounds(Strict):
+    """llama: the bounds of its one local try, enforced by aiworker's gate between the
+    agent and the server (the agent's own requests are not trusted)."""
+
+    # Tokens one request may generate (the server's max_tokens / n_predict).
+    tokens_per_request: Annotated[int, Field(ge=16, le=1_000_000)] = 1024
+    # Tokens all requests of the try may generate together.
+    tokens_per_try: Annotated[int, Field(ge=16, le=10_000_000)] = 8192
+    # Chat requests the try may make.
+    requests_per_try: Annotated[int, Field(ge=1, le=10_000)] = 24
+    # Wall time of the try, from the agent's start to its end.
+    seconds_per_try: Annotated[int, Field(ge=10, le=86_400)] = 900
+    # The largest prompt a request may carry (tokens); the agent is told it as its limit.
+    context_tokens: Annotated[int, Field(ge=512, le=10_000_000)] = 16384
+
+
 class ProviderOptions(Strict):
     """Provider-specific settings; each provider reads the ones it documents."""
 
@@ -140,6 +156,8 @@ class ProviderOptions(Strict):
     guard: str | None = None
     # llama: the most changed lines (added + removed) its one local try may produce.
     diff_budget_lines: Annotated[int, Field(ge=1, le=100_000)] = 200
+    # llama: the bounds of that try (tokens, requests, seconds, context).
+    bounds: LocalBounds = LocalBounds()
     # Seconds after which a quota reading is stale.
     max_reading_age: Annotated[int, Field(ge=1, le=86_400)] = 600
 

@@ -174,6 +174,10 @@ class ExecutionBackend(Protocol):
 
     def describe(self) -> dict[str, str]: ...
 
+    def route_model(self, target: str) -> None:
+        """Let the jobs started from now on reach the local model at TARGET (host:port)."""
+        ...
+
     def prepare(
         self,
         root: Path,
@@ -247,6 +251,9 @@ class LocalBackend:
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name}
+
+    def route_model(self, target: str) -> None:
+        """A job on this host reaches loopback as it is."""
 
     def prepare(
         self,

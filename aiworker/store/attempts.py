@@ -105,3 +105,11 @@ def set_attempt_files(
         .where(Attempt.id == attempt_id)
         .values(prompt_path=prompt_path, result_path=result_path, log_path=log_path)
     )
+
+
+def record_attempt_use(session: Session, attempt_id: int, use: dict[str, Any]) -> None:
+    """What a local model's try used (requests, tokens, seconds, the bound that ended it),
+    kept with the attempt's settings as `route_use`."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is not None:
+        attempt.settings = {**attempt.settings, "route_use": use}

@@ -1,5 +1,9 @@
 """A local llama.cpp server: healthy, with a free slot; only simple milestones and minor
-review fixes, run through OpenCode."""
+review fixes, run through OpenCode, one bounded try per snapshot.
+
+The server is named by `provider_options.llama.base_url`, never guessed. A try reaches
+it only through aiworker's gate (runtime/model_gate.py), which bounds it: `command`
+is built for the gate's address once the phase has opened it (`through`)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from aiworker.adapters.providers.opencode import (
     opencode_command,
     opencode_parse,
 )
+from aiworker.runtime.model_gate import Bounds
 
 
 class LlamaProvider:
@@ -30,12 +35,30 @@ class LlamaProvider:
     measured_windows: ClassVar[tuple[str, ...]] = ()
     simple_only: ClassVar[bool] = True
 
-    def __init__(self, base_url: str, diff_budget_lines: int = 200) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(
+        self, base_url: str | None, diff_budget_lines: int = 200, bounds: Bounds | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/") if base_url else None
         # One local try per snapshot, and its result must stay within this many lines.
         self.diff_budget_lines = diff_budget_lines
+        self.bounds = bounds or Bounds()
+        self.route: str | None = None  # the gate the try goes through
+
+    def through(self, route: str) -> LlamaProvider:
+        """This provider with its tries sent to the gate at ROUTE."""
+        routed = LlamaProvider(self.base_url, self.diff_budget_lines, self.bounds)
+        routed.route = route
+        return routed
 
     def admission(self, now: datetime) -> Reading:
+        if self.base_url is None:
+            return Reading(
+                self.name,
+                "configuration",
+                now,
+                valid=False,
+                reason="provider_options.llama.base_url is not set (the llama-server's URL)",
+            )
         status, body = http_get(f"{self.base_url}/health")
         if status != 200:
             reason = "loading the model" if status == 503 else f"health answered {status or body}"
@@ -66,14 +89,19 @@ class LlamaProvider:
         schema: Path,
         prompt: str,
     ) -> CommandSpec:
-        """OpenCode pointed at the llama.cpp server's OpenAI-compatible API."""
+        """OpenCode pointed at the gate before the llama.cpp server's OpenAI-compatible
+        API, with the try's limits and none of OpenCode's own side requests (a title,
+        automatic compaction): the server serves the task's requests only."""
+        if self.route is None:
+            raise RuntimeError("a local try runs only through its gate (through())")
         name = model or "local"
         return opencode_command(
             workspace.parent / "home",
             f"llamacpp/{name}",
             workspace,
             prompt,
-            llama_opencode_config(self.base_url, name),
+            llama_opencode_config(self.route, name, self.bounds),
+            local=True,
         )
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:

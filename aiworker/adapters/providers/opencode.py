@@ -104,6 +104,8 @@ def opencode_command(
     workspace: Path,
     prompt: str,
     config_content: dict[str, Any] | None = None,
+    *,
+    local: bool = False,
 ) -> CommandSpec:
     """`opencode run --format json`, auto-approving inside the disposable workspace. The
     prompt goes on stdin, never argv: argv is visible in `ps`, capped at 128 KiB per
@@ -111,6 +113,8 @@ def opencode_command(
     argv = ["opencode", "run", "--format", "json", "--auto", "--pure", "--dir", str(workspace)]
     if model:
         argv += ["-m", model]
+    if local:  # a title of its own: OpenCode then asks the model for none
+        argv += ["--title", "aiworker local try"]
     extra = {
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -119,9 +123,24 @@ def opencode_command(
         "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
     }
+    if local:  # no summary request of its own when the context fills: the gate ends it
+        extra["OPENCODE_DISABLE_AUTOCOMPACT"] = "1"
     if config_content is not None:
         extra["OPENCODE_CONFIG_CONTENT"] = json.dumps(config_content)
+    _plugin_dependency_present(home)
     return CommandSpec(argv, minimal_env(home, extra), prompt.encode())
+
+
+def _plugin_dependency_present(home: Path) -> None:
+    """OpenCode installs `@opencode-ai/plugin` from the npm registry into its config
+    folder on every start, unless that folder's lock file already lists it (plugins are
+    off: --pure, OPENCODE_DISABLE_DEFAULT_PLUGINS). Listing it keeps a run off the
+    network except for its model."""
+    folder = home / ".config" / "opencode"
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    wanted = {"dependencies": {"@opencode-ai/plugin": "*"}}
+    (folder / "package.json").write_text(json.dumps(wanted))
+    (folder / "package-lock.json").write_text(json.dumps({"packages": {"": wanted}}))
 
 
 def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
@@ -148,16 +167,24 @@ def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
     return RunOutcome(document, usage, None if document else "no result document")
 
 
-def llama_opencode_config(base_url: str, model: str) -> dict[str, Any]:
-    """OpenCode's provider block for a llama.cpp server (its OpenAI-compatible API)."""
+def llama_opencode_config(base_url: str, model: str, bounds: Any = None) -> dict[str, Any]:
+    """OpenCode's provider block for a llama.cpp server (its OpenAI-compatible API), with
+    the try's context and per-request output as the model's limits (BOUNDS), and no
+    sharing, no automatic updates and no small model for side tasks."""
+    entry: dict[str, Any] = {"tools": True}
+    if bounds is not None:
+        entry["limit"] = {"context": bounds.context_tokens, "output": bounds.tokens_per_request}
     return {
         "provider": {
             "llamacpp": {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "llama.cpp",
                 "options": {"baseURL": f"{base_url.rstrip('/')}/v1", "apiKey": "local"},
-                "models": {model: {"tools": True}},
+                "models": {model: entry},
             }
         },
         "model": f"llamacpp/{model}",
+        "small_model": f"llamacpp/{model}",
+        "share": "disabled",
+        "autoupdate": False,
     }

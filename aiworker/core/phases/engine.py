@@ -22,6 +22,7 @@ from aiworker.core.context import Environment
 from aiworker.core.guests.backends import host_secrets
 from aiworker.core.phases.attempt_files import keep_attempt_files
 from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.local_route import LocalRoute, route_outcome
 from aiworker.core.phases.run import RunReport, run_provider
 from aiworker.core.providers.admission import provider_settings, select_provider
 from aiworker.core.providers.registry import (
@@ -137,21 +138,32 @@ def run_model_phase(
         ),
     }
     root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
+    provider = provider_for(env, name)
+    # A local model is reached only through the gate that bounds its try.
+    route = LocalRoute.open(provider, backend)
     try:
-        workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
+        try:
+            workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
+        finally:
+            bundle.unlink(missing_ok=True)
+        guard.spent = True
+        if route is not None:
+            route.gate.begin()
+        run = run_provider(
+            route.provider if route else provider,
+            workspace,
+            admission.model,
+            admission.effort,
+            env.attempt_tag(guard.phase, attempt),
+            guard.phase,
+            backend=backend,
+            hidden=[*provider_homes(env), *host_secrets(env)],
+            bound=route.bound if route else None,
+        )
     finally:
-        bundle.unlink(missing_ok=True)
-    guard.spent = True
-    run = run_provider(
-        provider_for(env, name),
-        workspace,
-        admission.model,
-        admission.effort,
-        env.attempt_tag(guard.phase, attempt),
-        guard.phase,
-        backend=backend,
-        hidden=[*provider_homes(env), *host_secrets(env)],
-    )
+        used = route.close() if route else None
+    if route is not None and used is not None:
+        run = route_outcome(db, attempt, run, used, route.bound.seconds)
     failpoint(f"{guard.phase}.after_run")
     _keep_files(env, db, guard, attempt, inputs.get("prompt.md", ""), run)
     result, failure, reason = _validated(run)

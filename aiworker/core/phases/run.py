@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,12 @@ KEPT_TAIL = 16 * 1024
 CUT_MARGIN = 8 * 1024  # longer than any credential the masks look for
 
 
+@dataclass(frozen=True)
+class Bound:
+    seconds: float
+    cancel: threading.Event
+
+
 @dataclass
 class RunReport:
     result: dict[str, Any] | None
@@ -33,6 +40,7 @@ class RunReport:
     # What the provider printed (the ends of its streams), kept masked with the attempt.
     stdout: bytes = b""
     stderr: bytes = b""
+    timed_out: bool = False  # ended by its time limit (or its gate)
 
 
 def run_provider(
@@ -44,7 +52,10 @@ def run_provider(
     phase: str = "implementation",
     backend: ExecutionBackend | None = None,
     hidden: list[Path] | None = None,
+    bound: Bound | None = None,
 ) -> RunReport:
+    """Run PROVIDER's command in WORKSPACE. BOUND (a local model's try): its wall time,
+    and the event its gate sets to end the try at a bound."""
     backend = backend or LocalBackend()
     prompt = (workspace.inputs / "prompt.md").read_text()
     spec = provider.command(
@@ -75,7 +86,10 @@ def run_provider(
             env=env,
             tag=tag,
             stdin_path=stdin_path,
-            limits=Limits(timeout_s=RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL),
+            limits=Limits(
+                timeout_s=bound.seconds if bound else RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL
+            ),
+            cancel=bound.cancel if bound else None,
         )
     finally:
         try:
@@ -85,17 +99,16 @@ def run_provider(
     stdout, stderr = outcome.stdout.tail, outcome.stderr.tail
     # A margin more than is kept: masked first and cut after, a secret the cut splits
     # lies in the part that is dropped.
-    printed = {
-        "stdout": stdout[-KEPT_TAIL - CUT_MARGIN :],
-        "stderr": stderr[-KEPT_TAIL - CUT_MARGIN :],
-    }
+    printed = (stdout[-KEPT_TAIL - CUT_MARGIN :], stderr[-KEPT_TAIL - CUT_MARGIN :])
     if outcome.timed_out:
-        return RunReport(None, "transient", "the provider run timed out", **printed)
+        timed_out = RunReport(None, "transient", "the provider run timed out", *printed)
+        timed_out.timed_out = True
+        return timed_out
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
     if parsed.error is not None or parsed.result is None:
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"
         why = (parsed.error or "no result")[:300]
-        return RunReport(None, provider.classify(message), why, **printed)
+        return RunReport(None, provider.classify(message), why, *printed)
     budget = getattr(provider, "diff_budget_lines", None)
     if budget:
         changed = backend.changed_lines(workspace)
@@ -104,6 +117,6 @@ def run_provider(
                 None,
                 "over_budget",
                 f"{provider.name} changed {changed} lines, over its budget of {budget}",
-                **printed,
+                *printed,
             )
-    return RunReport(parsed.result, None, "", **printed)
+    return RunReport(parsed.result, None, "", *printed)

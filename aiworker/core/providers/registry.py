@@ -31,6 +31,7 @@ from aiworker.core.providers.admission import (
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory
+from aiworker.runtime.model_gate import Bounds
 from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
@@ -57,7 +58,7 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     loaded = env.loaded
     options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
     if options.scenario:
-        real = {"llama": LlamaProvider("http://127.0.0.1:9", options.diff_budget_lines)}
+        real = {"llama": LlamaProvider(None, options.diff_budget_lines)}
         # With `home` set, the replay is lent that home as a CLI would be (its login).
         home = _path(loaded, options.home) if options.home else None
         return ScriptProvider(
@@ -83,7 +84,8 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     if name == "opencode":
         return OpenCodeProvider(_path(loaded, options.guard) if options.guard else None)
     if name == "llama":
-        return LlamaProvider(options.base_url or "http://127.0.0.1:9931", options.diff_budget_lines)
+        bounds = Bounds(**options.bounds.model_dump())
+        return LlamaProvider(options.base_url, options.diff_budget_lines, bounds)
     return ScriptProvider(None)
 
 

@@ -16,7 +16,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiworker.errors import Unavailable
@@ -132,6 +132,10 @@ class QemuBackend:
             "accel": self.settings.machine.accel,
             "image": self.image.name,
         }
+
+    def route_model(self, target: str) -> None:
+        """Guests booted from now on forward their model address to TARGET."""
+        self.settings = replace(self.settings, model_target=target)
 
     def start_guest(self, purpose: str) -> Session:
         proxy = EgressProxy(self.policy, DecisionLog(self.store.root / "egress.jsonl", purpose))

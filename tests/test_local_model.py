@@ -1,0 +1,194 @@
+"""The local model route on a real llama-server (gemma-3-270m, Q4_K_M) with OpenCode
+from npm: the gate's bounds, a route that reaches nothing but its server, and a simple
+issue that gets one bounded local try, falls back and is delivered by the next provider."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+import requests
+
+from aiworker.runtime.model_gate import Bounds, ModelGate
+from tests.helpers import run_process
+from tests.llama_fixtures import MODEL_ALIAS, NPM_BIN, REPO_ROOT, start_server
+from tests.test_delivery import REVIEW_OK, deliver_until
+from tests.test_implement import FIX, result_doc
+
+pytestmark = pytest.mark.slow
+COUNT = {"role": "user", "content": "Count from 1 to 1000, separated by commas."}
+
+
+def chat(gate: ModelGate, **extra) -> requests.Response:
+    body = {"model": MODEL_ALIAS, "messages": [COUNT], "temperature": 0, **extra}
+    return requests.post(f"{gate.url}/v1/chat/completions", json=body, timeout=120)
+
+
+def test_the_gate_caps_every_request_and_ends_the_try_at_its_token_bound(llama_server):
+    cancel = threading.Event()
+    bounds = Bounds(tokens_per_request=24, tokens_per_try=30, requests_per_try=10)
+    with ModelGate(llama_server.url, bounds, cancel) as gate:
+        first = chat(gate, max_tokens=32000)  # what OpenCode asks for
+        assert first.status_code == 200, first.text
+        assert first.json()["usage"]["completion_tokens"] == 24
+        assert first.json()["choices"][0]["finish_reason"] == "length"
+        streamed = chat(gate, stream=True)
+        events = [
+            json.loads(line[6:])
+            for line in streamed.text.splitlines()
+            if line.startswith("data: {")
+        ]
+        assert events[-1]["usage"]["completion_tokens"] == 6  # what the try had left
+        assert not cancel.is_set()
+        third = chat(gate)
+        assert third.status_code == 400
+        assert third.json()["error"]["message"] == (
+            "aiworker ended this local try: it reached the try's 30 generated tokens"
+        )
+        assert cancel.is_set()
+        # Nothing but chat (and the model list) is on the route: no slot saves, no props.
+        saved = requests.post(f"{gate.url}/slots/0?action=save", json={}, timeout=10)
+        assert saved.status_code == 404
+    use = gate.use
+    assert (use.requests, use.generated_tokens, use.side_requests) == (2, 30, 2)
+    assert use.exceeded == "the try's 30 generated tokens"
+    assert llama_server.metrics()["tokens_predicted_total"] == 30  # the server's own count
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_the_local_route_reaches_nothing_but_its_gate(llama_files, tmp_path, opencode_on_path):
+    """In a network namespace with only loopback: OpenCode, as the llama adapter starts it,
+    connects to the gate and nowhere else (no npm install of its plugin package, no model
+    list, no title request), and its one request passes the gate to the server."""
+    server, model = llama_files
+    probe = subprocess.run(
+        [
+            *("unshare", "--net", "--", sys.executable, "-m", "tests.workers.local_route_probe"),
+            *(str(server), str(model), str(tmp_path), str(NPM_BIN)),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    report = json.loads(probe.stdout.splitlines()[-1])
+    assert report["reached"] == [report["gate"]], report
+    assert report["use"]["requests"] >= 1, report
+    assert report["use"]["side_requests"] == 0, report
+    assert report["use"]["generated_tokens"] <= 64
+
+
+def _query(db, sql):
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+BOUNDS = {
+    "tokens_per_request": 128,
+    "tokens_per_try": 384,
+    "requests_per_try": 4,
+    "seconds_per_try": 400,
+    "context_tokens": 16000,
+}
+
+
+def _local_first(server_url: str, bounds: dict) -> str:
+    table = "\n".join(f"{k} = {v}" for k, v in bounds.items())
+    return (
+        '\nproviders = ["llama", "script"]\n'
+        f'[provider_options.llama]\nbase_url = "{server_url}"\n'
+        f"[provider_options.llama.bounds]\n{table}\n"
+        '[provider_options.script]\nscenario = "scenario.json"\n'
+        '[phases.implementation.providers.llama]\nmodel = "gemma3-270m"\n'
+        '[execution]\nbackend = "local"\n'
+    )
+
+
+@pytest.fixture
+def simple_issue(forge):
+    alice = forge.client("alice")
+    alice.ensure_labels("team", "app", ["aiworker-simple"])
+    alice.add_labels("team", "app", 1, ["aiworker-simple"])
+    return alice
+
+
+def test_a_simple_issue_gets_one_bounded_local_try_then_the_next_provider_delivers_it(
+    claimed, simple_issue, upgraded, llama_server, opencode_on_path
+):
+    task = claimed(
+        _local_first(llama_server.url, BOUNDS),
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"review": REVIEW_OK},
+    )
+    local = run_process("--json", "implement", "--task", str(task), "--slot", "1", timeout=600)
+    report = local.json()
+    assert (report["provider"], report["outcome"], report["state"]) == (
+        "llama",
+        "fell_back",
+        "ready",
+    ), report
+    [(outcome, reason, settings)] = _query(
+        upgraded, "select outcome, reason, settings from attempts where provider = 'llama'"
+    )
+    use = json.loads(settings)["route_use"]
+    assert 1 <= use["requests"] <= BOUNDS["requests_per_try"], use
+    assert use["side_requests"] == 0, use  # no title or summary request of OpenCode's own
+    assert 0 < use["generated_tokens"] <= BOUNDS["tokens_per_try"], use
+    assert 0 < use["seconds"] < BOUNDS["seconds_per_try"], use
+    assert outcome in ("failed", "invalid", "other", "gate_failed", "not_accepted", "over_bound")
+    assert report["reason"] == f"llama's local try ended {outcome}: {reason}"
+    # The server generated exactly what the gate let through, and nothing else.
+    assert llama_server.metrics()["tokens_predicted_total"] == use["generated_tokens"]
+
+    assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
+    second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    assert (second["provider"], second["outcome"]) == ("script", "implemented"), second
+    assert second["decisions"][0] == {
+        "provider": "llama",
+        "eligible": False,
+        "reason": "llama already had its one local try at this snapshot",
+    }
+    reports = deliver_until(task, "publish", "ci", "review", "merge")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    assert _query(upgraded, "select state from tasks") == [("done",)]
+    assert _query(upgraded, "select provider from attempts where phase = 'implementation'") == [
+        ("llama",),
+        ("script",),
+    ]
+
+
+@pytest.fixture
+def endless_server(llama_files, tmp_path):
+    """A server whose model never stops on its own (end-of-sequence ignored)."""
+    server = start_server(llama_files, tmp_path, "--ignore-eos")
+    yield server
+    server.process.kill()
+    server.process.wait()
+
+
+def test_a_try_that_would_generate_without_end_is_stopped_at_its_time_bound(
+    claimed, simple_issue, upgraded, endless_server, opencode_on_path
+):
+    """Every request may generate a great deal, and the model never stops: the try has
+    10 s, then its process tree is killed and the attempt says why."""
+    bounds = {**BOUNDS, "tokens_per_request": 100_000, "tokens_per_try": 1_000_000}
+    bounds["seconds_per_try"] = 10
+    task = claimed(_local_first(endless_server.url, bounds), edits={"calc.py": FIX}, result={})
+    local = run_process("--json", "implement", "--task", str(task), "--slot", "1", timeout=300)
+    report = local.json()
+    assert (report["provider"], report["outcome"]) == ("llama", "fell_back"), report
+    [(outcome, reason, settings)] = _query(
+        upgraded, "select outcome, reason, settings from attempts"
+    )
+    assert (outcome, reason) == ("over_bound", "the local try was stopped at the try's 10 s")
+    use = json.loads(settings)["route_use"]
+    assert use["exceeded"] == "the try's 10 s"
+    assert 10 <= use["seconds"] < 40, use
