@@ -46,6 +46,10 @@ class RouteUse:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     seconds: float = 0.0
+    # From the try's start to its first request: the agent's own start-up.
+    first_request_s: float | None = None
+    # The server's own time on the try's prompts and generation (its reported timings).
+    server_seconds: float = 0.0
     refused: list[str] = field(default_factory=list)
     exceeded: str | None = None
 
@@ -66,7 +70,9 @@ class ModelGate:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def begin(self) -> None:
@@ -114,6 +120,8 @@ class ModelGate:
             left = bounds.tokens_per_try - self.use.generated_tokens
             if left <= 0:
                 return 0, f"the try's {bounds.tokens_per_try} generated tokens"
+            if self.use.first_request_s is None:
+                self.use.first_request_s = round(time.monotonic() - self.started, 3)
             self.use.requests += 1
             self.use.side_requests += side
             return min(bounds.tokens_per_request, left), None
@@ -153,6 +161,14 @@ def _usage_of(event: dict[str, Any]) -> tuple[int, int] | None:
     if isinstance(timings, dict) and "predicted_n" in timings:
         return int(timings.get("prompt_n") or 0), int(timings.get("predicted_n") or 0)
     return None
+
+
+def _server_time(gate: ModelGate, event: dict[str, Any]) -> None:
+    timings = event.get("timings")
+    if isinstance(timings, dict) and "predicted_ms" in timings:
+        spent = float(timings.get("prompt_ms") or 0) + float(timings.get("predicted_ms") or 0)
+        with gate.lock:
+            gate.use.server_seconds = round(gate.use.server_seconds + spent / 1000, 3)
 
 
 def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
@@ -236,9 +252,13 @@ def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
             data = reply.read()
             self.wfile.write(data)
             try:
-                return _usage_of(json.loads(data))
-            except (ValueError, AttributeError):
+                event = json.loads(data)
+            except ValueError:
                 return None
+            if not isinstance(event, dict):
+                return None
+            _server_time(gate, event)
+            return _usage_of(event)
 
         def _pass_stream(self, reply: http.client.HTTPResponse) -> tuple[int, int] | None:
             seen = None
@@ -254,6 +274,7 @@ def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
                     continue
                 chunks += 1
                 seen = _usage_of(event) or seen
+                _server_time(gate, event)
             return seen or (0, chunks)
 
     return Handler
