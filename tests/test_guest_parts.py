@@ -9,6 +9,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -263,8 +264,19 @@ def test_the_sweep_leaves_a_guest_being_started_to_the_process_starting_it(tmp_p
     (store.run_dir / "abandoned-start" / "guest.json").write_text(
         json.dumps({**record, "starter_pid": dead, "owner_pid": dead})
     )
+    exited = {**record, "pid": dead, "owner_pid": os.getpid()}  # QEMU gone, owner not
+    (store.run_dir / "exited-owned").mkdir()
+    (store.run_dir / "exited-owned" / "guest.json").write_text(json.dumps(exited))
     assert sweep_guests(store) == ["abandoned-start"]
-    assert [p.name for p in store.run_dir.iterdir()] == ["implementati-0001"]
+    assert sorted(p.name for p in store.run_dir.iterdir()) == ["exited-owned", "implementati-0001"]
+    # A start that never got its QEMU for STARTING_S is swept even if its pid runs.
+    from aiworker.runtime.guests import guest as guest_module
+
+    old = time.time() - guest_module.STARTING_S - 1
+    os.utime(starting.path, (old, old))
+    os.utime(store.run_dir / "exited-owned", (old, old))
+    assert sorted(sweep_guests(store)) == ["exited-owned", "implementati-0001"]
+    starting.path.mkdir()
     starting._record(StartOptions(purpose="implementation", proxy_port=1))  # still its
 
 

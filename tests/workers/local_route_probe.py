@@ -3,7 +3,7 @@
 traced for every socket connect. Prints what the gate counted and every IPv4/IPv6
 address OpenCode's processes tried to reach, as JSON.
 
-    python -m tests.workers.local_route_probe SERVER MODEL WORKDIR
+    python -m tests.workers.local_route_probe SERVER MODEL WORKDIR NPM_BIN
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from aiworker.adapters.providers.llama import LlamaProvider
 from aiworker.runtime.model_gate import Bounds, ModelGate
 from tests.llama_fixtures import MODEL_ALIAS, start_server
 
+# IPv4: sin_port=htons(P), sin_addr=inet_addr("A"); IPv6: sin6_port=htons(P),
+# sin6_flowinfo=..., inet_pton(AF_INET6, "A", ...).
 CONNECT = re.compile(
     r"connect\(\d+, \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\), "
-    r"(?:sin_addr=inet_addr|inet_pton\(AF_INET6, )\(?\"([^\"]+)\""
+    r"(?:sin6_flowinfo=[^,]+, )?(?:sin_addr=inet_addr\(|inet_pton\(AF_INET6, )\"([^\"]+)\""
 )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiworker.config.loader import token_path
 from aiworker.core.context import Environment
@@ -142,7 +141,6 @@ def _guest_parts(env: Environment, phase: str) -> tuple[Any, ...]:
         machine=machine,
         boot_deadline_s=execution.boot_deadline_s,
         setup_timeout_s=execution.setup_timeout_s,
-        model_target=model_target(env),
     )
     return store, image, phase, policy, settings, why_unavailable(image)
 
@@ -163,15 +161,6 @@ def why_unavailable(image: Image | None) -> str | None:
     if image.layer and not image.restorable:
         return f"execution.cache_layer {image.layer} is not provisioned (qemu provision --layer)"
     return None
-
-
-def model_target(env: Environment) -> str | None:
-    """host:port of the local llama.cpp server, for the guest's model forwarder."""
-    options = env.loaded.config.provider_options.get("llama")
-    if options is None or not options.base_url:
-        return None
-    url = urlsplit(options.base_url)
-    return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
 
 
 def require_image(env: Environment, *, layered: bool = True) -> tuple[ImageStore, Image]:

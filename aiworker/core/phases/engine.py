@@ -139,10 +139,11 @@ def run_model_phase(
     }
     root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
     provider = provider_for(env, name)
-    # A local model is reached only through the gate that bounds its try.
-    route = LocalRoute.open(provider, backend)
+    route = None
     try:
         try:
+            # A local model is reached only through the gate that bounds its try.
+            route = LocalRoute.open(provider, backend)
             workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
         finally:
             bundle.unlink(missing_ok=True)

@@ -170,7 +170,9 @@ def fell_back(
         retry_state=S.READY if left else S.FAILED,
     )
     report.state = landed or "unchanged"
-    report.outcome = "fell_back" if landed == S.READY else "failed"
+    # Not landed: the task moved on while the try ran (paused, cancelled); that stands.
+    outcomes: dict[str, str] = {S.READY: "fell_back", S.FAILED: "failed"}
+    report.outcome = outcomes.get(landed or "", "retained")
     report.reason = why
     log.warning("task %d: %s", running.task.id, why)
     return report

@@ -25,6 +25,7 @@ from aiworker.core.providers.admission import (
     Decision,
     backoff_until,
     capability_reason,
+    enabled_for,
     provider_settings,
     select_provider,
 )
@@ -139,11 +140,16 @@ def one_try_per_snapshot(env: Environment, name: str) -> bool:
 def fallbacks(
     env: Environment, phase: str, *, simple: bool, tried_here: Iterable[str]
 ) -> list[str]:
-    """The configured providers that could still serve PHASE at this snapshot (their
-    capabilities and isolation; quota is read when they are chosen)."""
-    tried = set(tried_here)
-    check = capability_check(env, phase, simple=simple, tried_here=tried)
-    return [n for n in env.loaded.config.providers if n not in tried and check(n) is None]
+    """The configured providers that could still serve PHASE at this snapshot: enabled
+    for it, capable, isolated, and not a local model that had its try here (quota and
+    backoff are read when one is chosen)."""
+    config = env.loaded.config
+    check = capability_check(env, phase, simple=simple, tried_here=tried_here)
+    return [
+        n
+        for n in config.providers
+        if enabled_for(config, phase, n, simple=simple) and check(n) is None
+    ]
 
 
 def observe(db: Database, decisions: list[Decision]) -> None:

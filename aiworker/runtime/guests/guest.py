@@ -34,6 +34,8 @@ from aiworker.runtime.processes import (
 )
 
 STOP_GRACE_S = 5.0
+# Longest a guest may stay without a QEMU pid (an overlay being made) before a sweep.
+STARTING_S = 600
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,7 @@ def sweep_guests(store: ImageStore) -> list[str]:
             age = time.time() - guest.path.stat().st_mtime
         except FileNotFoundError:
             continue  # its owner removed it just now
-        if not _abandoned(guest, fresh=age < 60):
+        if not _abandoned(guest, fresh=age < 60, starting=age < STARTING_S):
             continue
         pid = guest.record.get("pid")
         if isinstance(pid, int):
@@ -263,17 +265,17 @@ def sweep_guests(store: ImageStore) -> list[str]:
     return removed
 
 
-def _abandoned(guest: RunningGuest, *, fresh: bool) -> bool:
+def _abandoned(guest: RunningGuest, *, fresh: bool, starting: bool) -> bool:
     """Whether nobody will stop GUEST any more. A guest whose QEMU is not spawned yet
-    (its overlay being made) belongs to the process starting it, as long as that runs;
-    an owned guest whose QEMU has exited is its live owner's to remove, unless it has
-    been so for a minute (the owner's pid may be another process's by now)."""
+    (its overlay being made) belongs to the process starting it while that runs, for
+    at most STARTING_S (a pid may be reused); an owned guest whose QEMU has exited is
+    its live owner's to remove, unless its folder is older than a minute."""
     record = guest.record
     if not record:
         return not fresh  # the folder exists, its record comes next
     if record.get("pid") is None:
         starter = record.get("starter_pid")
-        return not (isinstance(starter, int) and process_alive(starter))
+        return not (starting and isinstance(starter, int) and process_alive(starter))
     if guest.alive:
         return not guest.owner_alive
     return record.get("owner_pid") is None or not guest.owner_alive or not fresh
