@@ -29,7 +29,8 @@ COUNT = {"role": "user", "content": "Count from 1 to 1000, separated by commas."
 
 def chat(gate: ModelGate, **extra) -> requests.Response:
     body = {"model": MODEL_ALIAS, "messages": [COUNT], "temperature": 0, **extra}
-    return requests.post(f"{gate.url}/v1/chat/completions", json=body, timeout=120)
+    # Generous: the server may share two cores with guests and other tests' servers.
+    return requests.post(f"{gate.url}/v1/chat/completions", json=body, timeout=900)
 
 
 def test_the_gate_caps_every_request_and_ends_the_try_at_its_token_bound(llama_server):
@@ -63,15 +64,12 @@ def test_the_gate_caps_every_request_and_ends_the_try_at_its_token_bound(llama_s
     assert llama_server.metrics()["tokens_predicted_total"] == 30  # the server's own count
 
 
-@pytest.mark.skipif(
-    shutil.which("strace") is None or os.geteuid() != 0, reason="needs strace and root"
-)
 def test_requests_at_once_share_the_try_s_tokens_and_none_outlives_the_gate(llama_server):
-    """Tokens are reserved when a request is admitted: four requests at once, 100 each
-    asked, share the try's 150; closing the gate cuts what is still relaying and admits
+    """Tokens are reserved when a request is admitted: four requests at once, 40 each
+    asked, share the try's 60; closing the gate cuts what is still relaying and admits
     nothing more."""
     cancel = threading.Event()
-    bounds = Bounds(tokens_per_request=100, tokens_per_try=150, requests_per_try=10)
+    bounds = Bounds(tokens_per_request=40, tokens_per_try=60, requests_per_try=10)
     gate = ModelGate(llama_server.url, bounds, cancel)
     replies: list[requests.Response] = []
     threads = [
@@ -81,9 +79,9 @@ def test_requests_at_once_share_the_try_s_tokens_and_none_outlives_the_gate(llam
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(180)
+        thread.join(900)
     generated = sum(r.json()["usage"]["completion_tokens"] for r in replies if r.ok)
-    assert generated == 150, [r.text[:200] for r in replies]
+    assert generated == 60, [r.text[:200] for r in replies]
     assert sorted(r.status_code for r in replies) == [200, 200, 400, 400]
     idle = socket.create_connection(("127.0.0.1", int(gate.target.rsplit(":", 1)[1])))
     use = gate.close()
@@ -93,10 +91,13 @@ def test_requests_at_once_share_the_try_s_tokens_and_none_outlives_the_gate(llam
         idle.sendall(head.encode() + late.encode())
         idle.recv(1024)
     idle.close()
-    assert (use.generated_tokens, use.requests) == (150, 2)
-    assert llama_server.metrics()["tokens_predicted_total"] == 150
+    assert (use.generated_tokens, use.requests) == (60, 2)
+    assert llama_server.metrics()["tokens_predicted_total"] == 60
 
 
+@pytest.mark.skipif(
+    shutil.which("strace") is None or os.geteuid() != 0, reason="needs strace and root"
+)
 def test_the_local_route_reaches_nothing_but_its_gate(llama_files, tmp_path, opencode_on_path):
     """In a network namespace with only loopback: OpenCode, as the llama adapter starts it,
     connects to the gate and nowhere else (no npm install of its plugin package, no model
