@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,11 +16,12 @@ import threading
 import pytest
 import requests
 
-from aiworker.runtime.model_gate import Bounds, ModelGate
+from aiworker.config.models import LocalBounds as Bounds
+from aiworker.runtime.model_gate import ModelGate
 from tests.helpers import run_process
 from tests.llama_fixtures import MODEL_ALIAS, NPM_BIN, REPO_ROOT, start_server
 from tests.test_delivery import REVIEW_OK, deliver_until
-from tests.test_implement import FIX, result_doc
+from tests.test_implement import FIX, query, result_doc
 
 pytestmark = pytest.mark.slow
 COUNT = {"role": "user", "content": "Count from 1 to 1000, separated by commas."}
@@ -122,11 +122,6 @@ def test_the_local_route_reaches_nothing_but_its_gate(llama_files, tmp_path, ope
     assert report["use"]["generated_tokens"] <= 64
 
 
-def _query(db, sql):
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()
-
-
 BOUNDS = {
     "tokens_per_request": 128,
     "tokens_per_try": 384,
@@ -172,7 +167,7 @@ def test_a_simple_issue_gets_one_bounded_local_try_then_the_next_provider_delive
         "fell_back",
         "ready",
     ), report
-    [(outcome, reason, settings)] = _query(
+    [(outcome, reason, settings)] = query(
         upgraded, "select outcome, reason, settings from attempts where provider = 'llama'"
     )
     use = json.loads(settings)["route_use"]
@@ -195,8 +190,8 @@ def test_a_simple_issue_gets_one_bounded_local_try_then_the_next_provider_delive
     }
     reports = deliver_until(task, "publish", "ci", "review", "merge")
     assert all(r.exit_code == 0 for r in reports.values()), reports
-    assert _query(upgraded, "select state from tasks") == [("done",)]
-    assert _query(upgraded, "select provider from attempts where phase = 'implementation'") == [
+    assert query(upgraded, "select state from tasks") == [("done",)]
+    assert query(upgraded, "select provider from attempts where phase = 'implementation'") == [
         ("llama",),
         ("script",),
     ]
@@ -222,7 +217,7 @@ def test_a_try_that_would_generate_without_end_is_stopped_at_its_time_bound(
     local = run_process("--json", "implement", "--task", str(task), "--slot", "1", timeout=300)
     report = local.json()
     assert (report["provider"], report["outcome"]) == ("llama", "fell_back"), report
-    [(outcome, reason, settings)] = _query(
+    [(outcome, reason, settings)] = query(
         upgraded, "select outcome, reason, settings from attempts"
     )
     assert (outcome, reason) == ("over_bound", "the local try was stopped at the try's 10 s")

@@ -20,7 +20,7 @@ from aiworker.adapters.providers.deepseek import DeepSeekProvider
 from aiworker.adapters.providers.kimi import KimiProvider
 from aiworker.adapters.providers.llama import LlamaProvider
 from aiworker.adapters.providers.opencode import OpenCodeProvider
-from aiworker.config.models import Config
+from aiworker.config.models import Config, LocalBounds
 from aiworker.core.providers.admission import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
@@ -219,14 +219,14 @@ def test_opencode_is_opt_in_behind_a_zero_spend_guard(tmp_path):
 
 def test_llama_needs_health_and_a_free_slot(http):
     loading, _ = http({"/health": (503, {"error": {"code": 503, "message": "Loading model"}})})
-    assert LlamaProvider(loading).admission(NOW).reason == "loading the model"
+    assert LlamaProvider(loading, 200, LocalBounds()).admission(NOW).reason == "loading the model"
     busy, _ = http(
         {
             "/health": (200, {"status": "ok"}),
             "/slots?fail_on_no_slot=1": (503, {"error": "no slot"}),
         }
     )
-    assert LlamaProvider(busy).admission(NOW).reason == "no free slot"
+    assert LlamaProvider(busy, 200, LocalBounds()).admission(NOW).reason == "no free slot"
     ready, _ = http(
         {
             "/health": (200, {"status": "ok"}),
@@ -234,7 +234,7 @@ def test_llama_needs_health_and_a_free_slot(http):
             "/props": (200, {"total_slots": 2}),
         }
     )
-    reading = LlamaProvider(ready).admission(NOW)
+    reading = LlamaProvider(ready, 200, LocalBounds()).admission(NOW)
     assert reading.valid
     assert "2 slots" in reading.source
     assert LlamaProvider.phases == ("implementation", "review")

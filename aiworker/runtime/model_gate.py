@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -33,13 +33,19 @@ KEPT_REFUSALS = 20
 CLIENT_TIMEOUT_S = 10.0  # a client connection that sends nothing is dropped
 
 
-@dataclass(frozen=True)
-class Bounds:
-    tokens_per_request: int = 1024
-    tokens_per_try: int = 8192
-    requests_per_try: int = 24
-    seconds_per_try: float = 900.0
-    context_tokens: int = 16384
+class Bounds(Protocol):
+    """A try's bounds (the configuration's `provider_options.llama.bounds`)."""
+
+    @property
+    def tokens_per_request(self) -> int: ...
+    @property
+    def tokens_per_try(self) -> int: ...
+    @property
+    def requests_per_try(self) -> int: ...
+    @property
+    def seconds_per_try(self) -> float: ...
+    @property
+    def context_tokens(self) -> int: ...
 
 
 @dataclass

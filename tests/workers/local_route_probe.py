@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 
 from aiworker.adapters.providers.llama import LlamaProvider
-from aiworker.runtime.model_gate import Bounds, ModelGate
+from aiworker.config.models import LocalBounds as Bounds
+from aiworker.runtime.model_gate import ModelGate
 from tests.llama_fixtures import MODEL_ALIAS, start_server
 
 # IPv4: sin_port=htons(P), sin_addr=inet_addr("A"); IPv6: sin6_port=htons(P),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from aiworker.adapters.providers.base import (
     CommandSpec,
@@ -24,7 +24,9 @@ from aiworker.adapters.providers.opencode import (
     opencode_command,
     opencode_parse,
 )
-from aiworker.runtime.model_gate import Bounds
+
+if TYPE_CHECKING:  # the gate itself loads only when a try runs
+    from aiworker.runtime.model_gate import Bounds
 
 
 class LlamaProvider:
@@ -35,13 +37,11 @@ class LlamaProvider:
     measured_windows: ClassVar[tuple[str, ...]] = ()
     simple_only: ClassVar[bool] = True
 
-    def __init__(
-        self, base_url: str | None, diff_budget_lines: int = 200, bounds: Bounds | None = None
-    ) -> None:
+    def __init__(self, base_url: str | None, diff_budget_lines: int, bounds: Bounds) -> None:
         self.base_url = base_url.rstrip("/") if base_url else None
         # One local try per snapshot, and its result must stay within this many lines.
         self.diff_budget_lines = diff_budget_lines
-        self.bounds = bounds or Bounds()
+        self.bounds = bounds
         self.route: str | None = None  # the gate the try goes through
 
     def through(self, route: str) -> LlamaProvider:

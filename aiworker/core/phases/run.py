@@ -101,9 +101,7 @@ def run_provider(
     # lies in the part that is dropped.
     printed = (stdout[-KEPT_TAIL - CUT_MARGIN :], stderr[-KEPT_TAIL - CUT_MARGIN :])
     if outcome.timed_out:
-        timed_out = RunReport(None, "transient", "the provider run timed out", *printed)
-        timed_out.timed_out = True
-        return timed_out
+        return RunReport(None, "transient", "the provider run timed out", *printed, timed_out=True)
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
     if parsed.error is not None or parsed.result is None:
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"

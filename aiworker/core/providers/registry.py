@@ -32,7 +32,6 @@ from aiworker.core.providers.admission import (
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory
-from aiworker.runtime.model_gate import Bounds
 from aiworker.store.engine import Database, Session
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
@@ -59,7 +58,7 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     loaded = env.loaded
     options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
     if options.scenario:
-        real = {"llama": LlamaProvider(None, options.diff_budget_lines)}
+        real = {"llama": LlamaProvider(None, options.diff_budget_lines, options.bounds)}
         # With `home` set, the replay is lent that home as a CLI would be (its login).
         home = _path(loaded, options.home) if options.home else None
         return ScriptProvider(
@@ -85,8 +84,7 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     if name == "opencode":
         return OpenCodeProvider(_path(loaded, options.guard) if options.guard else None)
     if name == "llama":
-        bounds = Bounds(**options.bounds.model_dump())
-        return LlamaProvider(options.base_url, options.diff_budget_lines, bounds)
+        return LlamaProvider(options.base_url, options.diff_budget_lines, options.bounds)
     return ScriptProvider(None)
 
 
