@@ -181,10 +181,12 @@ def test_serve_refuses_a_wrong_token_without_retrying(controller, tmp_path):
     _, url, _ = controller
     argv = runner_argv("serve", "--server", url, "--worker-id", "r1")
     argv += ["--attempt-root", str(tmp_path / "a")]
-    started = time.monotonic()
     refused = run(argv, token="guess", timeout=30)
-    assert refused.returncode == 77
-    assert time.monotonic() - started < 10
+    assert refused.returncode == 77, refused
+    # A retry would say "controller unreachable (...); again in N s" first (serve.py);
+    # not timed: on a loaded machine one refused request may itself take seconds.
+    assert "again in" not in refused.stderr, refused.stderr
+    assert "unreachable" not in refused.stderr, refused.stderr
 
 
 def start_serve(url, attempt_root, *args):
