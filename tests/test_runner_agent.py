@@ -385,3 +385,65 @@ def test_a_locked_external_tree_comes_from_its_own_snapshot(controller, state_di
     assert done.returncode == 0, done.stdout + done.stderr
     _, stdout = stdout_of(db, (1, index))
     assert stdout["sha256"] == hashlib.sha256(b"x = 1\n").hexdigest()
+
+
+CONTROLLER_MODULES = ("sqlalchemy", "alembic", "aiworker.store", "aiworker.core.phases")
+
+
+def loaded_modules(stderr: str) -> set[str]:
+    """The modules a command loaded, from `python -X importtime` (every first import)."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_a_runner_host_loads_neither_the_store_nor_sqlalchemy_nor_the_phases(
+    controller, state_dir, tmp_path
+):
+    """A runner host may lack the controller's database driver and need not pay for its
+    import: each runner command, doing its real work, loads none of the controller's."""
+    db, url, repo = controller
+    serve_job = queue_job(db, state_dir, repo, 1, ("./ci/run", "serve"))
+    doctor = runner_argv("doctor", "--server", url, "--attempt-root", str(tmp_path / "a"))
+    serve_once = runner_argv("serve", "--server", url, "--worker-id", "r1", "--once")
+    serve_once += ["--attempt-root", str(tmp_path / "a")]
+    commands = {"doctor": doctor, "serve": serve_once}
+    for name, argv in commands.items():
+        done = run([argv[0], "-X", "importtime", *argv[1:]])
+        assert done.returncode == 0, (name, done.stdout, done.stderr[-2000:])
+        loaded = loaded_modules(done.stderr)
+        assert "aiworker.core.runner.agent" in loaded or name == "doctor", name
+        leaked = sorted(m for m in loaded if m.startswith(CONTROLLER_MODULES))
+        assert leaked == [], (name, leaked)
+    assert get_job(db, (1, serve_job)).state == "succeeded"
+    run_job_index = queue_job(db, state_dir, repo, 1, ("./ci/run", "run-job"))
+    run_job = runner_argv("run-job", "--server", url, "--repository-index", "1")
+    run_job += ["--worker-job-index", str(run_job_index), "--attempt-root", str(tmp_path / "a")]
+    source = tmp_path / "source"
+    commit_tree(source, {"ci/run": RUN})
+    request = {
+        "contract": "ait.runner.native-job.v3",
+        "label": "local",
+        "source": {"kind": "local_directory", "path": str(source)},
+        "command": {"argv": ["./ci/run", "execute"]},
+        "timeout_ms": 60_000,
+        "suite_id": "local",
+    }
+    execute = runner_argv("execute", "--source-root", str(tmp_path))
+    execute += ["--attempt-root", str(tmp_path / "x")]
+    for name, argv, stdin in (("run-job", run_job, None), ("execute", execute, request)):
+        done = subprocess.run(
+            [argv[0], "-X", "importtime", *argv[1:]],
+            input=json.dumps(stdin) if stdin else None,
+            capture_output=True,
+            text=True,
+            env=runner_env(),
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (name, done.stdout, done.stderr[-2000:])
+        leaked = sorted(m for m in loaded_modules(done.stderr) if m.startswith(CONTROLLER_MODULES))
+        assert leaked == [], (name, leaked)
+    assert get_job(db, (1, run_job_index)).state == "succeeded"

@@ -19,8 +19,8 @@ from aiworker.config.models import Runners
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery
 from aiworker.core.context import Environment
 from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
-from aiworker.core.runner.controllers import LocalController
 from aiworker.core.runner.execute import RunnerSettings
+from aiworker.core.runner.local_controller import LocalController
 from aiworker.core.runner.requests import RequestRejected
 from aiworker.core.runner.snapshots import publish, published, remove_snapshot
 from aiworker.errors import AiworkerError, Unavailable
