@@ -22,7 +22,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "plan": IMPLEMENT_KEYS | {"milestones"},
     "milestones": frozenset({"task", "state", "approval", "accepted", "started", "reason"}),
     "publish": frozenset({"task", "pr", "branch", "head", "created", "state"}),
-    "ci": frozenset({"task", "pr", "head", "state", "check", "evidence"}),
+    "ci": frozenset({"task", "pr", "head", "state", "check", "evidence", "receipt", "receipt_url"}),
     "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})
     | {"state"},
     "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at", "state"}),

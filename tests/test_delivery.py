@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import html
+import os
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.forge_fixtures import git
-from tests.helpers import run_process
+from tests.helpers import configure, run_process
 from tests.json_keys import assert_keys
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
 from tests.test_lifecycle import edit_issue
+from tests.test_web_api import serving
 
 REVIEW_OK = {
     "result": {
@@ -68,8 +72,10 @@ def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
     worker = forge.client("worker-bot")
     combined = worker.combined_status("team", "app", head)
     assert (combined.state, combined.statuses[0].context) == ("success", "aiworker / ci")
+    # No web.public_url: no link at all (a path on the controller's disk is none).
+    assert combined.statuses[0].target_url == ""
+    assert reports["ci"].json()["receipt_url"] == ""
     evidence = reports["ci"].json()["evidence"]
-    assert combined.statuses[0].target_url == f"file://{evidence}"
     assert '"exit_code": 0' in Path(evidence).read_text()
     [approved] = worker.reviews("team", "app", pr)
     assert (approved.state, approved.user.login, approved.commit_id) == (
@@ -266,3 +272,71 @@ def test_an_issue_edited_after_implementation_is_repaired_before_it_is_published
     assert (published.json()["pr"], published.json()["state"]) == (None, "repairing")
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
     assert query(upgraded, "select state from tasks") == [("repairing",)]
+
+
+PUBLIC = "https://aiworker.example.org"
+
+
+def test_the_ci_status_links_its_receipt_page_and_is_posted_by_the_ci_identity(
+    forge, delivered, upgraded, cli, monkeypatch
+):
+    task, head = delivered()
+    config = Path(os.environ["AIWORKER_CONFIG"])
+    monkeypatch.setenv("AIWORKER_TEST_CI_TOKEN", forge.tokens["ci-bot"])
+    ci_identity = '[forge.identities.ci]\ntoken_env = "AIWORKER_TEST_CI_TOKEN"\n'
+    config.write_text(config.read_text() + ci_identity + f'[web]\npublic_url = "{PUBLIC}/"\n')
+    reports = deliver_until(task, "publish", "ci", "review", "merge", cli=cli)
+    for step, result in reports.items():
+        assert result.exit_code == 0, (step, result)  # merge: the ci identity's word counts
+    ci = reports["ci"].json()
+    posted = forge.app.state.repo("team", "app")["statuses"][head]
+    assert [(s["state"], s["creator"]) for s in posted] == [
+        ("pending", "ci-bot"),
+        ("success", "ci-bot"),
+    ]
+    link = f"{PUBLIC}/receipts/{ci['receipt']}"
+    assert (posted[-1]["target_url"], ci["receipt_url"]) == (link, link)
+    with serving() as url:
+        # As the reverse proxy forwards it: the public name in Host.
+        proxied = {"Host": "aiworker.example.org"}
+        page = requests.get(f"{url}/receipts/{ci['receipt']}", headers=proxied, timeout=10)
+        assert page.status_code == 200, page.text
+        assert page.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        text = page.text
+        for shown in (head, ci["check"]["stdout_sha256"], ci["check"]["stderr_sha256"], "./ci/run"):
+            assert shown in text, shown
+        last_line = ci["check"]["stderr_tail"].strip().splitlines()[-1]
+        assert html.escape(last_line) in text
+        document = requests.get(f"{url}/api/v1/receipts/{ci['receipt']}", timeout=10).json()
+        assert (document["task"], document["head"], document["outcome"]) == (task, head, "pass")
+        assert document["body"]["stdout_sha256"] == ci["check"]["stdout_sha256"]
+        missing = requests.get(f"{url}/receipts/{ci['receipt'] + 1000}", timeout=10)
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+        forged = requests.get(
+            f"{url}/receipts/{ci['receipt']}", headers={"Host": "elsewhere.example.org"}, timeout=10
+        )
+        assert forged.status_code == 421
+
+
+def test_a_public_url_that_is_not_an_origin_is_named(forge, tmp_path, monkeypatch):
+    config = configure(tmp_path, forge, monkeypatch)
+    config.write_text(config.read_text() + '[web]\npublic_url = "https://proxy.example.org/x?y"\n')
+    refused = run_process("--json", "config", "validate")
+    assert refused.exit_code == 2
+    assert "web.public_url" in refused.stdout + refused.stderr
+
+
+def test_a_ci_status_posted_by_someone_else_does_not_let_the_pr_merge(forge, delivered, upgraded):
+    task, head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert [r.exit_code for r in reports.values()] == [0, 0, 0], reports
+    # A writer posts in aiworker's context after it: the newest word there is not ours.
+    forge.client("alice").create_status(
+        "team", "app", head, state="success", context="aiworker / ci", description="trust me"
+    )
+    refused = run_process("--json", "merge", "--task", str(task))
+    assert refused.exit_code == 1
+    message = refused.json()["error"]["message"]
+    assert "no successful 'aiworker / ci' status by worker-bot" in message
+    assert run_process("--json", "task", "show", str(task)).json()["state"] == "approved"

@@ -136,3 +136,62 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
     assert run_process("--json", "task", "show", "1").json()["state"] == "cancelled"
     for width in (1280, 390):
         assert (ARTIFACTS / f"web-page-{width}.png").stat().st_size > 10_000
+
+
+def test_a_receipt_page_shows_the_check_escaped_and_passes_axe(web, upgraded):  # noqa: F811
+    """The page a CI status links to: the check as it ran, its digests and masked tails;
+    what the check printed is shown as text, never run as markup."""
+    from playwright.sync_api import sync_playwright
+
+    from aiworker.store.engine import Database
+    from aiworker.store.receipts import add_receipt
+
+    url, _ = web
+    hostile = "<script>document.title='owned'</script><img src=x onerror=alert(1)>"
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        receipt = add_receipt(
+            session,
+            task_id=None,
+            phase="ci",
+            head="a" * 40,
+            base="b" * 40,
+            scope=None,
+            check_id="ci",
+            outcome="fail",
+            body={
+                "command": ["./ci/run"],
+                "status": "command_failed",
+                "exit_code": 3,
+                "expected_exit_code": 0,
+                "duration_ms": 1234,
+                "stdout_sha256": "c" * 64,
+                "stderr_sha256": "d" * 64,
+                "stdout_tail": "ran 4 tests\n" + hostile,
+                "stderr_tail": "FAILED (failures=1)\n",
+            },
+        )
+    db.dispose()
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda dialog: errors.append(f"dialog {dialog.message}"))
+            page.goto(f"{url}/receipts/{receipt}")
+            assert page.title() == f"aiworker receipt {receipt}"
+            assert page.inner_text("h1") == f"Receipt {receipt}: fail"
+            text = page.inner_text("main")
+            for shown in ("./ci/run", "command_failed", "3 (expected 0)", "a" * 40, "c" * 64):
+                assert shown in text, shown
+            assert hostile in page.inner_text("pre >> nth=0")  # as text, not markup
+            assert page.locator("main img, main script").count() == 0
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"the page is {width} px wide at 390 px"
+            findings = accessibility_findings(page)
+        finally:
+            browser.close()
+    assert errors == []
+    assert findings == []

@@ -28,7 +28,10 @@ def serve(
         str | None,
         typer.Option(
             "--public-origin",
-            help="The https://NAME[:PORT] a reverse proxy serves this under (Host and Origin).",
+            help=(
+                "The https://NAME[:PORT] a reverse proxy serves this under (Host and Origin; "
+                "default web.public_url)."
+            ),
         ),
     ] = None,
     runner_listen: Annotated[

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -54,12 +55,40 @@ class Identities(Strict):
     reviewer: Identity | None = None
     # Admin identity used only to read other users' permissions (see discovery).
     operator: Identity | None = None
+    # Posts the `aiworker / ci` commit statuses; without it the worker does.
+    ci: Identity | None = None
 
 
 class Forge(Strict):
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
     identities: Identities = Identities()
     timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 30.0
+
+
+class Web(Strict):
+    """The web plane as others reach it. PUBLIC_URL: the origin an authenticated reverse
+    proxy serves it under (https://NAME[:PORT], no path); the CI status links its receipt
+    page there, and `web serve` accepts requests that name it. Unset: no link is posted."""
+
+    public_url: str | None = None
+
+    @field_validator("public_url")
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username
+            or parts.password
+        ):
+            raise ValueError("must be an origin such as https://aiworker.example.org[:PORT]")
+        return f"{parts.scheme}://{parts.netloc}"
 
 
 class Repository(Strict):
@@ -334,6 +363,7 @@ class Config(Strict):
     housekeeping: Housekeeping = Housekeeping()
     runners: Runners = Runners()
     execution: Execution = Execution()
+    web: Web = Web()
 
     @model_validator(mode="after")
     def _unique(self) -> Config:

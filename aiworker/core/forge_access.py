@@ -34,6 +34,13 @@ class ForgeAccess:
     def optional(self, role: str) -> ForgejoClient | None:
         return self._clients.get(role)
 
+    def status_role(self) -> str:
+        """Who posts the CI commit statuses: the `ci` identity, else the worker."""
+        return "ci" if self.optional("ci") is not None else "worker"
+
+    def status_writer(self) -> ForgejoClient:
+        return self.required(self.status_role())
+
     @cached_property
     def _clients(self) -> dict[str, ForgejoClient]:
         forge = self.loaded.config.forge
@@ -46,6 +53,7 @@ class ForgeAccess:
             ("worker", ids.worker),
             ("reviewer", ids.reviewer),
             ("operator", ids.operator),
+            ("ci", ids.ci),
         ):
             client = self._client(role, identity)
             if client is not None:
@@ -62,7 +70,7 @@ class ForgeAccess:
         return token
 
     def bots(self) -> dict[str, ForgejoClient]:
-        """The three bot identities by login (never the operator)."""
+        """The bot identities by login (never the operator)."""
         return {
             self.logins[role]: client
             for role, client in self._clients.items()

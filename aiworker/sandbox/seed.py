@@ -17,6 +17,7 @@ USERS = (
     ("planner-bot", "planner identity", False),
     ("worker-bot", "worker identity", False),
     ("reviewer-bot", "reviewer identity", False),
+    ("ci-bot", "ci status identity", False),
     ("alice", "human writer", False),
     ("reader", "read-only user", False),
 )
@@ -24,6 +25,7 @@ COLLABORATORS = {
     "planner-bot": "write",
     "worker-bot": "write",
     "reviewer-bot": "write",
+    "ci-bot": "write",
     "alice": "write",
     "reader": "read",
 }

@@ -50,3 +50,7 @@ def receipts_of(session: Session, task_id: int) -> Sequence[Receipt]:
     return session.scalars(
         select(Receipt).where(Receipt.task_id == task_id).order_by(Receipt.id)
     ).all()
+
+
+def get_receipt(session: Session, receipt_id: int) -> Receipt | None:
+    return session.get(Receipt, receipt_id)

@@ -1,5 +1,6 @@
-"""The ASGI application: the operator API, its OpenAPI document and the page, behind
-request protection (web/protection.py). Errors use the CLI's error shape."""
+"""The ASGI application: the operator API, its OpenAPI document, the page and the
+receipt pages, behind request protection (web/protection.py). Errors use the CLI's
+error shape."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Una
 from aiworker.web.errors import error_response
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import CsrfTokens, Protection
+from aiworker.web.receipt_page import add_receipt_routes
 
 STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (LockHeld, 409), (Unavailable, 503))
 
@@ -37,6 +39,7 @@ def create_app(
         redoc_url=None,
     )
     app.include_router(build_router(environment, tokens))
+    add_receipt_routes(app, environment)
 
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:

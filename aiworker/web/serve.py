@@ -95,6 +95,8 @@ def serve(
         return Environment(state_dir.absolute(), loaded)
 
     loaded = environment().loaded  # a broken configuration is reported now, not later
+    # The origin the configuration publishes (status links) is one the server answers to.
+    public_origin = public_origin or loaded.config.web.public_url
     # Provider keys are registered where the providers run; this process masks them too.
     for options in loaded.config.provider_options.values():
         if options.api_key_env and (key := os.environ.get(options.api_key_env)):

@@ -2,7 +2,9 @@
 
 The controller posts `pending`, runs the check through the runner core on a
 fresh checkout of the exact head, writes a receipt, and posts the terminal
-status under the context `aiworker / ci`. A red run starts a repair episode with
+status under the context `aiworker / ci`, linking the receipt's page under
+`web.public_url` (no link without one). Statuses are posted by the `ci` identity
+where one is configured, else by the worker. A red run starts a repair episode with
 its evidence (tasks/repairs.py) instead of ending the task. Every `pending` is followed by a
 terminal status: a failure of the run's setup posts `error` with the reason
 (the guard does it), and a run whose process died gets its `error` from
@@ -21,6 +23,7 @@ from aiworker.core.context import Environment
 from aiworker.core.delivery.pull import CI_CONTEXT, Delivery, load_delivery, move, pull_at_head
 from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import run_checks
+from aiworker.core.evidence.receipts import receipt_url
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.report import Report
@@ -41,6 +44,8 @@ class CiReport(Report):
     state: str  # success | failure
     check: dict[str, Any]
     evidence: str
+    receipt: int
+    receipt_url: str  # empty without web.public_url
 
     @property
     def exit_code(self) -> int:
@@ -48,8 +53,8 @@ class CiReport(Report):
 
 
 def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, Any]) -> Path:
-    """The run's evidence as a private JSON file the status links to (until the web plane
-    serves receipts)."""
+    """The run's evidence as a private JSON file, for the operator on this host (the
+    status links the receipt's page, never this file)."""
     folder = env.state_dir / "evidence"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"task-{task_id}-ci-{head}.json"
@@ -61,8 +66,8 @@ def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, A
 
 def post_ci_error(env: Environment, delivery: Delivery, head: str, reason: str) -> None:
     """The terminal `error` status that follows a `pending` whose run could not finish."""
-    worker = ForgeAccess(env.loaded).required("worker")
-    worker.create_status(
+    poster = ForgeAccess(env.loaded).status_writer()
+    poster.create_status(
         delivery.repo.owner,
         delivery.repo.name,
         head,
@@ -101,9 +106,10 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
                 post_ci_error(env, delivery, head, reason)
 
         with step_guard(env, db, task, "ci", {"head": head}, terminal_error) as guard:
-            worker = ForgeAccess(env.loaded).required("worker")
-            pull_at_head(worker, delivery)
-            worker.create_status(
+            access = ForgeAccess(env.loaded)
+            pull_at_head(access.required("worker"), delivery)
+            poster = access.status_writer()
+            poster.create_status(
                 repo.owner,
                 repo.name,
                 head,
@@ -127,19 +133,20 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
             check = report.checks[0]
             state = "success" if report.passed else "failure"
             evidence = write_evidence(env, task.id, head, check)
+            link = receipt_url(env.loaded.config, check["receipt"])
             failpoint("ci.after_checks")
             description = (
                 f"./ci/run {check['status']} (exit {check['exit_code']}) at "
                 f"{head[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
             )
-            worker.create_status(
+            poster.create_status(
                 repo.owner,
                 repo.name,
                 head,
                 state=state,
                 context=CI_CONTEXT,
                 description=description[:140],
-                target_url=evidence.as_uri(),
+                target_url=link,
             )
             pending = False
             guard.finish("succeeded" if report.passed else "failed", f"./ci/run {state}")
@@ -158,6 +165,8 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
                 why = f"./ci/run {check['status']} (exit {check['exit_code']}) at {head[:12]}"
                 request_repair(env, db, task, S.AWAITING_CI, request, why)
         follow_up_if_asked(env)
-        return CiReport(task.id, delivery.pr, head, state, check, str(evidence))
+        return CiReport(
+            task.id, delivery.pr, head, state, check, str(evidence), check["receipt"], link
+        )
     finally:
         db.dispose()

@@ -89,9 +89,17 @@ def _refusals(
         for r in reviews
     ):
         reasons.append(f"no APPROVED review by {reviewer_login} on {head}")
+    # Only our own CI's word counts: anyone with Write can post a status in its context.
+    ci_login = access.logins[access.status_role()]
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
-    if not any(s.context == CI_CONTEXT and s.status == "success" for s in statuses):
-        reasons.append(f"no successful '{CI_CONTEXT}' status on {head}")
+    if not any(
+        s.context == CI_CONTEXT
+        and s.status == "success"
+        and s.creator is not None
+        and s.creator.login == ci_login
+        for s in statuses
+    ):
+        reasons.append(f"no successful '{CI_CONTEXT}' status by {ci_login} on {head}")
     if not decision.authorized:
         reasons.append(f"authorisation no longer holds: {decision.reason}")
     if task.kind in ("feature", "plan"):

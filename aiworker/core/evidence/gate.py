@@ -130,7 +130,7 @@ def run_checks(
             report.findings += missed
             passed = passed and not missed
         with db.write() as session:
-            add_receipt(
+            receipt = add_receipt(
                 session,
                 task_id=task_id,
                 phase=phase,
@@ -141,7 +141,9 @@ def run_checks(
                 outcome="pass" if passed else "fail",
                 body=body,
             )
-        report.checks.append({"check_id": requirement.check_id, "passed": passed, **body})
+        report.checks.append(
+            {"check_id": requirement.check_id, "passed": passed, "receipt": receipt, **body}
+        )
         report.passed = report.passed and passed
     return report
 

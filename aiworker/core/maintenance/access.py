@@ -25,7 +25,7 @@ from aiworker.errors import AiworkerError, ConfigInvalid, Conflict, LockHeld
 from aiworker.secrets import redact, register_secret
 
 WRITE = ("write", "admin", "owner")
-BOTS = ("planner", "worker", "reviewer")
+BOTS = ("planner", "worker", "reviewer", "ci")
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""A check's receipt as people open it: the record the gate wrote (what ran, at which
+head and base, how it ended, its streams' digests and masked tails), read back for the
+web plane's receipt page, and the address the CI status links to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiworker.config.models import Config
+from aiworker.core.context import Environment
+from aiworker.core.report import Report
+from aiworker.errors import InvalidInput
+from aiworker.store.receipts import get_receipt
+
+
+@dataclass
+class ReceiptReport(Report):
+    id: int
+    task: int | None
+    phase: str
+    check_id: str | None
+    outcome: str
+    head: str
+    base: str
+    created_at: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def receipt_url(config: Config, receipt_id: int) -> str:
+    """The receipt page under `web.public_url`; empty (no link at all) without one: a
+    path on the controller's disk is no link anybody else can open."""
+    public = config.web.public_url
+    return f"{public}/receipts/{receipt_id}" if public else ""
+
+
+def show_receipt(env: Environment, receipt_id: int) -> ReceiptReport:
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            receipt = get_receipt(session, receipt_id)
+            if receipt is None:
+                raise InvalidInput(f"no receipt {receipt_id}", code="not_found")
+            return ReceiptReport(
+                receipt.id,
+                receipt.task_id,
+                receipt.phase,
+                receipt.check_id,
+                receipt.outcome,
+                receipt.head_commit,
+                receipt.base_commit,
+                receipt.created_at.isoformat(),
+                dict(receipt.body or {}),
+            )
+    finally:
+        db.dispose()

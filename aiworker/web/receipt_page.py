@@ -1,0 +1,108 @@
+"""The receipt page the CI status links to (`/receipts/{id}`), and the same record as
+JSON (`/api/v1/receipts/{id}`): what ran, at which head and base, how it ended, its
+streams' digests and masked tails. Read-only, rendered on the server with every value
+escaped, no script; behind the same Host rules as every route."""
+
+# No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
+
+import html
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Path
+from fastapi.responses import HTMLResponse
+
+from aiworker.core.context import Environment
+from aiworker.core.evidence.receipts import ReceiptReport, show_receipt
+from aiworker.errors import InvalidInput
+from aiworker.web.errors import error_response
+from aiworker.web.operator_api import REFUSALS, ErrorDocument
+
+NOT_FOUND = {"model": ErrorDocument, "description": "no receipt has this id"}
+ReceiptId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+POLICY = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'"
+STYLE = (
+    "body{font:15px/1.5 system-ui,sans-serif;margin:2rem auto;max-width:60rem;padding:0 1rem}"
+    "th{text-align:left;padding-right:1rem;vertical-align:top}td{font-family:monospace;"
+    "overflow-wrap:anywhere}pre{background:#f4f4f4;padding:.75rem;overflow:auto;"
+    "white-space:pre-wrap}.pass{color:#116329}.fail{color:#a40e26}"
+)
+
+
+def _rows(receipt: ReceiptReport) -> list[tuple[str, Any]]:
+    body = receipt.body
+    job = body.get("worker_job") or {}
+    ran_by = (
+        f"worker job {job.get('repository_index')}/{job.get('worker_job_index')} "
+        f"attempt {job.get('attempt')} on {job.get('worker_id')}"
+        if job
+        else None
+    )
+    return [
+        ("Task", receipt.task),
+        ("Phase", receipt.phase),
+        ("Check", receipt.check_id),
+        ("Command", " ".join(body.get("command") or [])),
+        ("Status", body.get("status")),
+        ("Exit code", f"{body.get('exit_code')} (expected {body.get('expected_exit_code')})"),
+        ("Duration", f"{body.get('duration_ms')} ms"),
+        ("Head", receipt.head),
+        ("Base", receipt.base),
+        ("stdout SHA-256", body.get("stdout_sha256")),
+        ("stderr SHA-256", body.get("stderr_sha256")),
+        ("Ran by", ran_by),
+        ("Recorded", receipt.created_at),
+    ]
+
+
+def render(receipt: ReceiptReport) -> str:
+    e = html.escape
+    verdict = "pass" if receipt.outcome == "pass" else "fail"
+    rows = "".join(
+        f"<tr><th scope=row>{e(name)}</th><td>{e(str(value))}</td></tr>"
+        for name, value in _rows(receipt)
+        if value is not None
+    )
+    finding = receipt.body.get("finding")
+    tails = "".join(
+        f"<h2 id={name}>{name} (tail, secrets masked)</h2>"
+        f"<pre tabindex=0 aria-labelledby={name}>{e(receipt.body.get(key) or '')}</pre>"
+        for name, key in (("stdout", "stdout_tail"), ("stderr", "stderr_tail"))
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content='width=device-width,initial-scale=1'>"
+        f"<title>aiworker receipt {receipt.id}</title><style>{STYLE}</style></head><body>"
+        f"<main><h1>Receipt {receipt.id}: <span class={verdict}>{e(receipt.outcome)}</span></h1>"
+        f"<table><caption>The check as aiworker ran it</caption>{rows}</table>"
+        + (f"<p><strong>Finding:</strong> {e(finding)}</p>" if finding else "")
+        + f"{tails}</main></body></html>"
+    )
+
+
+def add_receipt_routes(app: FastAPI, environment: Callable[[], Environment]) -> None:
+    def found(receipt_id: int) -> ReceiptReport | None:
+        try:
+            return show_receipt(environment(), receipt_id)
+        except InvalidInput as exc:
+            if exc.code != "not_found":
+                raise
+            return None
+
+    @app.get("/receipts/{receipt_id}", response_class=HTMLResponse, include_in_schema=False)
+    def page(receipt_id: ReceiptId) -> Any:
+        receipt = found(receipt_id)
+        if receipt is None:
+            return error_response(404, "not_found", f"no receipt {receipt_id}")
+        return HTMLResponse(render(receipt), headers={"content-security-policy": POLICY})
+
+    router = APIRouter(prefix="/api/v1", responses={**REFUSALS, 404: NOT_FOUND})
+
+    @router.get("/receipts/{receipt_id}")
+    def document(receipt_id: ReceiptId) -> Any:
+        receipt = found(receipt_id)
+        if receipt is None:
+            return error_response(404, "not_found", f"no receipt {receipt_id}")
+        return receipt.to_json()
+
+    app.include_router(router)
