@@ -162,7 +162,9 @@ def test_killed_plan_jobs_are_recovered_at_every_point(
     from tests.test_plan import SCENARIO
 
     config = configure(tmp_path, forge, monkeypatch)
-    config.write_text(CONFIG.replace("review = 6", "review = 6\nplanning = 6") + config.read_text())
+    # The combined checks' step is killed at two points, four ticks each: room for all.
+    budgets = CONFIG.replace("review = 6", "review = 6\nplanning = 6")
+    config.write_text(budgets.replace("delivery = 6", "delivery = 12") + config.read_text())
     write_scenario(tmp_path / "scenario.json", **SCENARIO)
     forge.client("alice").add_labels("team", "app", 1, ["aiworker-plan"])
     assert run_process("poll").exit_code == 0

@@ -267,3 +267,33 @@ def test_a_plan_whose_issue_changed_after_its_review_is_approved_again_before_it
     assert all(r.exit_code == 0 for r in again.values()), again
     assert again["publish"].json()["pr"] == pr  # the same PR, reviewed again
     assert forge.client("alice").pull("team", "app", pr).merged
+
+
+def test_a_plan_step_whose_combined_checks_keep_failing_ends_as_its_budget_says(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """The combined checks run as a guarded step: each try is an attempt, a failing one
+    is retried within the plan's `milestones` budget (delivery), and then the plan fails
+    with a comment listing the tries, instead of being retried on every tick."""
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    config = tmp_path / "config.toml"
+    config.write_text(config.read_text() + "[budgets]\ndelivery = 3\n")
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    assert step(cli)["started"] == 2
+    claim_and_run(cli, "implement", 2)
+    assert step(cli)["started"] == 3
+    claim_and_run(cli, "implement", 3)
+    monkeypatch.setenv("AIWORKER_FAILPOINT", "milestones.after_checks:raise")
+    states = []
+    for _ in range(4):
+        result = cli("--json", "milestones", "--task", "1")
+        states.append(query(upgraded, "select state from tasks where id = 1")[0][0])
+    assert states == ["milestones", "milestones", "failed", "failed"], states
+    assert result.exit_code == 1  # the plan is failed: no step of it runs any more
+    tries = query(
+        upgraded, "select outcome, reason from attempts where task_id = 1 and phase = 'milestones'"
+    )
+    assert tries == [("error", "unexpected FailpointError: failpoint milestones.after_checks")] * 3
+    spent = "the milestones budget of 3 attempts is spent"
+    [stopped] = [c for c in comments(forge, "worker-bot") if spent in c]
+    assert stopped.count("(milestones, host): error") == 3, stopped

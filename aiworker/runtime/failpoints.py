@@ -36,7 +36,11 @@ POINTS: dict[str, tuple[str, ...]] = {
         "review.after_post",
     ),
     "merge": ("merge.attempt_started", "merge.after_request"),
-    "milestones": ("milestones.after_accept", "milestones.after_checks"),
+    "milestones": (
+        "milestones.after_accept",
+        "milestones.attempt_started",
+        "milestones.after_checks",
+    ),
     "runner": ("runner_api.after_finish",),
 }
 

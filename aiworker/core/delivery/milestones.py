@@ -26,6 +26,7 @@ from aiworker.core.delivery.plan_approval import (
     move_plan,
     pause,
 )
+from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.gate import publication_allowed, run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
@@ -48,6 +49,7 @@ from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 
+STEP = "milestones"  # the attempts' phase and the budget of the combined checks
 WORKING = frozenset({S.READY, S.CLAIMED, S.RUNNING, S.REPAIRING, S.PAUSED, S.NEEDS_INPUT})
 
 
@@ -200,28 +202,32 @@ def _accept(db: Database, task: Task, child: Task, report: PlanStepReport) -> bo
 
 
 def _finish(env: Environment, db: Database, plan: Plan, report: PlanStepReport) -> None:
-    """Every milestone is in: the combined checks at the final head decide."""
+    """Every milestone is in: the combined checks at the final head decide. They run as a
+    guarded step (an attempt each, charged to the plan's `milestones` budget): a run that
+    fails or dies is retried within the budget, then the plan fails with a comment."""
     task, repo = plan.task, plan.repo
     head, base = task.head_commit, task.base_commit
     assert head is not None
     assert base is not None
-    gate = run_checks(
-        db,
-        Dispatch.of(env, db),
-        index=repo.index,
-        head=head,
-        base=base,
-        task_id=task.id,
-        scope=task.scope_fingerprint,
-        requirements=checks_of(db, task, plan.issue.body),
-    )
-    failpoint("milestones.after_checks")
-    failed = gate.failures()
-    if failed:
-        request = RepairRequest(
-            "checks", head, base, [Finding(severity="blocker", message=f) for f in failed]
+    with step_guard(env, db, task, STEP, {"head": head}) as guard:
+        gate = run_checks(
+            db,
+            Dispatch.of(env, db),
+            index=repo.index,
+            head=head,
+            base=base,
+            task_id=task.id,
+            scope=task.scope_fingerprint,
+            requirements=checks_of(db, task, plan.issue.body),
         )
-        report.state = request_repair(env, db, task, S.MILESTONES, request, "; ".join(failed))
-        return
-    reason = f"every milestone is in; the combined checks passed at {head[:12]}"
-    move_plan(db, task, S.MILESTONES, S.IMPLEMENTED, reason, report, base_commit=base)
+        failpoint("milestones.after_checks")
+        failed = gate.failures()
+        guard.finish("failed" if failed else "succeeded", "; ".join(failed)[:500])
+        if failed:
+            request = RepairRequest(
+                "checks", head, base, [Finding(severity="blocker", message=f) for f in failed]
+            )
+            report.state = request_repair(env, db, task, S.MILESTONES, request, "; ".join(failed))
+            return
+        reason = f"every milestone is in; the combined checks passed at {head[:12]}"
+        move_plan(db, task, S.MILESTONES, S.IMPLEMENTED, reason, report, base_commit=base)

@@ -57,6 +57,7 @@ STEP_STARTS = {
     "ci": TaskState.AWAITING_CI,
     "review": TaskState.AWAITING_REVIEW,
     "merge": TaskState.APPROVED,
+    "milestones": TaskState.MILESTONES,  # a plan's combined checks
 }
 
 
