@@ -35,7 +35,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "db backup": frozenset({"source", "target", "bytes", "revision"}),
     "scheduler tick": frozenset(
         {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
-        | {"skipped", "cleaned", "guests_swept", "next_deadline"}
+        | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}
     ),
     "scheduler pause": frozenset({"paused", "reason"}),
     "scheduler resume": frozenset({"paused"}),

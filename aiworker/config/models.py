@@ -252,7 +252,7 @@ class Budgets(Strict):
     repair: Annotated[int, Field(ge=1, le=50)] = 3
     planning: Annotated[int, Field(ge=1, le=50)] = 3
     review: Annotated[int, Field(ge=1, le=50)] = 3
-    # Each delivery step (publish, ci, merge) separately.
+    # Each delivery step (publish, ci, merge, a plan's combined checks) separately.
     delivery: Annotated[int, Field(ge=1, le=50)] = 5
 
     def limit(self, phase: str) -> int:
@@ -271,6 +271,12 @@ class Runners(Strict):
     # queue_seconds is ended as failed).
     mode: Literal["embedded", "fleet"] = "embedded"
     queue_seconds: Annotated[int, Field(ge=10, le=7 * 86_400)] = 1800
+
+
+class Storage(Strict):
+    # Free space kept on the state directory's file system: below it no new phase or
+    # delivery step starts (recovery and cleanup go on), and doctor warns. 0: no reserve.
+    reserve_gib: Annotated[float, Field(ge=0, le=1_000_000)] = 1.0
 
 
 class Housekeeping(Strict):
@@ -361,6 +367,7 @@ class Config(Strict):
     scheduler: Scheduler = Scheduler()
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()
+    storage: Storage = Storage()
     runners: Runners = Runners()
     execution: Execution = Execution()
     web: Web = Web()

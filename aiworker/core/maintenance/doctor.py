@@ -1,5 +1,6 @@
 """Health checks: configuration, tokens, the forge (reachable, each identity, each
-repository), the last poll and the tick, state directory, database, git, qemu, KVM."""
+repository), the last poll and the tick, state directory, its free space, database,
+git, qemu, KVM."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aiworker.config.loader import (
 )
 from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.health import Check, HealthReport
+from aiworker.core.maintenance.storage import storage_check
 from aiworker.errors import AiworkerError, ConfigInvalid
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
@@ -53,6 +55,7 @@ def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     checks.extend(scheduler_checks(env))
     checks.extend(_check_providers(env))
     checks.append(_check_state_dir(state_dir))
+    checks.append(storage_check(env))
     checks.append(_check_database(env))
     checks.append(_check_git())
     checks.extend(_check_guests())

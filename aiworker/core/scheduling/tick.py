@@ -1,6 +1,7 @@
 """`aiworker scheduler tick`: the one entry point a timer calls.
 
-It reloads the configuration, honours pause and the maintenance gate, polls,
+It reloads the configuration, honours pause, the maintenance gate and the free-space
+reserve (core/maintenance/storage.py), polls,
 recovers what dead jobs left (tasks/recovery.py), claims work for each free
 slot under discovery.lock and starts that slot's phase as its own process
 holding slot-N.lock, starts waiting delivery steps, keeps house (cleanup after
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiworker.config.models import Housekeeping
 from aiworker.core.context import Environment
+from aiworker.core.maintenance.storage import space_shortage
 from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
@@ -59,7 +61,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         report.status = "paused"
     elif poll_forge and config.forge is not None and config.repositories:
         _poll(env, report)
-    starting = not paused and report.poll_error is None
+    starting = not paused and report.poll_error is None and not _short_of_space(env, report)
     db = env.open_database()
     try:
         own = _free_slots(env, report)
@@ -99,6 +101,14 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         len(report.recovered),
     )
     return report
+
+
+def _short_of_space(env: Environment, report: TickReport) -> bool:
+    """Under the free-space reserve: nothing new starts, and the report says why."""
+    report.low_space = space_shortage(env)
+    if report.low_space is not None:
+        log.warning("tick: %s", report.low_space)
+    return report.low_space is not None
 
 
 def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ class TickReport(Report):
     cleaned: list[dict[str, Any]] = field(default_factory=list)
     guests_swept: list[str] = field(default_factory=list)
     next_deadline: str | None = None
+    low_space: str | None = None  # why nothing new started: under storage.reserve_gib
 
 
 def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | None:

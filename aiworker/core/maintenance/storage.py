@@ -1,0 +1,47 @@
+"""The free-space reserve of the state directory's file system (`storage.reserve_gib`):
+below it the tick starts no new phase or delivery step, so a filling disk stops new
+work before a write fails half-way; recovery and cleanup (which frees space) go on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.core.health import Check
+
+GIB = 1024**3
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the file system of PATH (or of its
+    nearest existing parent: a state directory not made yet)."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    stats = os.statvfs(probe)
+    return stats.f_bavail * stats.f_frsize
+
+
+def space_shortage(env: Environment) -> str | None:
+    """Why no new work may start for lack of space, or None when the reserve holds."""
+    reserve = env.loaded.config.storage.reserve_gib
+    if reserve <= 0:
+        return None
+    free = free_bytes(env.state_dir)
+    if free >= reserve * GIB:
+        return None
+    return (
+        f"{free / GIB:.2f} GiB free for {env.state_dir}, under the reserve of {reserve:g} GiB "
+        "(storage.reserve_gib): no new phase or step starts until space is freed"
+    )
+
+
+def storage_check(env: Environment) -> Check:
+    shortage = space_shortage(env)
+    if shortage is not None:
+        return Check("storage", "warn", shortage)
+    free = free_bytes(env.state_dir) / GIB
+    reserve = env.loaded.config.storage.reserve_gib
+    kept = f"reserve {reserve:g} GiB" if reserve > 0 else "no reserve configured"
+    return Check("storage", "ok", f"{free:.2f} GiB free for {env.state_dir} ({kept})")
