@@ -7,18 +7,16 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
+from aiworker.config.limits import Budgets, Deadlines, Housekeeping, Storage
+from aiworker.config.strict import Strict
 
 PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
 ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 class Identity(Strict):
@@ -244,22 +242,6 @@ class Scheduler(Strict):
         return value
 
 
-class Budgets(Strict):
-    """How many tries each phase gets per task before the task ends as failed."""
-
-    implementation: Annotated[int, Field(ge=1, le=50)] = 3
-    # Repair episodes after review findings, a red CI or a moved base.
-    repair: Annotated[int, Field(ge=1, le=50)] = 3
-    planning: Annotated[int, Field(ge=1, le=50)] = 3
-    review: Annotated[int, Field(ge=1, le=50)] = 3
-    # Each delivery step (publish, ci, merge, a plan's combined checks) separately.
-    delivery: Annotated[int, Field(ge=1, le=50)] = 5
-
-    def limit(self, phase: str) -> int:
-        value = getattr(self, phase, None)
-        return int(value) if isinstance(value, int) else self.delivery
-
-
 class Runners(Strict):
     # The tokens runners present (Authorization: Bearer), each from a file or a variable.
     tokens: Annotated[list[Identity], Field(max_length=64)] = []
@@ -271,25 +253,6 @@ class Runners(Strict):
     # queue_seconds is ended as failed).
     mode: Literal["embedded", "fleet"] = "embedded"
     queue_seconds: Annotated[int, Field(ge=10, le=7 * 86_400)] = 1800
-
-
-class Storage(Strict):
-    # Free space kept on the state directory's file system: below it no new phase or
-    # delivery step starts (recovery and cleanup go on), and doctor warns. 0: no reserve.
-    reserve_gib: Annotated[float, Field(ge=0, le=1_000_000)] = 1.0
-
-
-class Housekeeping(Strict):
-    # Workspaces and logs of failed and cancelled tasks are kept this long for diagnosis.
-    retention_days: Annotated[int, Field(ge=0, le=3650)] = 7
-    # Scheduler check events kept (the latest); older ones are removed by the tick.
-    check_events: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
-    # Worker job events kept, per kind (claimed, finished, ...): the latest.
-    worker_job_events: Annotated[int, Field(ge=100, le=10_000_000)] = 100_000
-    # scheduler.log and each task's log are rotated past this size; this many rotated
-    # files are kept beside each.
-    log_max_mib: Annotated[int, Field(ge=1, le=10_240)] = 10
-    log_keep: Annotated[int, Field(ge=0, le=100)] = 3
 
 
 EGRESS_PHASES = ("default", "planning", "implementation", "review", "repair", "setup", "ci")
@@ -368,6 +331,7 @@ class Config(Strict):
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()
     storage: Storage = Storage()
+    deadlines: Deadlines = Deadlines()
     runners: Runners = Runners()
     execution: Execution = Execution()
     web: Web = Web()

@@ -33,6 +33,7 @@ from aiworker.core.providers.registry import (
     provider_homes,
     read_provider,
 )
+from aiworker.core.tasks.deadlines import run_limit_s
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.workspace import Workspace
 from aiworker.store.engine import Database
@@ -130,6 +131,8 @@ def run_model_phase(
         admission.effort,
     )
     failpoint(f"{guard.phase}.attempt_started")
+    # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
+    limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
     inputs = {
         **inputs,
         "result-schema.json": json.dumps(AgentResult.model_json_schema()),
@@ -160,6 +163,7 @@ def run_model_phase(
             backend=backend,
             hidden=[*provider_homes(env), *host_secrets(env)],
             bound=route.bound if route else None,
+            timeout_s=limit_s,
         )
     finally:
         used = route.close() if route else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.config.limits import RUN_LIMIT_S
 from aiworker.runtime.execution import Limits, run_job
 from aiworker.runtime.workspace import (
     ExecutionBackend,
@@ -18,7 +19,6 @@ from aiworker.runtime.workspace import (
 )
 
 log = logging.getLogger(__name__)
-RUN_TIMEOUT_S = 2 * 60 * 60
 # The final result event sits at the end of the stream; keep enough of it to parse.
 OUTPUT_TAIL = 4 * 1024 * 1024
 # The end of each stream kept with the attempt (masked) for the operator.
@@ -53,9 +53,13 @@ def run_provider(
     backend: ExecutionBackend | None = None,
     hidden: list[Path] | None = None,
     bound: Bound | None = None,
+    timeout_s: float = RUN_LIMIT_S,
 ) -> RunReport:
-    """Run PROVIDER's command in WORKSPACE. BOUND (a local model's try): its wall time,
-    and the event its gate sets to end the try at a bound."""
+    """Run PROVIDER's command in WORKSPACE for at most TIMEOUT_S (its phase's limit within
+    the task's deadline). BOUND (a local model's try): its wall time, and the event its
+    gate sets to end the try at a bound."""
+    if bound is not None:
+        timeout_s = min(timeout_s, bound.seconds)
     backend = backend or LocalBackend()
     prompt = (workspace.inputs / "prompt.md").read_text()
     spec = provider.command(
@@ -86,9 +90,7 @@ def run_provider(
             env=env,
             tag=tag,
             stdin_path=stdin_path,
-            limits=Limits(
-                timeout_s=bound.seconds if bound else RUN_TIMEOUT_S, tail_bytes=OUTPUT_TAIL
-            ),
+            limits=Limits(timeout_s=timeout_s, tail_bytes=OUTPUT_TAIL),
             cancel=bound.cancel if bound else None,
         )
     finally:
@@ -101,7 +103,8 @@ def run_provider(
     # lies in the part that is dropped.
     printed = (stdout[-KEPT_TAIL - CUT_MARGIN :], stderr[-KEPT_TAIL - CUT_MARGIN :])
     if outcome.timed_out:
-        return RunReport(None, "transient", "the provider run timed out", *printed, timed_out=True)
+        why = f"the provider run timed out after {timeout_s:.0f} s"
+        return RunReport(None, "transient", why, *printed, timed_out=True)
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
     if parsed.error is not None or parsed.result is None:
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"

@@ -2,7 +2,8 @@
 
 It reloads the configuration, honours pause, the maintenance gate and the free-space
 reserve (core/maintenance/storage.py), polls,
-recovers what dead jobs left (tasks/recovery.py), claims work for each free
+recovers what dead jobs left (tasks/recovery.py), ends idle tasks past their deadline
+(tasks/deadlines.py), claims work for each free
 slot under discovery.lock and starts that slot's phase as its own process
 holding slot-N.lock, starts waiting delivery steps, keeps house (cleanup after
 delivery and retention, the latest N check receipts), then records a check
@@ -17,7 +18,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from aiworker.config.models import Housekeeping
+from aiworker.config.limits import Housekeeping
 from aiworker.core.context import Environment
 from aiworker.core.maintenance.storage import space_shortage
 from aiworker.core.scheduling.claims import claim_for_slot
@@ -26,8 +27,10 @@ from aiworker.core.scheduling.phase_commands import runnable_kinds
 from aiworker.core.scheduling.state import SchedulerState, record_poll, update_state
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
+from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.locks import FileLock
+from aiworker.store.deadlines import work_started_before
 from aiworker.store.engine import Database
 from aiworker.store.tables import WORKER_JOB_EVENTS
 from aiworker.store.tasks import (
@@ -68,6 +71,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
             report.guests_swept = _sweep_guests(env)
+            report.expired = _end_overdue(env, db)
             kinds, report.skipped = runnable_kinds(env)
             if starting:
                 for slot, lock in own:
@@ -121,6 +125,21 @@ def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[
 
     found = [*recover_slots(env, db, own_slots), *recover_attempts(env, db)]
     return [{"task": r.task, "state": r.state, "reason": r.reason} for r in found]
+
+
+def _end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:
+    """Idle tasks past their deadline end as failed (before anything claims them). The
+    deadlines module is imported only when some waiting task worked that long ago."""
+    seconds = env.loaded.config.deadlines.task
+    if seconds <= 0:
+        return []
+    before = datetime.now(UTC) - timedelta(seconds=seconds)
+    with db.read_connection() as connection:
+        if not work_started_before(connection, before, sorted(AWAITING_WORK)):
+            return []
+    from aiworker.core.tasks.deadlines import end_overdue
+
+    return end_overdue(env, db)
 
 
 def _sweep_guests(env: Environment) -> list[str]:

@@ -31,6 +31,7 @@ class TickReport(Report):
     guests_swept: list[str] = field(default_factory=list)
     next_deadline: str | None = None
     low_space: str | None = None  # why nothing new started: under storage.reserve_gib
+    expired: list[dict[str, Any]] = field(default_factory=list)  # ended at their deadline
 
 
 def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | None:

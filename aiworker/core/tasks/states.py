@@ -53,6 +53,11 @@ ACTIVE = frozenset(
     }
 )
 # A process works on the task in these states: a slot's phase or a delivery step.
+# Waiting for its next job, not for a person: where a task past its deadline is ended.
+AWAITING_WORK = frozenset(
+    {S.READY, S.IMPLEMENTED, S.AWAITING_CI, S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING}
+    | {S.MILESTONES}
+)
 HOLDS_SLOT = frozenset({S.CLAIMED, S.RUNNING, S.PLANNING, S.REPAIRING})
 # A milestone in one of these keeps its plan's next milestone waiting (store.tasks.IN_FLIGHT).
 IN_FLIGHT = frozenset({S.CLAIMED, S.RUNNING, S.REPAIRING, S.AWAITING_CI, S.AWAITING_REVIEW})
@@ -63,7 +68,8 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     S.NEW: frozenset({S.READY, *_LEAVE}),
     # ready -> ready: poll records a changed scope.
     # ready -> new: a milestone held back while its plan awaits approval again.
-    S.READY: frozenset({S.READY, S.CLAIMED, S.NEEDS_INPUT, S.NEW, *_LEAVE}),
+    # ready -> failed: its deadline passed (tasks/deadlines.py).
+    S.READY: frozenset({S.READY, S.CLAIMED, S.NEEDS_INPUT, S.NEW, S.FAILED, *_LEAVE}),
     # claimed -> ready: released (no provider now, a dead holder); -> failed: budget spent.
     S.CLAIMED: frozenset(
         {S.CLAIMED, S.READY, S.RUNNING, S.PLANNING, S.REPAIRING, S.NEEDS_INPUT, S.FAILED, *_LEAVE}

@@ -1,0 +1,110 @@
+"""Task deadlines (`deadlines.task`, default 24 h): no task works without end.
+
+A task's clock starts with its first attempt, and starts again when a person hands the
+task back (an answer to its questions, an approval, a resume, a retry): time in a
+person's hands never counts. A provider run never outlasts what is left of the
+deadline (nor its phase's own limit, `deadlines.PHASE`), so the work in flight stops at
+the deadline with what it wrote kept; the tick then ends every idle task past its
+deadline as failed, with the reason and its attempts commented on the issue. A task
+whose job still runs is left to that job, bounded as above, and ended after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.tasks.budgets import RELEASE, attempts_summary
+from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.states import AWAITING_WORK
+from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import Conflict
+from aiworker.store.deadlines import clock_start, overdue
+from aiworker.store.engine import Database
+
+log = logging.getLogger(__name__)
+# Where a task waits for a person; leaving one starts the clock anew (failed: a retry).
+RESTARTS = frozenset({S.NEEDS_INPUT, S.AWAITING_PLAN_APPROVAL, S.PAUSED, S.FAILED})
+
+
+class DeadlinePassed(Conflict):
+    code = "deadline_passed"
+
+
+def _hours(seconds: int) -> str:
+    return f"{seconds / 3600:g} h"
+
+
+def remaining_s(env: Environment, db: Database, task_id: int) -> float | None:
+    """Seconds left before TASK_ID's deadline (its clock started by now), or None when
+    deadlines are off."""
+    seconds = env.loaded.config.deadlines.task
+    if seconds <= 0:
+        return None
+    with db.read() as session:
+        start = clock_start(session, task_id, RESTARTS)
+    now = datetime.now(UTC)
+    end = (start or now) + timedelta(seconds=seconds)
+    return (end - now).total_seconds()
+
+
+def run_limit_s(env: Environment, db: Database, task_id: int, phase: str) -> float:
+    """How long a provider run of PHASE may take now: its phase's limit, within what is
+    left of the task's deadline. Raises DeadlinePassed when nothing is left."""
+    limit = float(env.loaded.config.deadlines.run_limit(phase))
+    left = remaining_s(env, db, task_id)
+    if left is None:
+        return limit
+    if left <= 0:
+        raise DeadlinePassed(
+            f"task {task_id}: its deadline ({_hours(env.loaded.config.deadlines.task)} from "
+            "its start) has passed; the tick ends it"
+        )
+    return min(limit, left)
+
+
+def end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:
+    """End every idle task past its deadline as failed, commenting why; what each was."""
+    seconds = env.loaded.config.deadlines.task
+    if seconds <= 0:
+        return []
+    now = datetime.now(UTC)
+    with db.read() as session:
+        late = overdue(session, AWAITING_WORK, RESTARTS, now, seconds)
+    ended = []
+    for task_id, state, version, start in late:
+        reason = (
+            f"its deadline passed: {_hours(seconds)} from its start at "
+            f"{start.isoformat(timespec='seconds')} (deadlines.task)"
+        )
+        try:
+            with db.write() as session:
+                advance(
+                    session,
+                    task_id,
+                    state,
+                    version,
+                    S.FAILED,
+                    reason,
+                    actor="deadline",
+                    kind="task.failed",
+                    data={"deadline_s": seconds, "started_at": start.isoformat()},
+                    follow_data_changes=True,
+                    **(RELEASE if state == S.REPAIRING else {}),
+                )
+        except TransitionRefused:
+            continue  # it moved meanwhile: the next tick looks again
+        log.warning("task %d: %s", task_id, reason)
+        comment_on_issue(
+            env,
+            db,
+            task_id,
+            f"aiworker stopped working on this: {reason}. What it made is kept.\n\n"
+            f"Attempts:\n{attempts_summary(db, task_id)}\n\n"
+            "An operator can run `aiworker task retry` to give it a new deadline.",
+        )
+        ended.append({"task": task_id, "from": state, "reason": reason})
+    return ended
