@@ -20,8 +20,17 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+def env_lock(state_dir, name):
+    """Lock NAME of the installation at STATE_DIR, taken as another job would hold it."""
+    from aiworker.runtime.locks import LockDir
+
+    lock = LockDir(state_dir).lock(name)
+    assert lock.try_acquire()
+    return lock
+
+
 def test_a_run_stops_at_the_deadline_and_the_tick_ends_the_task(
-    forge, upgraded, tmp_path, monkeypatch, cli
+    forge, upgraded, state_dir, tmp_path, monkeypatch, cli
 ):
     config = configure(tmp_path, forge, monkeypatch)
     # A model that would take ten minutes.
@@ -43,6 +52,17 @@ def test_a_run_stops_at_the_deadline_and_the_tick_ends_the_task(
     assert (at(finished) - at(started)).total_seconds() < 120  # not the model's 600 s
     assert query(upgraded, "select state from tasks") == [("ready",)]
 
+    # Paused, nothing could move the task on: it is not ended for its time.
+    assert cli("scheduler", "pause").exit_code == 0
+    assert tick(cli, monkeypatch)["expired"] == []
+    assert cli("scheduler", "resume").exit_code == 0
+    # A job holding the task (here its lock, as a delivery step holds it) keeps it.
+    held = env_lock(state_dir, "task-1")
+    try:
+        assert tick(cli, monkeypatch)["expired"] == []
+    finally:
+        held.release()
+    assert query(upgraded, "select state from tasks") == [("ready",)]
     ended = tick(cli, monkeypatch)
     assert [(e["task"], e["from"]) for e in ended["expired"]] == [(1, "ready")]
     assert ended["started"] == []
@@ -93,4 +113,45 @@ def test_time_in_a_persons_hands_does_not_count(upgraded):
         assert clock_start(session, task.id, RESTARTS) is None  # handed back: a new clock
         second = start_attempt(session, task.id, "implementation", "script", None, None, {})
         assert clock_start(session, task.id, RESTARTS) == session.get(Attempt, second).started_at
+    db.dispose()
+
+
+def test_a_milestone_counts_only_while_its_plan_runs_its_milestones(upgraded):
+    """While its plan waits for a person (approval again after an edit), a milestone's
+    time does not run out; the plan's hand-back starts the milestone's clock anew."""
+    from datetime import UTC, timedelta
+
+    from aiworker.core.tasks.deadlines import RESTARTS
+    from aiworker.core.tasks.lifecycle import advance
+    from aiworker.core.tasks.states import AWAITING_WORK
+    from aiworker.store.attempts import finish_attempt, start_attempt
+    from aiworker.store.deadlines import overdue
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    db = Database(f"sqlite:///{upgraded}")
+    later = datetime.now(UTC) + timedelta(days=2)
+
+    def late():
+        with db.read() as session:
+            found = overdue(session, AWAITING_WORK, RESTARTS, later, 86_400, "milestones")
+            return [task_id for task_id, *_ in found]
+
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        plan = create_task(session, repo.id, "plan", issue_number=7, title="Plan")
+        child = create_task(session, repo.id, "milestone", title="Step 1", parent_id=plan.id)
+        state, version = "ready", plan.version
+        for to_state in ("claimed", "planning", "awaiting_plan_approval", "milestones"):
+            version = advance(session, plan.id, state, version, to_state, "moved")
+            state = to_state
+        attempt = start_attempt(session, child.id, "implementation", "script", None, None, {})
+        finish_attempt(session, attempt, "succeeded")
+    assert late() == [child.id]  # the plan runs its milestones: the child's time counts
+    with db.write() as session:
+        version = advance(session, plan.id, "milestones", version, "awaiting_plan_approval", "x")
+    assert late() == []  # the plan waits for a person
+    with db.write() as session:
+        advance(session, plan.id, "awaiting_plan_approval", version, "milestones", "approved")
+    assert late() == []  # handed back: no attempt of the child since
     db.dispose()

@@ -325,6 +325,13 @@ def test_a_public_url_that_is_not_an_origin_is_named(forge, tmp_path, monkeypatc
     refused = run_process("--json", "config", "validate")
     assert refused.exit_code == 2
     assert "web.public_url" in refused.stdout + refused.stderr
+    # Kept as a browser names it in Host (the link must pass the Host check).
+    text = config.read_text().replace(
+        "https://proxy.example.org/x?y", "https://Proxy.Example.ORG:443/"
+    )
+    config.write_text(text)
+    shown = run_process("--json", "config", "show").json()
+    assert shown["config"]["web"]["public_url"] == "https://proxy.example.org"
 
 
 def test_a_ci_status_posted_by_someone_else_does_not_let_the_pr_merge(forge, delivered, upgraded):
@@ -338,5 +345,5 @@ def test_a_ci_status_posted_by_someone_else_does_not_let_the_pr_merge(forge, del
     refused = run_process("--json", "merge", "--task", str(task))
     assert refused.exit_code == 1
     message = refused.json()["error"]["message"]
-    assert "no successful 'aiworker / ci' status by worker-bot" in message
+    assert "no successful 'aiworker / ci' status by worker-bot on" in message
     assert run_process("--json", "task", "show", str(task)).json()["state"] == "approved"

@@ -86,7 +86,11 @@ class Web(Strict):
             or parts.password
         ):
             raise ValueError("must be an origin such as https://aiworker.example.org[:PORT]")
-        return f"{parts.scheme}://{parts.netloc}"
+        # As a browser names it in Host: the host in lower case, no default port.
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        default = {"http": 80, "https": 443}[parts.scheme]
+        port = f":{parts.port}" if parts.port not in (None, default) else ""
+        return f"{parts.scheme}://{host}{port}"
 
 
 class Repository(Strict):

@@ -38,14 +38,17 @@ def _rows(receipt: ReceiptReport) -> list[tuple[str, Any]]:
         if job
         else None
     )
+    ran = "command" in body  # a check's receipt; a merge's records the merge instead
     return [
         ("Task", receipt.task),
         ("Phase", receipt.phase),
         ("Check", receipt.check_id),
-        ("Command", " ".join(body.get("command") or [])),
+        ("Command", " ".join(body["command"]) if ran else None),
         ("Status", body.get("status")),
-        ("Exit code", f"{body.get('exit_code')} (expected {body.get('expected_exit_code')})"),
-        ("Duration", f"{body.get('duration_ms')} ms"),
+        ("Exit code", f"{body.get('exit_code')} (expected {body.get('expected_exit_code')})")
+        if ran
+        else ("Merge commit", body.get("merge_commit")),
+        ("Duration", f"{body.get('duration_ms')} ms" if ran else None),
         ("Head", receipt.head),
         ("Base", receipt.base),
         ("stdout SHA-256", body.get("stdout_sha256")),
@@ -57,7 +60,7 @@ def _rows(receipt: ReceiptReport) -> list[tuple[str, Any]]:
 
 def render(receipt: ReceiptReport) -> str:
     e = html.escape
-    verdict = "pass" if receipt.outcome == "pass" else "fail"
+    verdict = "pass" if receipt.outcome in ("pass", "merged") else "fail"
     rows = "".join(
         f"<tr><th scope=row>{e(name)}</th><td>{e(str(value))}</td></tr>"
         for name, value in _rows(receipt)
@@ -68,6 +71,7 @@ def render(receipt: ReceiptReport) -> str:
         f"<h2 id={name}>{name} (tail, secrets masked)</h2>"
         f"<pre tabindex=0 aria-labelledby={name}>{e(receipt.body.get(key) or '')}</pre>"
         for name, key in (("stdout", "stdout_tail"), ("stderr", "stderr_tail"))
+        if key in receipt.body
     )
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"

@@ -90,16 +90,19 @@ def _refusals(
     ):
         reasons.append(f"no APPROVED review by {reviewer_login} on {head}")
     # Only our own CI's word counts: anyone with Write can post a status in its context.
-    ci_login = access.logins[access.status_role()]
+    # Ours: the identity that posts statuses now, or the worker (which posted them before
+    # a `ci` identity was configured).
+    ours = {access.logins[access.status_role()], access.logins["worker"]}
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
     if not any(
         s.context == CI_CONTEXT
         and s.status == "success"
         and s.creator is not None
-        and s.creator.login == ci_login
+        and s.creator.login in ours
         for s in statuses
     ):
-        reasons.append(f"no successful '{CI_CONTEXT}' status by {ci_login} on {head}")
+        by = " or ".join(sorted(ours))
+        reasons.append(f"no successful '{CI_CONTEXT}' status by {by} on {head}")
     if not decision.authorized:
         reasons.append(f"authorisation no longer holds: {decision.reason}")
     if task.kind in ("feature", "plan"):

@@ -131,8 +131,6 @@ def run_model_phase(
         admission.effort,
     )
     failpoint(f"{guard.phase}.attempt_started")
-    # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
-    limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
     inputs = {
         **inputs,
         "result-schema.json": json.dumps(AgentResult.model_json_schema()),
@@ -145,6 +143,8 @@ def run_model_phase(
     route = None
     try:
         try:
+            # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
+            limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
             # A local model is reached only through the gate that bounds its try.
             route = LocalRoute.open(provider, backend)
             workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))

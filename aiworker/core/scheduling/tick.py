@@ -71,7 +71,9 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
             report.guests_swept = _sweep_guests(env)
-            report.expired = _end_overdue(env, db)
+            # Only while work may start: paused, unpolled or short of space, nothing could
+            # have moved the tasks on, so none is ended for its time.
+            report.expired = _end_overdue(env, db) if starting else []
             kinds, report.skipped = runnable_kinds(env)
             if starting:
                 for slot, lock in own:

@@ -16,13 +16,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.core.context import Environment
-from aiworker.core.tasks.budgets import RELEASE, attempts_summary
+from aiworker.core.tasks.budgets import attempts_summary
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
-from aiworker.store.deadlines import clock_start, overdue
+from aiworker.store.deadlines import clock_start, is_idle, overdue
 from aiworker.store.engine import Database
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,37 @@ def run_limit_s(env: Environment, db: Database, task_id: int, phase: str) -> flo
     return min(limit, left)
 
 
+def _fail(
+    env: Environment, db: Database, seen: tuple[int, str, int], reason: str, data: dict[str, Any]
+) -> bool:
+    """Fail the task as SEEN (id, state, version) under its own lock (a delivery step holds
+    it while it runs), only while no slot holds it and no attempt of it is open."""
+    task_id, state, version = seen
+    lock = env.locks.lock(f"task-{task_id}")
+    if not lock.try_acquire():
+        return False
+    try:
+        with db.write() as session:
+            if not is_idle(session, task_id):
+                return False
+            advance(
+                session,
+                task_id,
+                state,
+                version,
+                S.FAILED,
+                reason,
+                actor="deadline",
+                kind="task.failed",
+                data=data,
+            )
+    except TransitionRefused:
+        return False
+    finally:
+        lock.release()
+    return True
+
+
 def end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:
     """End every idle task past its deadline as failed, commenting why; what each was."""
     seconds = env.loaded.config.deadlines.task
@@ -73,30 +104,15 @@ def end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:
         return []
     now = datetime.now(UTC)
     with db.read() as session:
-        late = overdue(session, AWAITING_WORK, RESTARTS, now, seconds)
+        late = overdue(session, AWAITING_WORK, RESTARTS, now, seconds, S.MILESTONES)
     ended = []
     for task_id, state, version, start in late:
         reason = (
             f"its deadline passed: {_hours(seconds)} from its start at "
             f"{start.isoformat(timespec='seconds')} (deadlines.task)"
         )
-        try:
-            with db.write() as session:
-                advance(
-                    session,
-                    task_id,
-                    state,
-                    version,
-                    S.FAILED,
-                    reason,
-                    actor="deadline",
-                    kind="task.failed",
-                    data={"deadline_s": seconds, "started_at": start.isoformat()},
-                    follow_data_changes=True,
-                    **(RELEASE if state == S.REPAIRING else {}),
-                )
-        except TransitionRefused:
-            continue  # it moved meanwhile: the next tick looks again
+        if not _fail(env, db, (task_id, state, version), reason, {"deadline_s": seconds}):
+            continue  # a job took it up meanwhile: the next tick looks again
         log.warning("task %d: %s", task_id, reason)
         comment_on_issue(
             env,
