@@ -174,7 +174,9 @@ def test_a_simple_issue_gets_one_bounded_local_try_then_the_next_provider_delive
     assert 1 <= use["requests"] <= BOUNDS["requests_per_try"], use
     assert use["side_requests"] == 0, use  # no title or summary request of OpenCode's own
     assert 0 < use["generated_tokens"] <= BOUNDS["tokens_per_try"], use
-    assert 0 < use["seconds"] < BOUNDS["seconds_per_try"], use
+    # Ended by the model, or by the gate at its time bound at the latest (a loaded machine
+    # may need all of it): never later than the bound and the moment a kill takes.
+    assert 0 < use["seconds"] <= BOUNDS["seconds_per_try"] + 30, use
     assert outcome in ("failed", "invalid", "other", "gate_failed", "not_accepted", "over_bound")
     assert report["reason"] == f"llama's local try ended {outcome}: {reason}"
     # The server generated exactly what the gate let through, and nothing else.
