@@ -14,7 +14,6 @@ from fastapi.responses import HTMLResponse
 
 from aiworker.core.context import Environment
 from aiworker.core.evidence.receipts import ReceiptReport, show_receipt
-from aiworker.errors import InvalidInput
 from aiworker.web.errors import error_response
 from aiworker.web.operator_api import REFUSALS, ErrorDocument
 
@@ -85,17 +84,9 @@ def render(receipt: ReceiptReport) -> str:
 
 
 def add_receipt_routes(app: FastAPI, environment: Callable[[], Environment]) -> None:
-    def found(receipt_id: int) -> ReceiptReport | None:
-        try:
-            return show_receipt(environment(), receipt_id)
-        except InvalidInput as exc:
-            if exc.code != "not_found":
-                raise
-            return None
-
     @app.get("/receipts/{receipt_id}", response_class=HTMLResponse, include_in_schema=False)
     def page(receipt_id: ReceiptId) -> Any:
-        receipt = found(receipt_id)
+        receipt = show_receipt(environment(), receipt_id)
         if receipt is None:
             return error_response(404, "not_found", f"no receipt {receipt_id}")
         return HTMLResponse(render(receipt), headers={"content-security-policy": POLICY})
@@ -104,7 +95,7 @@ def add_receipt_routes(app: FastAPI, environment: Callable[[], Environment]) -> 
 
     @router.get("/receipts/{receipt_id}")
     def document(receipt_id: ReceiptId) -> Any:
-        receipt = found(receipt_id)
+        receipt = show_receipt(environment(), receipt_id)
         if receipt is None:
             return error_response(404, "not_found", f"no receipt {receipt_id}")
         return receipt.to_json()

@@ -10,7 +10,6 @@ from typing import Any
 from aiworker.config.models import Config
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput
 from aiworker.store.receipts import get_receipt
 
 
@@ -34,13 +33,14 @@ def receipt_url(config: Config, receipt_id: int) -> str:
     return f"{public}/receipts/{receipt_id}" if public else ""
 
 
-def show_receipt(env: Environment, receipt_id: int) -> ReceiptReport:
+def show_receipt(env: Environment, receipt_id: int) -> ReceiptReport | None:
+    """Receipt RECEIPT_ID as recorded, or None when there is none."""
     db = env.open_database()
     try:
         with db.read() as session:
             receipt = get_receipt(session, receipt_id)
             if receipt is None:
-                raise InvalidInput(f"no receipt {receipt_id}", code="not_found")
+                return None
             return ReceiptReport(
                 receipt.id,
                 receipt.task_id,

@@ -23,12 +23,13 @@ def free_bytes(path: Path) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
-def space_shortage(env: Environment) -> str | None:
-    """Why no new work may start for lack of space, or None when the reserve holds."""
+def space_shortage(env: Environment, free: int | None = None) -> str | None:
+    """Why no new work may start for lack of space (FREE bytes, read when not given), or
+    None when the reserve holds."""
     reserve = env.loaded.config.storage.reserve_gib
     if reserve <= 0:
         return None
-    free = free_bytes(env.state_dir)
+    free = free_bytes(env.state_dir) if free is None else free
     if free >= reserve * GIB:
         return None
     return (
@@ -38,10 +39,10 @@ def space_shortage(env: Environment) -> str | None:
 
 
 def storage_check(env: Environment) -> Check:
-    shortage = space_shortage(env)
+    free = free_bytes(env.state_dir)
+    shortage = space_shortage(env, free)
     if shortage is not None:
         return Check("storage", "warn", shortage)
-    free = free_bytes(env.state_dir) / GIB
     reserve = env.loaded.config.storage.reserve_gib
     kept = f"reserve {reserve:g} GiB" if reserve > 0 else "no reserve configured"
-    return Check("storage", "ok", f"{free:.2f} GiB free for {env.state_dir} ({kept})")
+    return Check("storage", "ok", f"{free / GIB:.2f} GiB free for {env.state_dir} ({kept})")
