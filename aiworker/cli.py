@@ -42,7 +42,8 @@ COMMANDS = {
     "review": ("delivery", "review", False),
     "merge": ("delivery", "merge", False),
     "milestones": ("delivery", "milestones", False),
-    "cleanup": ("delivery", "cleanup", False),
+    "cleanup": ("housekeeping", "cleanup", False),
+    "retention": ("housekeeping", "retention", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

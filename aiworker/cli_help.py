@@ -26,6 +26,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "merge": ("aiworker merge --task 3",),
     "milestones": ("aiworker milestones --task 4",),
     "cleanup": ("aiworker cleanup", "aiworker cleanup --json"),
+    "retention": ("aiworker retention --dry-run", "aiworker retention --json"),
     "config show": ("aiworker config show", "aiworker config show --json"),
     "config validate": ("aiworker config validate --config ./config.toml",),
     "config set": (

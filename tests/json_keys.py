@@ -12,7 +12,7 @@ IMPLEMENT_KEYS = frozenset(
 KEYS: dict[str, frozenset[str] | str] = {
     "status": frozenset(
         {"tasks", "total_tasks", "slots", "last_check", "poll_error", "poll_failures", "isolation"}
-        | {"scheduler"}
+        | {"scheduler", "artifacts"}
     ),
     "doctor": frozenset({"ok", "checks"}),
     "poll": frozenset({"repositories", "tasks", "unauthorized", "paused", "polls"}),
@@ -27,6 +27,9 @@ KEYS: dict[str, frozenset[str] | str] = {
     | {"state"},
     "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at", "state"}),
     "cleanup": frozenset({"removed", "skipped", "changed", "kept"}),
+    "retention": frozenset(
+        {"dry_run", "removed", "refs", "files", "freed_bytes", "payloads", "bytes", "changed"}
+    ),
     "config show": frozenset({"path", "exists", "revision", "config", "tokens"}),
     "config validate": frozenset({"path", "exists", "valid"}),
     "config set": frozenset({"path", "key", "revision", "previous"}),
@@ -36,7 +39,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "scheduler tick": frozenset(
         {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
         | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}
-        | {"expired"}
+        | {"expired", "retention"}
     ),
     "scheduler pause": frozenset({"paused", "reason"}),
     "scheduler resume": frozenset({"paused"}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
 import os
 from pathlib import Path
@@ -311,6 +312,26 @@ def test_the_ci_status_links_its_receipt_page_and_is_posted_by_the_ci_identity(
         document = requests.get(f"{url}/api/v1/receipts/{ci['receipt']}", timeout=10).json()
         assert (document["task"], document["head"], document["outcome"]) == (task, head, "pass")
         assert document["body"]["stdout_sha256"] == ci["check"]["stdout_sha256"]
+        # The artifacts the page names open, verified, as the bytes they are.
+        kept = {a["name"]: a for a in document["artifacts"]}
+        assert set(kept) == {"stdout.tail", "stderr.tail", "receipt.json"}
+        assert kept["receipt.json"]["sha256"] == ci["check"]["receipt_sha256"]
+        for artifact in kept.values():
+            assert f"/artifacts/{artifact['sha256']}" in text
+            served = requests.get(f"{url}/artifacts/{artifact['sha256']}", timeout=10)
+            assert served.status_code == 200, served.text
+            assert hashlib.sha256(served.content).hexdigest() == artifact["sha256"]
+            assert len(served.content) == artifact["size"]
+            assert served.headers["x-content-type-options"] == "nosniff"
+        receipt = requests.get(f"{url}/artifacts/{kept['receipt.json']['sha256']}", timeout=10)
+        assert receipt.json()["exit_code"] == 0
+        assert receipt.json()["artifacts"]["stderr.tail"] == kept["stderr.tail"]["sha256"]
+        assert ci["check"]["stderr_tail"] in (
+            requests.get(f"{url}/artifacts/{kept['stderr.tail']['sha256']}", timeout=10).text
+        )
+        unknown = requests.get(f"{url}/artifacts/{'0' * 64}", timeout=10)
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "not_found")
+        assert requests.get(f"{url}/artifacts/..%2f..%2fetc", timeout=10).status_code in (404, 422)
         missing = requests.get(f"{url}/receipts/{ci['receipt'] + 1000}", timeout=10)
         assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
         forged = requests.get(

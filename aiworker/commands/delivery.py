@@ -1,5 +1,5 @@
 """The delivery steps after implementation: `aiworker publish`, `ci`, `review` and `merge`,
-and `cleanup` after delivery."""
+and `milestones`."""
 
 from __future__ import annotations
 
@@ -99,20 +99,6 @@ def merge(
             f"after the work was done; the task is {report['state']}",
             markup=False,
         ),
-    )
-
-
-def cleanup(ctx: typer.Context) -> None:
-    """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
-    merge evidence; record an inventory. A second run changes nothing."""
-    from aiworker.core.maintenance.cleanup import cleanup as run
-
-    inv: Invocation = ctx.obj
-    report = run(inv.environment()).to_json()
-    lines = [f"removed {item['path']} ({item['bytes']} bytes)" for item in report["removed"]]
-    lines += [f"skipped task {item['task']}: {item['reason']}" for item in report["skipped"]]
-    emit(
-        inv.json, report, lambda c: c.print("\n".join(lines) or "nothing to clean up", markup=False)
     )
 
 

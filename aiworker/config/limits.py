@@ -62,3 +62,14 @@ class Housekeeping(Strict):
     # files are kept beside each.
     log_max_mib: Annotated[int, Field(ge=1, le=10_240)] = 10
     log_keep: Annotated[int, Field(ge=0, le=100)] = 3
+
+
+class Retention(Strict):
+    # How long a reference to an artifact (a check's streams and receipt, an attempt's
+    # prompt and result) keeps its payload: from when it was stored, and never before
+    # its task has ended this long ago. Records and digests stay after the payload goes.
+    artifact_days: Annotated[int, Field(ge=1, le=3650)] = 7
+    # The retention pass runs at most this often (from the tick) and removes at most
+    # this many payloads per run.
+    interval_s: Annotated[int, Field(ge=60, le=7 * 86_400)] = 3600
+    batch: Annotated[int, Field(ge=1, le=100_000)] = 500

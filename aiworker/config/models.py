@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
-from aiworker.config.limits import Budgets, Deadlines, Housekeeping, Storage
+from aiworker.config.limits import Budgets, Deadlines, Housekeeping, Retention, Storage
 from aiworker.config.strict import Strict
 
 PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
@@ -335,6 +335,7 @@ class Config(Strict):
     budgets: Budgets = Budgets()
     housekeeping: Housekeeping = Housekeeping()
     storage: Storage = Storage()
+    retention: Retention = Retention()
     deadlines: Deadlines = Deadlines()
     runners: Runners = Runners()
     execution: Execution = Execution()

@@ -38,6 +38,10 @@ class MergeConflicts(GitCacheError):
     code = "merge_conflicts"
 
 
+# refs/aiworker/review/task-N and refs/aiworker/task-N/...; slot pins are not a task's.
+TASK_REF = re.compile(r"^refs/aiworker/(?:review/)?task-(\d+)(?:/|$)")
+
+
 class GitCache:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "git-cache"
@@ -117,6 +121,22 @@ class GitCache:
             "--format=%(refname:strip=3) %(objectname)",
         )
         return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+    def task_refs(self, index: int) -> dict[int, list[str]]:
+        """The refs kept for tasks (a review's, a refreshed base's) by task id."""
+        if not (self.path(index) / "HEAD").exists():
+            return {}
+        out = self._must(index, "for-each-ref", "--format=%(refname)", "refs/aiworker/")
+        found: dict[int, list[str]] = {}
+        for ref in out.splitlines():
+            match = TASK_REF.match(ref)
+            if match:
+                found.setdefault(int(match.group(1)), []).append(ref)
+        return found
+
+    def delete_ref(self, index: int, ref: str) -> None:
+        with self._locked(index):
+            self._must(index, "update-ref", "-d", ref)
 
     def resolve(self, index: int, ref: str) -> str:
         full = self._must(index, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")

@@ -18,7 +18,13 @@ from aiworker.errors import SchemaMismatch, StateUnusable
 from aiworker.store.engine import Database, sqlite_path
 
 # Oldest first; the last one is the head this code runs against.
-KNOWN_REVISIONS = ("0001_initial", "0002_lifecycle", "0003_plans", "0004_worker_leases")
+KNOWN_REVISIONS = (
+    "0001_initial",
+    "0002_lifecycle",
+    "0003_plans",
+    "0004_worker_leases",
+    "0005_artifacts",
+)
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 

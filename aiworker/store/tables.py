@@ -184,6 +184,29 @@ receipts = Table(
     Index("ix_receipts_task_phase_head", "task_id", "phase", "head_commit"),
 )
 
+# The artifact store's records (runtime/artifact_files.py holds the payloads): each row
+# is one reference to a payload by a task, an attempt, a receipt or a worker job. The
+# retention pass removes a payload once every reference to it has expired and its task
+# ended, and keeps the rows (removed_at set).
+artifacts = Table(
+    "artifacts",
+    metadata,
+    _id(),
+    Column("sha256", String(64), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("media_type", String(100), nullable=False),
+    Column("name", Text, nullable=False),
+    _task_ref(index=True),
+    Column("attempt_id", Integer, ForeignKey("attempts.id")),
+    Column("receipt_id", Integer, ForeignKey("receipts.id"), index=True),
+    Column("worker_job", String(64)),  # REPOSITORY_INDEX/JOB_INDEX
+    _at("created_at"),
+    _at("expires_at"),
+    _at("removed_at", required=False),
+    Index("ix_artifacts_sha256", "sha256"),
+    Index("ix_artifacts_expires_at", "expires_at"),
+)
+
 publications = Table(
     "publications",
     metadata,

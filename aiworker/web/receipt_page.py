@@ -1,7 +1,8 @@
 """The receipt page the CI status links to (`/receipts/{id}`), and the same record as
 JSON (`/api/v1/receipts/{id}`): what ran, at which head and base, how it ended, its
-streams' digests and masked tails. Read-only, rendered on the server with every value
-escaped, no script; behind the same Host rules as every route."""
+streams' digests and masked tails, and the artifacts kept of it (`/artifacts/{sha256}`,
+each payload verified against its digest as it is served). Read-only, rendered on the
+server with every value escaped, no script; behind the same Host rules as every route."""
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
 
@@ -10,15 +11,19 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Path
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from aiworker.core.context import Environment
-from aiworker.core.evidence.receipts import ReceiptReport, show_receipt
+from aiworker.core.evidence.artifacts import JSON, MARKDOWN, TEXT
+from aiworker.core.evidence.receipts import ReceiptReport, open_artifact, show_receipt
+from aiworker.runtime.artifact_files import ArtifactDamaged
 from aiworker.web.errors import error_response
 from aiworker.web.operator_api import REFUSALS, ErrorDocument
 
 NOT_FOUND = {"model": ErrorDocument, "description": "no receipt has this id"}
 ReceiptId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+Digest = Annotated[str, Path(pattern="^[0-9a-f]{64}$")]
+SHOWN = (JSON, TEXT, MARKDOWN)
 POLICY = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'"
 STYLE = (
     "body{font:15px/1.5 system-ui,sans-serif;margin:2rem auto;max-width:60rem;padding:0 1rem}"
@@ -66,6 +71,22 @@ def render(receipt: ReceiptReport) -> str:
         if value is not None
     )
     finding = receipt.body.get("finding")
+    kept = "".join(
+        f"<tr><td>{e(a['name'])}</td><td>"
+        + (
+            f"removed {e(a['removed_at'])}"
+            if a["removed_at"]
+            else f"<a href='../artifacts/{e(a['sha256'])}'>{e(a['sha256'])}</a>"
+        )
+        + f"</td><td>{a['size']}</td></tr>"
+        for a in receipt.artifacts
+    )
+    stored = (
+        "<h2 id=artifacts>Artifacts</h2><table aria-labelledby=artifacts><tr><th>Name</th>"
+        f"<th>SHA-256</th><th>Bytes</th></tr>{kept}</table>"
+        if kept
+        else ""
+    )
     tails = "".join(
         f"<h2 id={name}>{name} (tail, secrets masked)</h2>"
         f"<pre tabindex=0 aria-labelledby={name}>{e(receipt.body.get(key) or '')}</pre>"
@@ -79,7 +100,7 @@ def render(receipt: ReceiptReport) -> str:
         f"<main><h1>Receipt {receipt.id}: <span class={verdict}>{e(receipt.outcome)}</span></h1>"
         f"<table><caption>The check as aiworker ran it</caption>{rows}</table>"
         + (f"<p><strong>Finding:</strong> {e(finding)}</p>" if finding else "")
-        + f"{tails}</main></body></html>"
+        + f"{tails}{stored}</main></body></html>"
     )
 
 
@@ -99,5 +120,25 @@ def add_receipt_routes(app: FastAPI, environment: Callable[[], Environment]) -> 
         if receipt is None:
             return error_response(404, "not_found", f"no receipt {receipt_id}")
         return receipt.to_json()
+
+    @app.get("/artifacts/{digest}", include_in_schema=False)
+    def artifact(digest: Digest) -> Any:
+        try:
+            payload = open_artifact(environment(), digest)
+        except ArtifactDamaged as exc:
+            return error_response(500, "damaged", str(exc))
+        if payload is None:
+            return error_response(404, "not_found", f"no artifact {digest} is kept")
+        # Served as the bytes they are: text stays text, everything else is a download,
+        # never a page of the control plane's origin.
+        media = payload.media_type if payload.media_type in SHOWN else "application/octet-stream"
+        headers = {
+            "content-security-policy": "default-src 'none'; sandbox",
+            "cache-control": "private, max-age=31536000, immutable",
+            "x-content-type-options": "nosniff",
+        }
+        if media not in SHOWN:
+            headers["content-disposition"] = f"attachment; filename={digest}"
+        return Response(payload.data, media_type=media, headers=headers)
 
     app.include_router(router)

@@ -13,15 +13,14 @@ recovery (tasks/recovery.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.delivery.pull import CI_CONTEXT, Delivery, load_delivery, move, pull_at_head
 from aiworker.core.delivery.steps import step_guard
+from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.evidence.receipts import receipt_url
 from aiworker.core.forge_access import ForgeAccess
@@ -32,7 +31,6 @@ from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK
-from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.failpoints import failpoint
 
 
@@ -43,25 +41,13 @@ class CiReport(Report):
     head: str
     state: str  # success | failure
     check: dict[str, Any]
-    evidence: str
+    evidence: str  # the receipt's body in the artifact store
     receipt: int
     receipt_url: str  # empty without web.public_url
 
     @property
     def exit_code(self) -> int:
         return EXIT_OK if self.state == "success" else EXIT_FAILED
-
-
-def write_evidence(env: Environment, task_id: int, head: str, check: dict[str, Any]) -> Path:
-    """The run's evidence as a private JSON file, for the operator on this host (the
-    status links the receipt's page, never this file)."""
-    folder = env.state_dir / "evidence"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    path = folder / f"task-{task_id}-ci-{head}.json"
-    write_private_file(
-        path, json.dumps({"task": task_id, "head": head, **check}, indent=2).encode()
-    )
-    return path
 
 
 def post_ci_error(env: Environment, delivery: Delivery, head: str, reason: str) -> None:
@@ -132,7 +118,9 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
             )
             check = report.checks[0]
             state = "success" if report.passed else "failure"
-            evidence = write_evidence(env, task.id, head, check)
+            # The receipt's body, as kept in the artifact store: for the operator on this
+            # host (the status links the receipt's page, never a file).
+            evidence = artifact_files(env.state_dir).path(check["receipt_sha256"])
             link = receipt_url(env.loaded.config, check["receipt"])
             failpoint("ci.after_checks")
             description = (

@@ -12,11 +12,13 @@ a finding.
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import JobResult
+from aiworker.core.evidence.artifacts import JSON, TEXT, artifact_files, record, store
 from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.runner.dispatch import Dispatch
@@ -129,6 +131,18 @@ def run_checks(
             missed = _measure(jobs, index, base, requirement, result, body, timeout_ms)
             report.findings += missed
             passed = passed and not missed
+        # The payloads first: a failed write (a full disk) records no receipt at all.
+        files = artifact_files(jobs.state_dir)
+        kept = [
+            store(files, f"{stream}.tail", _tail(evidence.tail_base64, None).encode(), TEXT)
+            for stream, evidence in (
+                ("stdout", result.evidence.stdout),
+                ("stderr", result.evidence.stderr),
+            )
+        ]
+        body["artifacts"] = {s.name: s.sha256 for s in kept}
+        kept.append(store(files, "receipt.json", json.dumps(body, indent=2).encode(), JSON))
+        job = body["worker_job"]
         with db.write() as session:
             receipt = add_receipt(
                 session,
@@ -141,8 +155,23 @@ def run_checks(
                 outcome="pass" if passed else "fail",
                 body=body,
             )
+            for stored in kept:
+                record(
+                    session,
+                    stored,
+                    jobs.artifact_days,
+                    task_id=task_id,
+                    receipt_id=receipt,
+                    worker_job=f"{job['repository_index']}/{job['worker_job_index']}",
+                )
         report.checks.append(
-            {"check_id": requirement.check_id, "passed": passed, "receipt": receipt, **body}
+            {
+                "check_id": requirement.check_id,
+                "passed": passed,
+                "receipt": receipt,
+                "receipt_sha256": kept[-1].sha256,
+                **body,
+            }
         )
         report.passed = report.passed and passed
     return report

@@ -9,7 +9,9 @@ from typing import Any
 
 from aiworker.config.models import Config
 from aiworker.core.context import Environment
+from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.report import Report
+from aiworker.store.artifacts import artifacts_of_receipt, references_to
 from aiworker.store.receipts import get_receipt
 
 
@@ -24,6 +26,8 @@ class ReceiptReport(Report):
     base: str
     created_at: str
     body: dict[str, Any] = field(default_factory=dict)
+    # What the artifact store keeps of it: name, sha256, size, media type, removed_at.
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def receipt_url(config: Config, receipt_id: int) -> str:
@@ -51,6 +55,33 @@ def show_receipt(env: Environment, receipt_id: int) -> ReceiptReport | None:
                 receipt.base_commit,
                 receipt.created_at.isoformat(),
                 dict(receipt.body or {}),
+                [a.to_json() for a in artifacts_of_receipt(session, receipt.id)],
             )
     finally:
         db.dispose()
+
+
+@dataclass(frozen=True)
+class Payload:
+    sha256: str
+    media_type: str
+    data: bytes
+
+
+def open_artifact(env: Environment, digest: str) -> Payload | None:
+    """The payload named DIGEST with the media type it was recorded with, verified; None
+    when no record names it or the retention pass has removed it. A payload whose bytes
+    no longer match raises ArtifactDamaged."""
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            present = [r for r in references_to(session, digest) if r.removed_at is None]
+    finally:
+        db.dispose()
+    if not present:
+        return None
+    try:
+        data = artifact_files(env.state_dir).read(digest)
+    except FileNotFoundError:
+        return None
+    return Payload(digest, present[0].media_type, data)

@@ -57,6 +57,10 @@ def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     checks.append(_check_state_dir(state_dir))
     checks.append(storage_check(env))
     checks.append(_check_database(env))
+    if checks[-1].status == "ok":
+        from aiworker.core.maintenance.retention import artifacts_check
+
+        checks.append(artifacts_check(env))
     checks.append(_check_git())
     checks.extend(_check_guests())
     from aiworker.core.guests.health import guest_findings

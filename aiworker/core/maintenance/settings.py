@@ -36,6 +36,7 @@ GENERAL = (
     "budgets.delivery",
     "planning.max_milestones",
     "housekeeping.retention_days",
+    "retention.artifact_days",
 )
 READ_ONLY = ("forge", "database", "provider_options", "labels", "scheduler")
 MAX_CHANGES = 64

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from aiworker.core.context import Environment
+from aiworker.core.evidence.artifacts import JSON, MARKDOWN, TEXT, artifact_files, record, store
 from aiworker.core.phases.run import KEPT_TAIL, RunReport
 from aiworker.core.providers.registry import provider_homes
 from aiworker.runtime.atomic import write_private_file
@@ -43,16 +44,15 @@ def attempt_folder(env: Environment, task_id: int, attempt: int) -> Path:
 def keep_attempt_files(
     env: Environment, db: Database, task_id: int, attempt: int, prompt: str, run: RunReport
 ) -> None:
-    """Write the attempt's files and record where they are; nothing unused is written."""
+    """Write the attempt's files, keep the same bytes in the artifact store (they outlive
+    the workspace and the attempt's folder) and record both; nothing unused is written."""
     folder = attempt_folder(env, task_id, attempt)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     secrets = provider_secrets(provider_homes(env))
-    prompt_path = _write(folder / "prompt.md", prompt.encode(), secrets)
-    result_path = None
+    documents = [("prompt.md", masked(prompt.encode(), secrets), MARKDOWN)]
     if run.result is not None:
-        document = json.dumps(run.result, indent=2).encode()
-        result_path = _write(folder / "result.json", document, secrets)
-    log_path = None
+        result = masked(json.dumps(run.result, indent=2).encode(), secrets)
+        documents.append(("result.json", result, JSON))
     if run.stdout or run.stderr:
         # Each stream masked whole, then cut to what is kept; stderr last: the end of
         # the file, which `task show` quotes, is how it ended.
@@ -60,9 +60,25 @@ def keep_attempt_files(
             b"--- stdout (its end) ---\n" + masked(run.stdout, secrets)[-KEPT_TAIL:],
             b"--- stderr (its end) ---\n" + masked(run.stderr, secrets)[-KEPT_TAIL:],
         ]
-        log_path = _write(folder / "output.log", b"\n".join(sections), secrets)
+        documents.append(("output.log", masked(b"\n".join(sections), secrets), TEXT))
+    paths: dict[str, str] = {}
+    files = artifact_files(env.state_dir)
+    kept = []
+    for name, data, media_type in documents:
+        write_private_file(folder / name, data)
+        paths[name] = str(folder / name)
+        kept.append(store(files, name, data, media_type))
+    days = env.loaded.config.retention.artifact_days
     with db.write() as session:
-        set_attempt_files(session, attempt, prompt_path, result_path, log_path)
+        set_attempt_files(
+            session,
+            attempt,
+            paths["prompt.md"],
+            paths.get("result.json"),
+            paths.get("output.log"),
+        )
+        for stored in kept:
+            record(session, stored, days, task_id=task_id, attempt_id=attempt)
 
 
 def masked(data: bytes, secrets: list[bytes]) -> bytes:
@@ -96,8 +112,3 @@ def _strings(document: object) -> list[str]:
     if isinstance(document, list):
         return [s for item in document for s in _strings(item)]
     return []
-
-
-def _write(path: Path, data: bytes, secrets: list[bytes]) -> str:
-    write_private_file(path, masked(data, secrets))
-    return str(path)

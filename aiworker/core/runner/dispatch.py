@@ -51,6 +51,8 @@ class Dispatch:
     # Where the embedded runner runs checks: a guest (GuestChecks) or bubblewrap on this
     # host (SandboxedChecks); None: plainly on this host.
     place: Any = None
+    # How long the evidence of what ran is kept (retention.artifact_days).
+    artifact_days: int = 7
 
     @classmethod
     def of(cls, env: Environment, db: Database) -> Dispatch:
@@ -59,7 +61,13 @@ class Dispatch:
         config = env.loaded.config
         names = {r.index: f"{r.owner}/{r.name}" for r in config.repositories}
         return cls(
-            db, GitCache(env.state_dir), env.state_dir, config.runners, names, checks_place(env)
+            db,
+            GitCache(env.state_dir),
+            env.state_dir,
+            config.runners,
+            names,
+            checks_place(env),
+            config.retention.artifact_days,
         )
 
     def run(

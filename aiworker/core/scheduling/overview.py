@@ -8,6 +8,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import isolation_refusal
+from aiworker.core.maintenance.retention import store_summary
 from aiworker.core.report import Report
 from aiworker.core.scheduling.state import SchedulerState
 from aiworker.store.task_records import claims_by_slot, latest_event
@@ -36,6 +37,8 @@ class StatusReport(Report):
     # Configured providers that cannot run for want of isolation: provider -> why, and the fix.
     isolation: dict[str, str] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
+    # The artifact store: payloads, bytes, and what the next retention pass removes.
+    artifacts: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class StatusReport(Report):
             "poll_error": self.poll_error,
             "poll_failures": self.poll_failures,
             "isolation": self.isolation,
+            "artifacts": self.artifacts,
         }
 
 
@@ -58,6 +62,7 @@ def collect_status(env: Environment) -> StatusReport:
             claims = claims_by_slot(session)
             check = latest_event(session, CHECK_EVENT)
             last_check = check.created_at if check else None
+        artifacts = store_summary(env, db)
     finally:
         db.dispose()
     tasks = {state: counts.get(state, 0) for state in TASK_STATES}
@@ -79,7 +84,14 @@ def collect_status(env: Environment) -> StatusReport:
     isolation = {str(name): why for name, why in refused.items() if why}
     summary = scheduler_summary(state, env.loaded.config.check_interval, datetime.now(UTC))
     return StatusReport(
-        tasks, slots, last_check, state.poll_error, state.poll_failures, isolation, summary
+        tasks,
+        slots,
+        last_check,
+        state.poll_error,
+        state.poll_failures,
+        isolation,
+        summary,
+        artifacts,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         if starting:
             report.delivering = start_delivery_steps(env, db)
         report.cleaned = _keep_house(env, db)
+        report.retention = _retention(env, db)
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.transaction() as connection:
@@ -166,6 +168,27 @@ def _keep_house(env: Environment, db: Database) -> list[dict[str, Any]]:
     from aiworker.core.maintenance.cleanup import cleanup
 
     return cleanup(env, db).removed
+
+
+def _retention(env: Environment, db: Database) -> dict[str, int] | None:
+    """The retention pass, once per retention.interval_s (an idle tick pays one stat)."""
+    root = env.state_dir / "artifacts"
+    try:
+        age = time.time() - (root / ".last-retention-pass").stat().st_mtime
+        if age < env.loaded.config.retention.interval_s:
+            return None
+    except FileNotFoundError:
+        if not root.is_dir() and not (env.state_dir / "git-cache").is_dir():
+            return None
+    from aiworker.core.maintenance.retention import retention_pass
+
+    report = retention_pass(env, db)
+    return {
+        "payloads_removed": len(report.removed),
+        "refs_removed": len(report.refs),
+        "files_removed": len(report.files),
+        "freed_bytes": report.freed_bytes,
+    }
 
 
 def _poll(env: Environment, report: TickReport) -> None:

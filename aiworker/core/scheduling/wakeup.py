@@ -30,6 +30,8 @@ class TickReport(Report):
     cleaned: list[dict[str, Any]] = field(default_factory=list)
     guests_swept: list[str] = field(default_factory=list)
     next_deadline: str | None = None
+    # What the hourly retention pass removed, when this tick ran it.
+    retention: dict[str, int] | None = None
     low_space: str | None = None  # why nothing new started: under storage.reserve_gib
     expired: list[dict[str, Any]] = field(default_factory=list)  # ended at their deadline
 

@@ -1,0 +1,73 @@
+"""Keeping evidence in the artifact store: the payload first (written, verified and
+fsynced under its digest), the record naming it after, in the caller's transaction, so
+no record ever names a payload that is missing or partial. A write that fails (a full
+disk) raises before anything is recorded; the caller's step fails and is retried."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from aiworker.runtime.artifact_files import ArtifactFiles
+from aiworker.store.artifacts import add_artifact
+
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+MARKDOWN = "text/markdown; charset=utf-8"
+
+
+def artifact_files(state_dir: Path) -> ArtifactFiles:
+    return ArtifactFiles(state_dir / "artifacts")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A payload in place, not yet recorded."""
+
+    name: str
+    sha256: str
+    size: int
+    media_type: str
+    files: ArtifactFiles = field(repr=False)
+    data: bytes = field(repr=False)
+
+
+def store(files: ArtifactFiles, name: str, data: bytes, media_type: str) -> Stored:
+    digest, size = files.put(data)
+    return Stored(name, digest, size, media_type, files, data)
+
+
+def record(
+    session: Any,  # the caller's write session (store/)
+    stored: Stored,
+    days: int,
+    *,
+    task_id: int | None = None,
+    attempt_id: int | None = None,
+    receipt_id: int | None = None,
+    worker_job: str | None = None,
+    now: datetime | None = None,
+) -> int:
+    """The reference to STORED, kept DAYS from now (and while its task works).
+
+    The retention pass removes payloads inside its own write transaction, so one that
+    went between `store` and this write is seen here, under the same write lock, and
+    written again: a record never names a missing payload."""
+    now = now or datetime.now(UTC)
+    if not stored.files.has(stored.sha256):
+        stored.files.put(stored.data)
+    return add_artifact(
+        session,
+        sha256=stored.sha256,
+        size=stored.size,
+        media_type=stored.media_type,
+        name=stored.name,
+        task_id=task_id,
+        attempt_id=attempt_id,
+        receipt_id=receipt_id,
+        worker_job=worker_job,
+        created_at=now,
+        expires_at=now + timedelta(days=days),
+    )

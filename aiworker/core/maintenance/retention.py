@@ -1,0 +1,188 @@
+"""The retention pass (`aiworker retention`, and hourly from the tick): what the
+artifact store and the git cache keep of tasks that have ended.
+
+- A payload goes once every reference to it has expired (retention.artifact_days after
+  it was stored) and each referring task ended at least that long ago; its records stay,
+  with their name, digest and size, marked removed. The records are marked and the
+  payloads unlinked inside one write transaction, so a step storing the same bytes
+  meanwhile writes them again (core/evidence/artifacts.py) and no live record names a
+  missing payload.
+- The git refs kept for a task (its review's, its refreshed base's) and the evidence
+  files earlier versions wrote go once it has ended: a delivered task's at once, a
+  failed or cancelled one's after housekeeping.retention_days, like its workspace.
+- A transfer nobody has added to for retention.artifact_days is reclaimed.
+
+Each run removes at most retention.batch payloads; `--dry-run` says what a run would
+remove and removes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.evidence.artifacts import artifact_files
+from aiworker.core.health import Check
+from aiworker.core.report import Report
+from aiworker.errors import AiworkerError
+from aiworker.runtime.artifact_files import RETENTION_STAMP
+from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.store.artifacts import mark_removed, removable
+from aiworker.store.cleanup import record_cleanup
+from aiworker.store.engine import Database
+from aiworker.store.tasks import states_of
+
+log = logging.getLogger(__name__)
+
+ENDED = ("done", "failed", "cancelled")
+_EVIDENCE_FILE = re.compile(r"^task-(\d+)-")
+MIB = 1 << 20
+
+
+@dataclass
+class RetentionReport(Report):
+    dry_run: bool
+    removed: list[dict[str, Any]] = field(default_factory=list)  # payloads: sha256, bytes
+    refs: list[dict[str, Any]] = field(default_factory=list)  # task, repository, ref
+    files: list[str] = field(default_factory=list)  # evidence files, stale transfers
+    freed_bytes: int = 0
+    payloads: int = 0  # what the store holds after the run
+    bytes: int = 0
+    changed: bool = False
+
+
+def run_retention(env: Environment, *, dry_run: bool = False) -> RetentionReport:
+    db = env.open_database()
+    try:
+        return retention_pass(env, db, dry_run=dry_run)
+    finally:
+        db.dispose()
+
+
+def retention_pass(
+    env: Environment, db: Database, *, dry_run: bool = False, now: datetime | None = None
+) -> RetentionReport:
+    now = now or datetime.now(UTC)
+    config = env.loaded.config
+    days = timedelta(days=config.retention.artifact_days)
+    files = artifact_files(env.state_dir)
+    report = RetentionReport(dry_run)
+    if dry_run:
+        with db.read() as session:
+            gone = removable(session, now, now - days, config.retention.batch)
+        report.removed = [{"sha256": sha, "bytes": size} for sha, size in gone]
+    else:
+        with db.write() as session:
+            gone = removable(session, now, now - days, config.retention.batch)
+            mark_removed(session, [sha for sha, _ in gone], now)
+            for sha, _size in gone:
+                freed = files.remove(sha)
+                report.removed.append({"sha256": sha, "bytes": freed})
+    _task_refs_and_evidence(env, db, now, report)
+    for part in files.stale_parts(days.total_seconds(), now.timestamp()):
+        report.files.append(str(part))
+        if not dry_run:
+            report.freed_bytes += part.stat().st_size
+            part.unlink(missing_ok=True)
+    report.freed_bytes += sum(r["bytes"] for r in report.removed)
+    report.payloads, report.bytes = files.usage()
+    report.changed = not dry_run and bool(report.removed or report.refs or report.files)
+    if not dry_run:
+        _stamp(files.root)
+        if report.changed:
+            log.info(
+                "retention: %d payloads, %d refs, %d files removed (%d bytes)",
+                len(report.removed),
+                len(report.refs),
+                len(report.files),
+                report.freed_bytes,
+            )
+    return report
+
+
+def _stamp(root: Path) -> None:
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (root / RETENTION_STAMP).touch()
+    os.utime(root / RETENTION_STAMP)
+
+
+def _task_refs_and_evidence(
+    env: Environment, db: Database, now: datetime, report: RetentionReport
+) -> None:
+    cache = GitCache(env.state_dir)
+    refs: dict[int, list[tuple[int, str]]] = {}
+    for repo in env.loaded.config.repositories:
+        try:
+            for task_id, names in cache.task_refs(repo.index).items():
+                refs.setdefault(task_id, []).extend((repo.index, n) for n in names)
+        except GitCacheError as exc:
+            log.warning("retention: repository %d: %s", repo.index, exc)
+    evidence = env.state_dir / "evidence"
+    written: dict[int, list[Path]] = {}
+    for path in sorted(evidence.iterdir()) if evidence.is_dir() else []:
+        match = _EVIDENCE_FILE.match(path.name)
+        if match and path.is_file() and not path.is_symlink():
+            written.setdefault(int(match.group(1)), []).append(path)
+    if not refs and not written:
+        return
+    with db.read() as session:
+        states = states_of(session, sorted({*refs, *written}))
+    kept_for = timedelta(days=env.loaded.config.housekeeping.retention_days)
+    for task_id, (state, updated_at) in sorted(states.items()):
+        if state not in ENDED or (state != "done" and now - updated_at < kept_for):
+            continue
+        for index, ref in refs.get(task_id, []):
+            report.refs.append({"task": task_id, "repository": index, "ref": ref})
+            if not report.dry_run:
+                cache.delete_ref(index, ref)
+        for path in written.get(task_id, []):
+            report.files.append(str(path))
+            if not report.dry_run:
+                size = path.stat().st_size
+                path.unlink(missing_ok=True)
+                report.freed_bytes += size
+                with db.write() as session:
+                    record_cleanup(session, task_id, str(path), "removed", f"{state}", size)
+
+
+def store_summary(env: Environment, db: Database) -> dict[str, int]:
+    """What the artifact store holds and what the next retention pass would remove."""
+    config = env.loaded.config
+    now = datetime.now(UTC)
+    with db.read() as session:
+        ahead = removable(
+            session,
+            now,
+            now - timedelta(days=config.retention.artifact_days),
+            config.retention.batch,
+        )
+    payloads, size = artifact_files(env.state_dir).usage()
+    return {
+        "payloads": payloads,
+        "bytes": size,
+        "removable": len(ahead),
+        "removable_bytes": sum(b for _, b in ahead),
+    }
+
+
+def artifacts_check(env: Environment) -> Check:
+    try:
+        db = env.open_database()
+        try:
+            summary = store_summary(env, db)
+        finally:
+            db.dispose()
+    except AiworkerError as exc:
+        return Check("artifacts", "warn", f"the artifact store's records cannot be read: {exc}")
+    return Check(
+        "artifacts",
+        "ok",
+        f"{summary['payloads']} payloads, {summary['bytes'] / MIB:.1f} MiB; the next retention "
+        f"pass removes {summary['removable']} ({summary['removable_bytes'] / MIB:.1f} MiB)",
+    )

@@ -1,0 +1,173 @@
+"""The artifact store's files: private, content-addressed payloads under
+$STATE_DIR/artifacts/sha256/ab/abcdef..., named by the SHA-256 of their bytes.
+
+A payload is written under a temporary name in partial/, fsynced, hashed back from
+the disk and only then linked into place (and the directory fsynced), so a name in
+sha256/ always holds exactly the bytes its digest says. A transfer that arrives in
+pieces (a guest's or a runner's upload) appends to partial/DIGEST.part from what was
+already received, and is published only whole and verified. Nothing here knows the
+database: store/artifacts.py records which task, attempt or job refers to a payload,
+and a record is written only after the payload is in place (core/evidence/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from aiworker.runtime.atomic import fsync_directory
+
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1 << 20
+# Touched by each retention pass (core/maintenance/retention.py); the tick reads its age.
+RETENTION_STAMP = ".last-retention-pass"
+
+
+class ArtifactDamaged(Exception):
+    """A payload's bytes do not hash to its name."""
+
+
+def is_digest(text: str) -> bool:
+    return bool(DIGEST.match(text))
+
+
+def _hash_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+class ArtifactFiles:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _folder(self, name: str) -> Path:
+        folder = self.root / name
+        if not folder.is_dir():
+            for path in (self.root, folder):
+                path.mkdir(mode=0o700, exist_ok=True)
+        return folder
+
+    def path(self, digest: str) -> Path:
+        if not is_digest(digest):
+            raise ValueError(f"{digest!r} is not a SHA-256 digest")
+        return self.root / "sha256" / digest[:2] / digest
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def put(self, data: bytes) -> tuple[str, int]:
+        """Store DATA; returns its digest and size. Storing the same bytes twice keeps one."""
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.has(digest):
+            fd, name = tempfile.mkstemp(prefix=f"{digest}.", dir=self._folder("partial"))
+            tmp = Path(name)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                self._publish(tmp, digest)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+        return digest, len(data)
+
+    # A transfer in pieces: what was received survives an interrupted sender and a
+    # restarted receiver; the sender asks `received` and goes on from there.
+    def _part(self, digest: str) -> Path:
+        self.path(digest)  # validates the name
+        return self._folder("partial") / f"{digest}.part"
+
+    def received(self, digest: str) -> int:
+        """Bytes of DIGEST already held: its whole size once published, else the part's."""
+        if self.has(digest):
+            return self.path(digest).stat().st_size
+        part = self._part(digest)
+        return part.stat().st_size if part.exists() else 0
+
+    def receive(self, digest: str, offset: int, chunk: bytes) -> int:
+        """Append CHUNK at OFFSET (which must be what is already held); returns the new
+        size. A chunk that starts elsewhere is refused (ValueError) and changes nothing."""
+        part = self._part(digest)
+        with open(part, "ab") as handle:
+            held = handle.tell()
+            if offset != held:
+                raise ValueError(f"chunk at byte {offset}, but {held} bytes are held")
+            handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return handle.tell()
+
+    def complete(self, digest: str, size: int) -> None:
+        """Publish the part of DIGEST once it holds SIZE bytes that hash to DIGEST; a part
+        that does not is removed (ArtifactDamaged) so the sender starts again."""
+        if self.has(digest):
+            return
+        part = self._part(digest)
+        held = part.stat().st_size if part.exists() else 0
+        if held != size:
+            raise ValueError(f"{held} of {size} bytes of {digest[:12]} are held")
+        try:
+            self._publish(part, digest)
+        except ArtifactDamaged:
+            part.unlink(missing_ok=True)
+            raise
+        part.unlink(missing_ok=True)
+
+    def _publish(self, tmp: Path, digest: str) -> None:
+        actual = _hash_file(tmp)
+        if actual != digest:
+            raise ArtifactDamaged(f"received bytes hash to {actual}, not {digest}")
+        os.chmod(tmp, 0o400)
+        target = self.path(digest)
+        shelf = self._folder("sha256")
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, target)
+        fsync_directory(target.parent)
+        fsync_directory(shelf)
+
+    def read(self, digest: str) -> bytes:
+        """DIGEST's bytes, verified; FileNotFoundError when absent, ArtifactDamaged when
+        they no longer hash to their name."""
+        data = self.path(digest).read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ArtifactDamaged(f"artifact {digest} no longer matches its digest")
+        return data
+
+    def remove(self, digest: str) -> int:
+        """Remove DIGEST's payload; returns the bytes freed (0 when it was not there)."""
+        path = self.path(digest)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def usage(self) -> tuple[int, int]:
+        """How many payloads the store holds and their bytes (parts not counted)."""
+        count = total = 0
+        shelf = self.root / "sha256"
+        for folder, _dirs, files in os.walk(shelf):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.lstat(os.path.join(folder, name)).st_size
+                    count += 1
+        return count, total
+
+    def stale_parts(self, older_than_s: float, now: float | None = None) -> list[Path]:
+        """Transfers nobody has added to for OLDER_THAN_S seconds."""
+        folder = self.root / "partial"
+        if not folder.is_dir():
+            return []
+        limit = (now if now is not None else time.time()) - older_than_s
+        return sorted(p for p in folder.iterdir() if p.is_file() and p.stat().st_mtime < limit)
