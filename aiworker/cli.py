@@ -44,6 +44,7 @@ COMMANDS = {
     "milestones": ("delivery", "milestones", False),
     "cleanup": ("housekeeping", "cleanup", False),
     "retention": ("housekeeping", "retention", False),
+    "restore": ("restore", "restore", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
 

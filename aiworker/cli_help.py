@@ -36,7 +36,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "db upgrade": ("aiworker db upgrade",),
     "db current": ("aiworker db current --json",),
-    "db backup": ("aiworker db backup --to /var/backups/aiworker.db",),
+    "db backup": (
+        "aiworker db backup --to /var/backups/aiworker.db",
+        "aiworker db backup --to /var/backups/aiworker.db --with-artifacts /var/backups/artifacts",
+    ),
+    "restore": (
+        "aiworker restore --from /var/backups/aiworker.db --artifacts /var/backups/artifacts",
+    ),
     "scheduler tick": ("aiworker scheduler tick", "aiworker scheduler tick --if-due"),
     "scheduler pause": ('aiworker scheduler pause --reason "forge upgrade"',),
     "scheduler resume": ("aiworker scheduler resume",),
@@ -80,6 +86,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "task list": ("aiworker task list", "aiworker task list --state failed --json"),
     "task show": ("aiworker task show 3", "aiworker task show 3 --json"),
     "task retry": ("aiworker task retry 3",),
+    "task resume": ("aiworker task resume 3",),
     "task cancel": ("aiworker task cancel 3",),
 }
 
@@ -100,6 +107,8 @@ METAVARS = {
     "request": "PATH",
     "dir": "DIR",
     "data": "DIR",
+    "artifacts": "DIR",
+    "with_artifacts": "DIR",
     "server": "URL",
     "runner_server": "URL",
     "public_origin": "URL",

@@ -27,10 +27,10 @@ ROLES = {
 }
 
 
-def aiworker(*args: str, wait_for_lock: bool = False) -> str:
-    """Run one aiworker command; WAIT_FOR_LOCK: while a job the scheduler started holds
-    the lock it needs, try again (for up to 30 s)."""
-    argv = [sys.executable, "-m", "aiworker", "--state-dir", str(DEMO / "state")]
+def aiworker(*args: str, wait_for_lock: bool = False, state: str = "state") -> str:
+    """Run one aiworker command (on the state directory .demo/STATE); WAIT_FOR_LOCK:
+    while a job the scheduler started holds the lock it needs, try again (for 30 s)."""
+    argv = [sys.executable, "-m", "aiworker", "--state-dir", str(DEMO / state)]
     argv += ["--config", str(DEMO / "config.toml"), *args]
     deadline = time.monotonic() + 30
     result = run_command(argv, timeout=120)
@@ -215,6 +215,7 @@ def main() -> None:
         step("Status and doctor")
         say(aiworker("status"))
         say(aiworker("doctor"))
+        restore_round_trip()
     finally:
         os.kill(pid, signal.SIGINT)
     say(
@@ -222,6 +223,24 @@ def main() -> None:
         "`make demo` to start afresh; `aiworker task show 1` (with the demo's --config and "
         "--state-dir) tells the task's story."
     )
+
+
+def restore_round_trip() -> None:
+    step(
+        "Back up the database with its artifacts, restore both into an empty state "
+        "directory and check every task against the forge"
+    )
+    backup = [str(DEMO / "backup-full.db"), str(DEMO / "backup-artifacts")]
+    say(aiworker("db", "backup", "--to", backup[0], "--with-artifacts", backup[1]))
+    say(aiworker("restore", "--from", backup[0], "--artifacts", backup[1], state="restored"))
+    before = json.loads(aiworker("--json", "status"))
+    after = json.loads(aiworker("--json", "status", state="restored"))
+    kept = ("payloads", "bytes")
+    if before["tasks"] != after["tasks"] or [before["artifacts"][k] for k in kept] != [
+        after["artifacts"][k] for k in kept
+    ]:
+        raise SystemExit(f"demo: the restored state differs: {before} != {after}")
+    say(f"the restored state holds the same tasks and {after['artifacts']['payloads']} payloads")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "config set": frozenset({"path", "key", "revision", "previous"}),
     "db upgrade": frozenset({"database", "before", "current", "head", "up_to_date"}),
     "db current": frozenset({"database", "before", "current", "head", "up_to_date"}),
-    "db backup": frozenset({"source", "target", "bytes", "revision"}),
+    "db backup": frozenset({"source", "target", "bytes", "revision", "artifacts"}),
     "scheduler tick": frozenset(
         {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
         | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}
@@ -77,6 +77,10 @@ KEYS: dict[str, frozenset[str] | str] = {
         | {"receipts", "publications", "files"}
     ),
     "task retry": frozenset({"task", "state", "budget_reset"}),
+    "task resume": frozenset({"task", "state", "was"}),
+    "restore": frozenset(
+        {"state_dir", "restored_from", "revision", "artifacts", "recovered", "tasks"}
+    ),
     "task cancel": frozenset(
         {"task", "state", "was", "stopped", "attempts_closed", "removed", "pr_comment"}
     ),

@@ -50,11 +50,23 @@ def current(ctx: typer.Context) -> None:
 def backup(
     ctx: typer.Context,
     to: Annotated[Path, typer.Option("--to", help="New absolute path for the snapshot.")],
+    with_artifacts: Annotated[
+        Path | None,
+        typer.Option(
+            "--with-artifacts",
+            help="Also copy every payload the snapshot names into this new or empty "
+            "directory (admission is paused while both are taken).",
+        ),
+    ] = None,
 ) -> None:
-    """Write a consistent snapshot of the live database to a new 0600 file."""
+    """Write a consistent snapshot of the live database to a new 0600 file, and with
+    --with-artifacts the artifact store's payloads it names, for `aiworker restore`."""
     from aiworker.core.maintenance.database import backup_database
 
     inv: Invocation = ctx.obj
-    report = backup_database(inv.environment(), to).to_json()
+    report = backup_database(inv.environment(), to, with_artifacts).to_json()
     line = f"backed up {report['source']} to {report['target']} ({report['bytes']} bytes)"
+    if report["artifacts"]:
+        kept = report["artifacts"]
+        line += f"; {kept['payloads']} payloads ({kept['bytes']} bytes) to {kept['dir']}"
     emit(inv.json, report, lambda c: c.print(line, markup=False))

@@ -60,6 +60,20 @@ def retry(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="T
     emit(inv.json, report, lambda c: c.print(f"task {task}: ready again", markup=False))
 
 
+@app.command("resume")
+def resume(
+    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]
+) -> None:
+    """Take a paused task back (one a restore held, or any other): to the state it was
+    paused in where each step re-verifies its evidence, else to ready."""
+    from aiworker.core.tasks.hold import resume_task
+
+    inv: Invocation = ctx.obj
+    report = resume_task(inv.environment(), task).to_json()
+    line = f"task {report['task']}: {report['was']} -> {report['state']}"
+    emit(inv.json, report, lambda c: c.print(line, markup=False))
+
+
 @app.command("cancel")
 def cancel(
     ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]

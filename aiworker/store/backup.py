@@ -44,3 +44,48 @@ def backup_sqlite(source: Path, target: Path) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def snapshot_digests(snapshot: Path) -> set[str]:
+    """The payloads a snapshot's artifact records name as present (read-only; a snapshot
+    from before the artifact store names none)."""
+    db = sqlite3.connect(f"file:{snapshot}?mode=ro", uri=True)
+    try:
+        found = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'artifacts'"
+        ).fetchone()
+        if found is None:
+            return set()
+        rows = db.execute("SELECT DISTINCT sha256 FROM artifacts WHERE removed_at IS NULL")
+        return {str(sha) for (sha,) in rows}
+    finally:
+        db.close()
+
+
+class NotASnapshot(Exception):
+    """A file that is no intact aiworker database snapshot (the message says why)."""
+
+
+def snapshot_revision(snapshot: Path) -> str | None:
+    """The schema revision of an intact SQLite snapshot (None: never migrated); raises
+    NotASnapshot for a file that is not SQLite or fails SQLite's integrity check."""
+    with open(snapshot, "rb") as handle:
+        if handle.read(16) != b"SQLite format 3\x00":
+            raise NotASnapshot(f"{snapshot} is not a SQLite database")
+    db = sqlite3.connect(f"file:{snapshot}?mode=ro", uri=True)
+    try:
+        try:
+            verdict = db.execute("PRAGMA integrity_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise NotASnapshot(f"{snapshot} cannot be read: {exc}") from None
+        if verdict is None or verdict[0] != "ok":
+            raise NotASnapshot(f"{snapshot} fails SQLite's integrity check: {verdict}")
+        found = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+        ).fetchone()
+        if found is None:
+            return None
+        row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        return None if row is None else str(row[0])
+    finally:
+        db.close()

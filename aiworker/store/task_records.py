@@ -145,15 +145,31 @@ def events_of(session: Session, task_id: int) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()
 
 
-def paused_from(session: Session, task_id: int) -> str | None:
-    """The state the task was in when it was last paused."""
-    value = session.scalar(
-        select(Event.from_state)
-        .where(Event.task_id == task_id, Event.kind == "task.paused")
+# How a task is paused: by intake (its authorisation was withdrawn; a poll that finds it
+# authorised again resumes it) or held for an operator (a restore could not verify it;
+# only `task resume` takes it back).
+PAUSE_KINDS = ("task.paused", "task.held")
+
+
+def _last_pause(session: Session, task_id: int) -> tuple[str | None, str | None]:
+    row = session.execute(
+        select(Event.from_state, Event.kind)
+        .where(Event.task_id == task_id, Event.kind.in_(PAUSE_KINDS))
         .order_by(Event.id.desc())
         .limit(1)
-    )
+    ).first()
+    return (None, None) if row is None else (row[0], row[1])
+
+
+def paused_from(session: Session, task_id: int) -> str | None:
+    """The state the task was in when it was last paused (or held)."""
+    value = _last_pause(session, task_id)[0]
     return None if value is None else str(value)
+
+
+def held_for_operator(session: Session, task_id: int) -> bool:
+    """Whether the task's last pause holds it until an operator resumes it."""
+    return _last_pause(session, task_id)[1] == "task.held"
 
 
 @dataclass(frozen=True)

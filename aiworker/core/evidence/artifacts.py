@@ -5,12 +5,13 @@ disk) raises before anything is recorded; the caller's step fails and is retried
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiworker.runtime.artifact_files import ArtifactFiles
+from aiworker.runtime.artifact_files import ArtifactDamaged, ArtifactFiles
 from aiworker.store.artifacts import add_artifact
 
 JSON = "application/json"
@@ -71,3 +72,30 @@ def record(
         created_at=now,
         expires_at=now + timedelta(days=days),
     )
+
+
+@dataclass
+class Copied:
+    payloads: int = 0
+    bytes: int = 0
+    missing: list[str] = field(default_factory=list)  # named, but not in the source
+    damaged: list[str] = field(default_factory=list)  # no longer matching their digest
+
+
+def copy_payloads(source: ArtifactFiles, target: ArtifactFiles, digests: Iterable[str]) -> Copied:
+    """Copy each of DIGESTS from SOURCE to TARGET, verified on both sides (a backup's
+    artifacts, or a restore's)."""
+    copied = Copied()
+    for digest in sorted(digests):
+        try:
+            data = source.read(digest)
+        except FileNotFoundError:
+            copied.missing.append(digest)
+            continue
+        except ArtifactDamaged:
+            copied.damaged.append(digest)
+            continue
+        target.put(data)
+        copied.payloads += 1
+        copied.bytes += len(data)
+    return copied

@@ -12,7 +12,7 @@ from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.states import ACTIVE, TaskState
 from aiworker.store.engine import Session
 from aiworker.store.models import Task
-from aiworker.store.task_records import create_task, paused_from
+from aiworker.store.task_records import create_task, held_for_operator, paused_from
 from aiworker.store.tasks import append_event
 
 
@@ -86,7 +86,7 @@ RESUMABLE = frozenset(
 def _update(session: Session, known: Task, title: str, fingerprint: str, actor: str | None) -> str:
     outcome = "unchanged"
     state, version = known.state, known.version
-    if state == TaskState.PAUSED:
+    if state == TaskState.PAUSED and not held_for_operator(session, known.id):
         before = paused_from(session, known.id)
         resume = TaskState(before) if before in RESUMABLE else TaskState.READY
         version = advance(

@@ -9,9 +9,9 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput
+from aiworker.errors import InvalidInput, LockHeld
 from aiworker.secrets import redact_url_password
-from aiworker.store.backup import backup_sqlite
+from aiworker.store.backup import backup_sqlite, snapshot_digests
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
@@ -61,6 +61,7 @@ class BackupReport(Report):
     target: Path
     bytes: int
     revision: str | None
+    artifacts: dict[str, Any] | None = None  # with --with-artifacts: dir, payloads, bytes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,26 +69,70 @@ class BackupReport(Report):
             "target": str(self.target),
             "bytes": self.bytes,
             "revision": self.revision,
+            "artifacts": self.artifacts,
         }
 
 
-def backup_database(env: Environment, target: Path) -> BackupReport:
-    """Snapshot the live SQLite database to TARGET, a new absolute path."""
+def _new_directory(path: Path, what: str) -> None:
+    if not path.is_absolute():
+        raise InvalidInput(f"{what} {path} must be an absolute path")
+    if path.is_symlink() or (path.exists() and (not path.is_dir() or any(path.iterdir()))):
+        raise InvalidInput(f"{what} {path} exists and is not an empty directory")
+    if not path.parent.is_dir():
+        raise InvalidInput(f"{what}'s parent {path.parent} does not exist")
+
+
+def backup_database(env: Environment, target: Path, artifacts: Path | None = None) -> BackupReport:
+    """Snapshot the live SQLite database to TARGET, a new absolute path; with ARTIFACTS
+    (a new or empty directory), also every payload the snapshot names, as a consistent
+    pair: maintenance.lock is held throughout, so no tick starts work or runs the
+    retention pass meanwhile."""
     if not target.is_absolute():
         raise InvalidInput(f"backup target {target} must be an absolute path")
     if target.exists() or target.is_symlink():
         raise InvalidInput(f"backup target {target} already exists; choose a new path")
     if not target.parent.is_dir():
         raise InvalidInput(f"backup target directory {target.parent} does not exist")
+    if artifacts is not None:
+        _new_directory(artifacts, "--with-artifacts")
     source = sqlite_path(env.database_url)
     if source is None:
         raise InvalidInput("db backup supports SQLite databases only; use pg_dump for PostgreSQL")
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
     revision = database_revision(env).current
+    maintenance = env.locks.lock("maintenance")
+    if artifacts is not None and not maintenance.try_acquire():
+        raise LockHeld("another maintenance operation holds maintenance.lock; try again later")
     try:
-        size = backup_sqlite(source, target)
-    except FileExistsError:
-        raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
-    log.info("backed up %s to %s (%d bytes)", source, target, size)
-    return BackupReport(source, target, size, revision)
+        try:
+            size = backup_sqlite(source, target)
+        except FileExistsError:
+            raise InvalidInput(
+                f"backup target {target} already exists; choose a new path"
+            ) from None
+        log.info("backed up %s to %s (%d bytes)", source, target, size)
+        report = BackupReport(source, target, size, revision)
+        if artifacts is not None:
+            report.artifacts = _copy_artifacts(env, target, artifacts)
+    finally:
+        if maintenance.held:
+            maintenance.release()
+    return report
+
+
+def _copy_artifacts(env: Environment, snapshot: Path, folder: Path) -> dict[str, Any]:
+    from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
+    from aiworker.runtime.artifact_files import ArtifactFiles
+
+    folder.mkdir(mode=0o700, exist_ok=True)
+    copied = copy_payloads(
+        artifact_files(env.state_dir), ArtifactFiles(folder), snapshot_digests(snapshot)
+    )
+    if copied.missing or copied.damaged:
+        log.warning(
+            "backup: %d payloads missing and %d damaged in the live store",
+            len(copied.missing),
+            len(copied.damaged),
+        )
+    return {"dir": str(folder), **vars(copied)}

@@ -30,7 +30,7 @@ from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.health import Check
 from aiworker.core.report import Report
-from aiworker.errors import AiworkerError
+from aiworker.errors import AiworkerError, LockHeld
 from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.store.artifacts import mark_removed, removable
@@ -77,14 +77,22 @@ def retention_pass(
         with db.read() as session:
             gone = removable(session, now, now - days, config.retention.batch)
         report.removed = [{"sha256": sha, "bytes": size} for sha, size in gone]
+        _task_refs_and_evidence(env, db, now, report)
     else:
-        with db.write() as session:
-            gone = removable(session, now, now - days, config.retention.batch)
-            mark_removed(session, [sha for sha, _ in gone], now)
-            for sha, _size in gone:
-                freed = files.remove(sha)
-                report.removed.append({"sha256": sha, "bytes": freed})
-    _task_refs_and_evidence(env, db, now, report)
+        # Not while a backup copies the store (or another maintenance runs).
+        maintenance = env.locks.lock("maintenance")
+        if not maintenance.try_acquire():
+            raise LockHeld("a maintenance operation holds maintenance.lock; try again later")
+        try:
+            with db.write() as session:
+                gone = removable(session, now, now - days, config.retention.batch)
+                mark_removed(session, [sha for sha, _ in gone], now)
+                for sha, _size in gone:
+                    freed = files.remove(sha)
+                    report.removed.append({"sha256": sha, "bytes": freed})
+            _task_refs_and_evidence(env, db, now, report)
+        finally:
+            maintenance.release()
     for part in files.stale_parts(days.total_seconds(), now.timestamp()):
         report.files.append(str(part))
         if not dry_run:

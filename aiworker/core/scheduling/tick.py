@@ -29,7 +29,7 @@ from aiworker.core.scheduling.state import SchedulerState, record_poll, update_s
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.core.tasks.states import AWAITING_WORK
-from aiworker.errors import AiworkerError, Unavailable
+from aiworker.errors import AiworkerError, LockHeld, Unavailable
 from aiworker.runtime.locks import FileLock
 from aiworker.store.deadlines import work_started_before
 from aiworker.store.engine import Database
@@ -182,7 +182,10 @@ def _retention(env: Environment, db: Database) -> dict[str, int] | None:
             return None
     from aiworker.core.maintenance.retention import retention_pass
 
-    report = retention_pass(env, db)
+    try:
+        report = retention_pass(env, db)
+    except LockHeld:
+        return None  # a backup or another maintenance runs: the next tick tries again
     return {
         "payloads_removed": len(report.removed),
         "refs_removed": len(report.refs),

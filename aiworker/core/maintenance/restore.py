@@ -1,0 +1,127 @@
+"""`aiworker restore --from BACKUP [--artifacts DIR]`: bring an installation back from
+`db backup --with-artifacts` into an empty state directory, then check it before any
+new work starts.
+
+In order, holding maintenance.lock of the new state directory (no tick starts work
+meanwhile): the snapshot is checked (SQLite, intact, a schema this version knows) and
+copied in as one consistent file (0600, in a 0700 directory) and migrated to this
+version's schema; every payload its records name is copied from DIR and verified
+(one missing or damaged there leaves its records, marked removed); the claims and
+attempts the old host held are recovered as a dead job's are; and every task that has
+not ended is checked against the forge (restore_check.py): it carries on, or it is
+held, paused with the reason, until an operator resumes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiworker.core.context import Environment
+from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
+from aiworker.core.report import Report
+from aiworker.errors import InvalidInput, LockHeld
+from aiworker.runtime.artifact_files import ArtifactFiles
+from aiworker.store.artifacts import live_digests, mark_removed
+from aiworker.store.backup import NotASnapshot, backup_sqlite, snapshot_revision
+from aiworker.store.engine import Database, default_url, sqlite_path
+from aiworker.store.schema import ensure_not_newer, upgrade
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RestoreReport(Report):
+    state_dir: str
+    restored_from: str
+    revision: str | None = None  # the snapshot's; the store is migrated to this version's
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # task, state, outcome, reason
+
+
+def _refuse_unless_restorable(env: Environment, backup: Path, artifacts: Path | None) -> None:
+    if env.loaded.config.database.url and env.database_url != default_url(env.state_dir):
+        raise InvalidInput(
+            "restore writes the SQLite store in the state directory; database.url names "
+            "another database (restore PostgreSQL with its own tools)"
+        )
+    if env.state_dir.exists():
+        if not env.state_dir.is_dir():
+            raise InvalidInput(f"state directory {env.state_dir} is not a directory")
+        present = sorted(os.listdir(env.state_dir))
+        if present:
+            raise InvalidInput(
+                f"state directory {env.state_dir} is not empty ({', '.join(present[:5])}); "
+                "restore only into an empty one: a restore never mixes with live state"
+            )
+    if not backup.is_file():
+        raise InvalidInput(f"--from {backup}: no such file")
+    if artifacts is not None and not artifacts.is_dir():
+        raise InvalidInput(f"--artifacts {artifacts}: no such directory")
+
+
+def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreReport:
+    _refuse_unless_restorable(env, backup, artifacts)
+    try:
+        revision = snapshot_revision(backup)
+    except NotASnapshot as exc:
+        raise InvalidInput(f"--from: {exc}") from None
+    ensure_not_newer(revision)
+    env.ensure_state_dir()
+    maintenance = env.locks.lock("maintenance")
+    if not maintenance.try_acquire():
+        raise LockHeld("another maintenance operation holds maintenance.lock")
+    try:
+        target = sqlite_path(env.database_url)
+        assert target is not None
+        backup_sqlite(backup, target)
+        report = RestoreReport(str(env.state_dir), str(backup), revision)
+        db = Database(env.database_url)
+        try:
+            upgrade(db)
+            report.artifacts = _payloads(env, db, artifacts)
+            report.recovered = _release_the_old_hosts_claims(env, db)
+            from aiworker.core.maintenance.restore_check import verify_tasks
+
+            report.tasks = verify_tasks(env, db)
+        finally:
+            db.dispose()
+    finally:
+        maintenance.release()
+    held = sum(t["outcome"] == "held" for t in report.tasks)
+    log.info("restored %s into %s; %d tasks held", backup, env.state_dir, held)
+    return report
+
+
+def _payloads(env: Environment, db: Database, folder: Path | None) -> dict[str, Any]:
+    with db.read() as session:
+        named = live_digests(session)
+    source = ArtifactFiles(folder) if folder is not None else None
+    copied = copy_payloads(source, artifact_files(env.state_dir), named) if source else None
+    lost = sorted(named) if copied is None else copied.missing + copied.damaged
+    if lost:
+        # Their records stay (names, digests, sizes), marked removed: none names a
+        # payload that is not here.
+        with db.write() as session:
+            mark_removed(session, lost, datetime.now(UTC))
+        log.warning("restore: %d payloads the records name are not in the backup", len(lost))
+    return {
+        "payloads": copied.payloads if copied else 0,
+        "bytes": copied.bytes if copied else 0,
+        "missing": copied.missing if copied else sorted(named),
+        "damaged": copied.damaged if copied else [],
+    }
+
+
+def _release_the_old_hosts_claims(env: Environment, db: Database) -> list[dict[str, Any]]:
+    """No job of the old host runs here: its claims and open attempts are recovered as
+    a dead job's are (a step retried within its budget, a claim given back)."""
+    from aiworker.core.tasks.recovery import recover_attempts, recover_slots
+
+    found = [*recover_slots(env, db, []), *recover_attempts(env, db)]
+    return [{"task": r.task, "state": r.state, "reason": r.reason} for r in found]
