@@ -224,14 +224,19 @@ FILE_SYSTEM_REFUSALS = {
 def _unexpected(json_mode: bool, verbose: bool, exc: BaseException) -> int:
     """A failure no command expected: a file system that refuses a path of ours is named
     with what to do; anything else is one line (the traceback with -v)."""
-    if isinstance(exc, OSError) and exc.errno in FILE_SYSTEM_REFUSALS and exc.filename:
-        code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
-        emit_error(json_mode, "state_unusable", f"{exc.filename}: {exc.strerror}; {advice}")
-        return code
     if verbose:
         import traceback
 
         traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, OSError) and exc.errno in FILE_SYSTEM_REFUSALS and exc.filename:
+        code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
+        emit_error(json_mode, "state_unusable", f"{exc.filename}: {exc.strerror}; {advice}")
+        return code
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        # A write into an open file names none; the disk is full all the same.
+        code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
+        emit_error(json_mode, "unavailable", f"{exc.strerror}; {advice}")
+        return code
     hint = "" if verbose else "; rerun with -v for details"
     first_line = (str(exc).strip().splitlines() or [""])[0]
     emit_error(json_mode, "internal", f"unexpected {type(exc).__name__}: {first_line}{hint}")

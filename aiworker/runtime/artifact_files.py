@@ -143,15 +143,39 @@ class ArtifactFiles:
             raise ArtifactDamaged(f"artifact {digest} no longer matches its digest")
         return data
 
-    def remove(self, digest: str) -> int:
-        """Remove DIGEST's payload; returns the bytes freed (0 when it was not there)."""
+    # Removal in two steps, so a removal whose records could not be written is undone:
+    # `discard` moves the payload aside (one rename, inside the caller's transaction),
+    # `purge` frees it once that transaction committed, `undiscard` puts it back.
+    def discard(self, digest: str) -> int:
+        """Move DIGEST's payload aside; returns its size (0 when it was not there)."""
         path = self.path(digest)
+        aside = self._folder("trash") / digest
         try:
             size = path.stat().st_size
-            path.unlink()
+            os.rename(path, aside)
         except FileNotFoundError:
             return 0
+        fsync_directory(path.parent)
         return size
+
+    def undiscard(self, digest: str) -> None:
+        aside = self.root / "trash" / digest
+        target = self.path(digest)
+        with contextlib.suppress(FileNotFoundError):
+            if target.exists():  # stored again meanwhile: the same bytes
+                aside.unlink()
+            else:
+                os.rename(aside, target)
+                fsync_directory(target.parent)
+
+    def purge(self, digest: str) -> None:
+        self.path(digest)  # validates the name
+        (self.root / "trash" / digest).unlink(missing_ok=True)
+
+    def discarded(self) -> list[str]:
+        """Payloads moved aside by a removal that did not finish (a crash between)."""
+        folder = self.root / "trash"
+        return sorted(n for n in os.listdir(folder) if is_digest(n)) if folder.is_dir() else []
 
     def usage(self) -> tuple[int, int]:
         """How many payloads the store holds and their bytes (parts not counted)."""

@@ -61,7 +61,10 @@ class FileLock:
             raise
         self._fd = fd
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Who holds it is for people reading status; a full disk keeps the lock held
+        # and names no holder.
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return True
 
     def acquire(self, timeout: float | None = None) -> None:

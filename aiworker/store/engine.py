@@ -9,6 +9,7 @@ upgrade to a write lock.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -106,10 +107,23 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
 )
 
 
+def _full(path: Path) -> bool:
+    """Whether PATH's file system has less than a page or two left."""
+    try:
+        stats = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 64 * 1024
+
+
 def explained(url: str, exc: BaseException) -> AiworkerError | None:
     """EXC (a driver's operational error) as an error naming the database and the fix."""
     text = str(getattr(exc, "orig", exc)).lower()
-    where = str(sqlite_path(url) or "the database")
+    path = sqlite_path(url)
+    where = str(path or "the database")
+    if "disk i/o error" in text and path is not None and _full(path):
+        # SQLite says I/O error when it cannot make its journal files on a full disk.
+        text = "database or disk is full"
     for needle, kind, advice in FAILURES:
         if needle in text:
             return kind(f"{where} {advice}")

@@ -15,7 +15,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError
 
 from aiworker.errors import SchemaMismatch, StateUnusable
-from aiworker.store.engine import Database, sqlite_path
+from aiworker.store.engine import Database, explained, sqlite_path
 
 # Oldest first; the last one is the head this code runs against.
 KNOWN_REVISIONS = (
@@ -48,6 +48,9 @@ def ensure_current(db: Database) -> None:
     try:
         revision = current_revision(db)
     except DBAPIError as exc:
+        named = explained(db.url, exc)
+        if named is not None and not isinstance(named, StateUnusable):
+            raise named from None  # passing: a full disk, a lock held too long
         where = sqlite_path(db.url) or "the database"
         raise StateUnusable(f"{where}: cannot be used: {exc.orig}") from None
     ensure_not_newer(revision)

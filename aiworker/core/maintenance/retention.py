@@ -31,9 +31,9 @@ from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.health import Check
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, LockHeld
-from aiworker.runtime.artifact_files import RETENTION_STAMP
+from aiworker.runtime.artifact_files import RETENTION_STAMP, ArtifactFiles
 from aiworker.runtime.gitcache import GitCache, GitCacheError
-from aiworker.store.artifacts import mark_removed, removable
+from aiworker.store.artifacts import live_digests, mark_removed, removable
 from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.tasks import states_of
@@ -84,12 +84,8 @@ def retention_pass(
         if not maintenance.try_acquire():
             raise LockHeld("a maintenance operation holds maintenance.lock; try again later")
         try:
-            with db.write() as session:
-                gone = removable(session, now, now - days, config.retention.batch)
-                mark_removed(session, [sha for sha, _ in gone], now)
-                for sha, _size in gone:
-                    freed = files.remove(sha)
-                    report.removed.append({"sha256": sha, "bytes": freed})
+            _settle(db, files)
+            report.removed = _remove_payloads(db, files, now, now - days, config.retention.batch)
             _task_refs_and_evidence(env, db, now, report)
         finally:
             maintenance.release()
@@ -112,6 +108,45 @@ def retention_pass(
                 report.freed_bytes,
             )
     return report
+
+
+def _remove_payloads(
+    db: Database, files: ArtifactFiles, now: datetime, ended_before: datetime, limit: int
+) -> list[dict[str, Any]]:
+    """Mark the records and move the payloads aside in one write transaction (a step
+    storing the same bytes meanwhile waits for it, then finds them gone and writes them
+    again); free them once it committed, put them back when it did not (a full disk)."""
+    moved: list[str] = []
+    removed = []
+    try:
+        with db.write() as session:
+            gone = removable(session, now, ended_before, limit)
+            mark_removed(session, [sha for sha, _ in gone], now)
+            for sha, _size in gone:
+                removed.append({"sha256": sha, "bytes": files.discard(sha)})
+                moved.append(sha)
+    except BaseException:
+        for sha in moved:
+            files.undiscard(sha)
+        raise
+    for sha in moved:
+        files.purge(sha)
+    return removed
+
+
+def _settle(db: Database, files: ArtifactFiles) -> None:
+    """Payloads a pass moved aside and then died: back where a live record names them,
+    else freed."""
+    aside = files.discarded()
+    if not aside:
+        return
+    with db.read() as session:
+        live = live_digests(session)
+    for sha in aside:
+        if sha in live:
+            files.undiscard(sha)
+        else:
+            files.purge(sha)
 
 
 def _stamp(root: Path) -> None:

@@ -11,6 +11,8 @@ from aiworker.core.context import Environment
 from aiworker.core.health import Check
 
 GIB = 1024**3
+MIB = 1024**2
+FLOOR = 8 * MIB  # with no reserve configured: full, for a step's records
 
 
 def free_bytes(path: Path) -> int:
@@ -25,11 +27,17 @@ def free_bytes(path: Path) -> int:
 
 def space_shortage(env: Environment, free: int | None = None) -> str | None:
     """Why no new work may start for lack of space (FREE bytes, read when not given), or
-    None when the reserve holds."""
+    None when the reserve holds. Without a reserve, a nearly full file system (under
+    FLOOR) still starts nothing: a step needs room to record how it ended."""
     reserve = env.loaded.config.storage.reserve_gib
-    if reserve <= 0:
-        return None
     free = free_bytes(env.state_dir) if free is None else free
+    if reserve <= 0:
+        if free >= FLOOR:
+            return None
+        return (
+            f"{free / MIB:.1f} MiB free for {env.state_dir}: the file system is full; no new "
+            "phase or step starts until space is freed"
+        )
     if free >= reserve * GIB:
         return None
     return (
