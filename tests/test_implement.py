@@ -345,6 +345,16 @@ def test_issue_images_are_checked_and_handed_over_as_files(claimed, forge, upgra
         "seen/settings.json",
         "seen/stdin",  # the prompt as the provider's stdin
     ]
+    # What the phase was handed outlives its workspace in the artifact store.
+    kept = dict(
+        query(upgraded, "select name, media_type from artifacts where attempt_id is not null")
+    )
+    assert kept["input/images/1-screen.png"] == "image/png"
+    assert kept["input/continuation.json"] == kept["input/context.json"] == "application/json"
+    [(digest,)] = query(
+        upgraded, "select sha256 from artifacts where name = 'input/images/1-screen.png'"
+    )
+    assert digest == hashlib.sha256(PNG).hexdigest()
 
 
 def test_a_later_attempt_starts_fresh_with_the_continuation_artifact(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import JSON, MARKDOWN, TEXT, artifact_files, record, store
+from aiworker.core.intake.images import image_type
 from aiworker.core.phases.run import KEPT_TAIL, RunReport
 from aiworker.core.providers.registry import provider_homes
 from aiworker.runtime.atomic import write_private_file
@@ -42,10 +43,18 @@ def attempt_folder(env: Environment, task_id: int, attempt: int) -> Path:
 
 
 def keep_attempt_files(
-    env: Environment, db: Database, task_id: int, attempt: int, prompt: str, run: RunReport
+    env: Environment,
+    db: Database,
+    task_id: int,
+    attempt: int,
+    prompt: str,
+    run: RunReport,
+    handed: dict[str, str | bytes] | None = None,
 ) -> None:
     """Write the attempt's files, keep the same bytes in the artifact store (they outlive
-    the workspace and the attempt's folder) and record both; nothing unused is written."""
+    the workspace and the attempt's folder) and record both; nothing unused is written.
+    HANDED (the documents and images the phase was given) go to the store only: text
+    masked like the rest, images as their bytes."""
     folder = attempt_folder(env, task_id, attempt)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     secrets = provider_secrets(provider_homes(env))
@@ -68,6 +77,13 @@ def keep_attempt_files(
         write_private_file(folder / name, data)
         paths[name] = str(folder / name)
         kept.append(store(files, name, data, media_type))
+    for name, given in sorted((handed or {}).items()):
+        data = given.encode() if isinstance(given, str) else given
+        image = image_type(data) if name.startswith("images/") else None
+        if image is None:
+            data = masked(data, secrets)
+        media_type = image or (JSON if name.endswith(".json") else TEXT)
+        kept.append(store(files, f"input/{name}", data, media_type))
     days = env.loaded.config.retention.artifact_days
     with db.write() as session:
         set_attempt_files(

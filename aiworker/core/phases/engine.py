@@ -170,7 +170,7 @@ def run_model_phase(
     if route is not None and used is not None:
         run = route_outcome(db, attempt, run, used, route.bound.seconds)
     failpoint(f"{guard.phase}.after_run")
-    _keep_files(env, db, guard, attempt, inputs.get("prompt.md", ""), run)
+    _keep_files(env, db, guard, attempt, inputs, run)
     result, failure, reason = _validated(run)
     changed = backend.altered(workspace) if read_only and failure is None else []
     if changed:
@@ -188,15 +188,18 @@ def _keep_files(
     db: Database,
     guard: PhaseGuard,
     attempt: int,
-    prompt: str | bytes,
+    inputs: dict[str, str | bytes],
     run: RunReport,
 ) -> None:
-    """The attempt's prompt, result and provider output, for the operator; a file system
-    or a database that refuses them costs the operator that view, never the attempt's
-    result."""
+    """The attempt's prompt, result and provider output, and what it was handed (its
+    continuation and context documents, the issue's images), for the operator; a file
+    system or a database that refuses them costs the operator that view, never the
+    attempt's result."""
+    prompt = inputs.get("prompt.md", "")
     text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
+    handed = {name: data for name, data in inputs.items() if name != "prompt.md"}
     try:
-        keep_attempt_files(env, db, guard.task_id, attempt, text, run)
+        keep_attempt_files(env, db, guard.task_id, attempt, text, run, handed)
     except Exception as exc:
         log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
 
