@@ -156,9 +156,41 @@ def test_what_cannot_be_restored_is_refused_and_nothing_is_written(upgraded, tmp
     assert refused.exit_code == 2
     assert "is not a SQLite database" in refused.json()["error"]["message"]
     assert not target.exists()
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    refused = _restore(target, snapshot, unfinished)
+    assert refused.exit_code == 2
+    assert (
+        "has no manifest.json: the backup that filled it did not finish"
+        in (refused.json()["error"]["message"])
+    )
+    assert not target.exists()
     full = run_process(
         "--json", "db", "backup", "--to", str(tmp_path / "b2.db"), "--with-artifacts", str(busy)
     )
     assert full.exit_code == 2
     assert "not an empty directory" in full.json()["error"]["message"]
     assert not (tmp_path / "b2.db").exists()
+
+
+def test_a_restore_that_did_not_finish_starts_no_work_and_odd_paths_are_kept_whole(
+    delivered,  # noqa: F811
+    upgraded,
+    tmp_path,
+):
+    delivered()
+    # `#` and `?` are path characters, not parts of a URI.
+    odd = tmp_path / "odd #1?"
+    odd.mkdir()
+    snapshot, folder, made = _backup(odd)
+    assert made["artifacts"]["payloads"] > 0
+    target = tmp_path / "restored"
+    restored = _restore(target, snapshot, folder)
+    assert restored.exit_code == 0, restored
+    assert restored.json()["artifacts"]["payloads"] == made["artifacts"]["payloads"]
+    assert not (target / "restore.incomplete").exists()
+    # As a restore that died before its check leaves it: the tick refuses to start work.
+    (target / "restore.incomplete").write_text("restoring\n")
+    refused = run_process("--state-dir", str(target), "--json", "scheduler", "tick")
+    assert refused.exit_code == 75
+    assert "did not finish" in refused.json()["error"]["message"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import requests
 
+from aiworker.runtime.artifact_files import ArtifactFiles
 from tests.helpers import run_process
 from tests.test_delivery import deliver_until, delivered  # noqa: F401 - fixture
 from tests.test_implement import query
@@ -67,26 +68,33 @@ def test_an_ended_tasks_payloads_and_refs_go_after_their_window_and_the_records_
     ]
     assert _task_refs(state_dir) == []
 
-    # Half of them past their window: a payload another unexpired record names stays.
-    _age(upgraded, 8, where="receipt_id is null")
-    _age(upgraded, 0)
-    shared = query(
-        upgraded,
-        "select sha256 from artifacts group by sha256 "
-        "having min(expires_at) < datetime('now') and max(expires_at) > datetime('now')",
-    )
+    # All past their window, but one payload is also named by a reference that is not
+    # (another task's, stored later): that one stays.
+    _age(upgraded, 8)
+    [(shared,)] = query(upgraded, "select sha256 from artifacts where name = 'prompt.md' limit 1")
+    with sqlite3.connect(upgraded) as db:
+        db.execute(
+            "insert into artifacts (sha256, size, media_type, name, created_at, expires_at) "
+            "select sha256, size, media_type, 'prompt.md', datetime('now'), "
+            "datetime('now', '+1 day') from artifacts where sha256 = ? limit 1",
+            (shared,),
+        )
     ahead = run_process("--json", "retention", "--dry-run").json()
     gone = {r["sha256"] for r in ahead["removed"]}
-    assert gone
-    assert not gone & {sha for (sha,) in shared}
+    assert gone == {sha for (sha,) in kept} - {shared}
     assert all((store / sha[:2] / sha).is_file() for sha in gone)  # a dry run removes nothing
-
-    _age(upgraded, 8)
     shown = run_process("--json", "status").json()["artifacts"]
-    assert (shown["payloads"], shown["removable"]) == (len(kept), len(kept))
+    assert (shown["payloads"], shown["removable"]) == (len(kept), len(kept) - 1)
+
     swept = run_process("--json", "retention")
     assert swept.exit_code == 0, swept
-    assert {r["sha256"] for r in swept.json()["removed"]} == {sha for (sha,) in kept}
+    assert {r["sha256"] for r in swept.json()["removed"]} == gone
+    assert swept.json()["payloads"] == 1
+    assert (store / shared[:2] / shared).is_file()
+    # Its last reference expires too: it goes.
+    _age(upgraded, 8, where="task_id is null")
+    swept = run_process("--json", "retention")
+    assert [r["sha256"] for r in swept.json()["removed"]] == [shared]
     assert swept.json()["payloads"] == 0
     assert sum(r["bytes"] for r in swept.json()["removed"]) == swept.json()["freed_bytes"] > 0
     assert [p for p in store.rglob("*") if not p.is_dir()] == []
@@ -129,3 +137,51 @@ def test_a_stale_transfer_is_reclaimed_and_a_fresh_one_kept(upgraded, state_dir)
     swept = run_process("--json", "retention").json()
     assert swept["files"] == [str(stale)]
     assert (stale.exists(), fresh.exists()) == (False, True)
+
+
+def test_payloads_a_crashed_pass_moved_aside_or_nobody_recorded_are_settled(
+    claimed, upgraded, state_dir
+):
+    from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
+
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    assert run_process("--json", "implement", "--task", str(task), "--slot", "1").exit_code == 0
+    files = ArtifactFiles(state_dir / "artifacts")
+    # A pass that died between moving a payload aside and committing: its record still
+    # names it, so the next pass puts it back.
+    [(named,)] = query(upgraded, "select sha256 from artifacts where name = 'prompt.md'")
+    assert files.discard(named) > 0
+    assert not files.has(named)
+    # A step that stored a payload and died before recording it, long ago.
+    orphan, _size = files.put(b"stored, never recorded\n")
+    month_ago = files.path(orphan).stat().st_mtime - 30 * 86400
+    os.utime(files.path(orphan), (month_ago, month_ago))
+    swept = run_process("--json", "retention")
+    assert swept.exit_code == 0, swept
+    assert files.read(named)  # back, whole
+    assert [r["sha256"] for r in swept.json()["removed"]] == [orphan]
+    assert not files.has(orphan)
+    assert files.discarded() == []
+
+
+def test_a_ref_git_cannot_remove_stays_for_the_next_pass_and_the_tick_goes_on(
+    delivered,  # noqa: F811
+    upgraded,
+    state_dir,
+    cli,
+):
+    task, _head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review", "merge")
+    assert [r.exit_code for r in reports.values()] == [0, 0, 0, 0], reports
+    ref = f"refs/aiworker/review/task-{task}"
+    stale = state_dir / "git-cache" / "repo-1.git" / f"{ref}.lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("left by a git that died\n")
+    swept = run_process("--json", "retention")
+    assert swept.exit_code == 0, swept
+    assert swept.json()["refs"] == []
+    assert _task_refs(state_dir) == [ref]
+    ticked = run_process("--json", "scheduler", "tick")
+    assert ticked.exit_code == 0, ticked
+    stale.unlink()
+    assert run_process("--json", "retention").json()["refs"][0]["ref"] == ref

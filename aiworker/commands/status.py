@@ -40,6 +40,12 @@ def status(
                 slot["task_state"] or "-",
             )
         console.print(slots)
+        kept = report["artifacts"]
+        console.print(
+            f"Artifacts: {kept['payloads']} payloads, {kept['bytes'] / 2**20:.1f} MiB; the "
+            f"next retention pass removes {kept['removable']}",
+            markup=False,
+        )
         shown = {s: n for s, n in report["tasks"].items() if n or every_state}
         if not shown:
             console.print("Tasks: none", markup=False)

@@ -188,6 +188,17 @@ class ArtifactFiles:
                     count += 1
         return count, total
 
+    def written_before(self, before: float) -> list[str]:
+        """Payloads last written before BEFORE (a timestamp): the ones the retention pass
+        checks for a record naming them."""
+        found = []
+        for folder, _dirs, names in os.walk(self.root / "sha256"):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    if is_digest(name) and os.lstat(os.path.join(folder, name)).st_mtime < before:
+                        found.append(name)
+        return found
+
     def stale_parts(self, older_than_s: float, now: float | None = None) -> list[Path]:
         """Transfers nobody has added to for OLDER_THAN_S seconds."""
         folder = self.root / "partial"

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, insert, or_, select, update
+from sqlalchemy import and_, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.tables import artifacts, tasks
 
 ENDED = ("done", "failed", "cancelled")
+PAYLOAD_LOCK = 0x61727466  # "artf": the advisory lock of serialize_payload_changes
 
 
 @dataclass(frozen=True)
@@ -130,3 +131,37 @@ def live_digests(session: Session) -> set[str]:
         select(artifacts.c.sha256).where(artifacts.c.removed_at.is_(None)).distinct()
     )
     return {str(sha) for (sha,) in rows}
+
+
+def serialize_payload_changes(session: Session) -> None:
+    """Take the lock that orders storing against the retention pass. SQLite's write
+    transactions (BEGIN IMMEDIATE) already run one at a time; PostgreSQL's take this
+    advisory lock until they end."""
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PAYLOAD_LOCK})
+
+
+def recorded(session: Session, digests: Iterable[str]) -> set[str]:
+    """Which of DIGESTS any record names (present or removed)."""
+    names = list(digests)
+    if not names:
+        return set()
+    rows = session.execute(
+        select(artifacts.c.sha256).where(artifacts.c.sha256.in_(names)).distinct()
+    )
+    return {str(sha) for (sha,) in rows}
+
+
+def live_totals(session: Session) -> tuple[int, int]:
+    """How many payloads the records name as present, and their bytes."""
+    per_payload = (
+        select(func.max(artifacts.c.size).label("size"))
+        .where(artifacts.c.removed_at.is_(None))
+        .group_by(artifacts.c.sha256)
+        .subquery()
+    )
+    count, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(per_payload.c.size), 0))
+    ).one()
+    return int(count), int(total)

@@ -7,8 +7,15 @@ import os
 import sqlite3
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 from aiworker.runtime.atomic import fsync_directory
+
+
+def read_only_uri(path: Path) -> str:
+    """PATH as a read-only SQLite URI, every character that means something in a URI
+    (`#`, `?`, `%`) escaped: unescaped, `a#b.db` would open (and create) `a`."""
+    return f"file:{quote(str(path.absolute()))}?mode=ro"
 
 
 def backup_sqlite(source: Path, target: Path) -> int:
@@ -22,7 +29,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
     tmp = Path(tmp_name)
     try:
         os.chmod(tmp, 0o600)
-        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+        src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
         try:
             src.execute("PRAGMA busy_timeout = 30000")
             dst = sqlite3.connect(tmp)
@@ -49,7 +56,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
 def snapshot_digests(snapshot: Path) -> set[str]:
     """The payloads a snapshot's artifact records name as present (read-only; a snapshot
     from before the artifact store names none)."""
-    db = sqlite3.connect(f"file:{snapshot}?mode=ro", uri=True)
+    db = sqlite3.connect(read_only_uri(snapshot), uri=True)
     try:
         found = db.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'artifacts'"
@@ -72,7 +79,7 @@ def snapshot_revision(snapshot: Path) -> str | None:
     with open(snapshot, "rb") as handle:
         if handle.read(16) != b"SQLite format 3\x00":
             raise NotASnapshot(f"{snapshot} is not a SQLite database")
-    db = sqlite3.connect(f"file:{snapshot}?mode=ro", uri=True)
+    db = sqlite3.connect(read_only_uri(snapshot), uri=True)
     try:
         try:
             verdict = db.execute("PRAGMA integrity_check").fetchone()

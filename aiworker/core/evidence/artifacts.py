@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.runtime.artifact_files import ArtifactDamaged, ArtifactFiles
-from aiworker.store.artifacts import add_artifact
+from aiworker.store.artifacts import add_artifact, serialize_payload_changes
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
@@ -57,6 +57,7 @@ def record(
     went between `store` and this write is seen here, under the same write lock, and
     written again: a record never names a missing payload."""
     now = now or datetime.now(UTC)
+    serialize_payload_changes(session)
     if not stored.files.has(stored.sha256):
         stored.files.put(stored.data)
     return add_artifact(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput, LockHeld
+from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
-from aiworker.store.backup import backup_sqlite, snapshot_digests
+from aiworker.store.backup import backup_sqlite, snapshot_digests, snapshot_revision
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
@@ -73,6 +75,15 @@ class BackupReport(Report):
         }
 
 
+def _new_file(target: Path) -> None:
+    if not target.is_absolute():
+        raise InvalidInput(f"backup target {target} must be an absolute path")
+    if target.exists() or target.is_symlink():
+        raise InvalidInput(f"backup target {target} already exists; choose a new path")
+    if not target.parent.is_dir():
+        raise InvalidInput(f"backup target directory {target.parent} does not exist")
+
+
 def _new_directory(path: Path, what: str) -> None:
     if not path.is_absolute():
         raise InvalidInput(f"{what} {path} must be an absolute path")
@@ -85,14 +96,9 @@ def _new_directory(path: Path, what: str) -> None:
 def backup_database(env: Environment, target: Path, artifacts: Path | None = None) -> BackupReport:
     """Snapshot the live SQLite database to TARGET, a new absolute path; with ARTIFACTS
     (a new or empty directory), also every payload the snapshot names, as a consistent
-    pair: maintenance.lock is held throughout, so no tick starts work or runs the
-    retention pass meanwhile."""
-    if not target.is_absolute():
-        raise InvalidInput(f"backup target {target} must be an absolute path")
-    if target.exists() or target.is_symlink():
-        raise InvalidInput(f"backup target {target} already exists; choose a new path")
-    if not target.parent.is_dir():
-        raise InvalidInput(f"backup target directory {target.parent} does not exist")
+    pair: maintenance.lock and retention.lock are held throughout, so no tick starts
+    work and no retention pass removes a payload meanwhile."""
+    _new_file(target)
     if artifacts is not None:
         _new_directory(artifacts, "--with-artifacts")
     source = sqlite_path(env.database_url)
@@ -101,9 +107,13 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
     revision = database_revision(env).current
-    maintenance = env.locks.lock("maintenance")
-    if artifacts is not None and not maintenance.try_acquire():
-        raise LockHeld("another maintenance operation holds maintenance.lock; try again later")
+    maintenance, retention = env.locks.lock("maintenance"), env.locks.lock("retention")
+    if artifacts is not None:
+        if not maintenance.try_acquire():
+            raise LockHeld("another maintenance operation holds maintenance.lock; try later")
+        if not retention.try_acquire():
+            maintenance.release()
+            raise LockHeld("a retention pass holds retention.lock; try again later")
     try:
         try:
             size = backup_sqlite(source, target)
@@ -116,23 +126,35 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
         if artifacts is not None:
             report.artifacts = _copy_artifacts(env, target, artifacts)
     finally:
-        if maintenance.held:
-            maintenance.release()
+        for lock in (retention, maintenance):
+            if lock.held:
+                lock.release()
     return report
+
+
+MANIFEST = "manifest.json"  # written last: a folder without it is no finished backup
 
 
 def _copy_artifacts(env: Environment, snapshot: Path, folder: Path) -> dict[str, Any]:
     from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
+    from aiworker.core.maintenance.retention import settle
     from aiworker.runtime.artifact_files import ArtifactFiles
 
+    live = artifact_files(env.state_dir)
+    db = env.open_database()
+    try:
+        settle(db, live)  # payloads a crashed pass moved aside go back first
+    finally:
+        db.dispose()
     folder.mkdir(mode=0o700, exist_ok=True)
-    copied = copy_payloads(
-        artifact_files(env.state_dir), ArtifactFiles(folder), snapshot_digests(snapshot)
-    )
+    copied = copy_payloads(live, ArtifactFiles(folder), snapshot_digests(snapshot))
     if copied.missing or copied.damaged:
         log.warning(
             "backup: %d payloads missing and %d damaged in the live store",
             len(copied.missing),
             len(copied.damaged),
         )
-    return {"dir": str(folder), **vars(copied)}
+    summary = {"dir": str(folder), **vars(copied)}
+    manifest = {"snapshot": str(snapshot), "revision": snapshot_revision(snapshot), **summary}
+    write_private_file(folder / MANIFEST, json.dumps(manifest, indent=2).encode())
+    return summary

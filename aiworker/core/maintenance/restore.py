@@ -23,15 +23,18 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
+from aiworker.core.maintenance.database import MANIFEST
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.artifact_files import ArtifactFiles
+from aiworker.runtime.atomic import fsync_directory, write_private_file
 from aiworker.store.artifacts import live_digests, mark_removed
 from aiworker.store.backup import NotASnapshot, backup_sqlite, snapshot_revision
 from aiworker.store.engine import Database, default_url, sqlite_path
 from aiworker.store.schema import ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
+RESTORING = "restore.incomplete"
 
 
 @dataclass
@@ -63,6 +66,11 @@ def _refuse_unless_restorable(env: Environment, backup: Path, artifacts: Path | 
         raise InvalidInput(f"--from {backup}: no such file")
     if artifacts is not None and not artifacts.is_dir():
         raise InvalidInput(f"--artifacts {artifacts}: no such directory")
+    if artifacts is not None and not (artifacts / MANIFEST).is_file():
+        raise InvalidInput(
+            f"--artifacts {artifacts} has no {MANIFEST}: the backup that filled it did not "
+            "finish; use a complete one"
+        )
 
 
 def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreReport:
@@ -73,6 +81,10 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
         raise InvalidInput(f"--from: {exc}") from None
     ensure_not_newer(revision)
     env.ensure_state_dir()
+    # Until the check is done no tick starts work here, even after a crash: the marker
+    # stays and the tick refuses (remove the directory and restore again).
+    marker = env.state_dir / RESTORING
+    write_private_file(marker, f"restoring {backup}\n".encode())
     maintenance = env.locks.lock("maintenance")
     if not maintenance.try_acquire():
         raise LockHeld("another maintenance operation holds maintenance.lock")
@@ -91,6 +103,8 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
             report.tasks = verify_tasks(env, db)
         finally:
             db.dispose()
+        marker.unlink()
+        fsync_directory(env.state_dir)
     finally:
         maintenance.release()
     held = sum(t["outcome"] == "held" for t in report.tasks)

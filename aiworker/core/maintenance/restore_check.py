@@ -20,6 +20,7 @@ from aiworker.errors import AiworkerError
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.store.engine import Database
 from aiworker.store.restore import TaskToVerify, tasks_to_verify
+from aiworker.store.tasks import task_state as current_state
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,17 @@ def verify_tasks(env: Environment, db: Database) -> list[dict[str, Any]]:
         why: str | None = unfilled.get(task.repository) or unreachable or None
         try:
             if client is not None and why is None:
-                why = _disagreement(client, logins, task) or _head_lost(env, task)
+                why = _disagreement(client, logins, task)
+                if why is None and task.pr is None:  # a PR's head is on the forge
+                    why = _head_lost(env, task)
         except AiworkerError as exc:
             why = f"the forge could not be read: {exc.message}"
         if why is None:
             verdicts.append(_verdict(task, "carries on", "the forge agrees with the record"))
             continue
         reason = f"held after a restore: {why}"
-        try:
-            hold_task(db, task.id, task.state, task.version, reason, actor="restore")
-        except TransitionRefused:
-            verdicts.append(_verdict(task, "carries on", f"could not be held: {why}"))
+        if not _hold(db, task, reason):
+            verdicts.append(_verdict(task, "not held", f"it moved meanwhile: {why}"))
             continue
         log.warning("task %d %s", task.id, reason)
         verdicts.append(_verdict(task, "held", reason))
@@ -88,6 +89,22 @@ def _head_lost(env: Environment, task: TaskToVerify) -> str | None:
     except GitCacheError:
         return f"its head {task.head} is on no branch of the forge (it was never pushed)"
     return None
+
+
+def _hold(db: Database, task: TaskToVerify, reason: str) -> bool:
+    """Hold TASK; a poll that changed it meanwhile (a new scope) is read and tried again."""
+    state, version = task.state, task.version
+    for _ in range(3):
+        try:
+            hold_task(db, task.id, state, version, reason, actor="restore")
+            return True
+        except TransitionRefused:
+            with db.read() as session:
+                now = current_state(session, task.id)
+            if now is None or now[0] in (S.PAUSED, S.DONE, S.FAILED, S.CANCELLED):
+                return False
+            state, version = now
+    return False
 
 
 def _verdict(task: TaskToVerify, outcome: str, reason: str) -> dict[str, Any]:

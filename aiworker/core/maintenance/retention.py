@@ -18,6 +18,7 @@ remove and removes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -33,7 +34,14 @@ from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, LockHeld
 from aiworker.runtime.artifact_files import RETENTION_STAMP, ArtifactFiles
 from aiworker.runtime.gitcache import GitCache, GitCacheError
-from aiworker.store.artifacts import live_digests, mark_removed, removable
+from aiworker.store.artifacts import (
+    live_digests,
+    live_totals,
+    mark_removed,
+    recorded,
+    removable,
+    serialize_payload_changes,
+)
 from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.tasks import states_of
@@ -43,6 +51,8 @@ log = logging.getLogger(__name__)
 ENDED = ("done", "failed", "cancelled")
 _EVIDENCE_FILE = re.compile(r"^task-(\d+)-")
 MIB = 1 << 20
+CHUNK = 500  # digests per IN list
+LOCK = "retention"  # held by each pass, and by `db backup --with-artifacts`
 
 
 @dataclass
@@ -79,12 +89,12 @@ def retention_pass(
         report.removed = [{"sha256": sha, "bytes": size} for sha, size in gone]
         _task_refs_and_evidence(env, db, now, report)
     else:
-        # Not while a backup copies the store (or another maintenance runs).
-        maintenance = env.locks.lock("maintenance")
+        # One pass at a time, and none while a backup copies the store (it holds this).
+        maintenance = env.locks.lock(LOCK)
         if not maintenance.try_acquire():
-            raise LockHeld("a maintenance operation holds maintenance.lock; try again later")
+            raise LockHeld(f"{LOCK}.lock is held (another pass, or a backup); try again later")
         try:
-            _settle(db, files)
+            settle(db, files)
             report.removed = _remove_payloads(db, files, now, now - days, config.retention.batch)
             _task_refs_and_evidence(env, db, now, report)
         finally:
@@ -92,8 +102,9 @@ def retention_pass(
     for part in files.stale_parts(days.total_seconds(), now.timestamp()):
         report.files.append(str(part))
         if not dry_run:
-            report.freed_bytes += part.stat().st_size
-            part.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                report.freed_bytes += part.stat().st_size
+                part.unlink()
     report.freed_bytes += sum(r["bytes"] for r in report.removed)
     report.payloads, report.bytes = files.usage()
     report.changed = not dry_run and bool(report.removed or report.refs or report.files)
@@ -118,13 +129,24 @@ def _remove_payloads(
     again); free them once it committed, put them back when it did not (a full disk)."""
     moved: list[str] = []
     removed = []
+    old = files.written_before(ended_before.timestamp())
     try:
         with db.write() as session:
+            serialize_payload_changes(session)
             gone = removable(session, now, ended_before, limit)
             mark_removed(session, [sha for sha, _ in gone], now)
             for sha, _size in gone:
                 removed.append({"sha256": sha, "bytes": files.discard(sha)})
                 moved.append(sha)
+            # Payloads no record names (their step failed between storing and recording)
+            # once older than the window.
+            for start in range(0, len(old), CHUNK):
+                chunk = old[start : start + CHUNK]
+                for sha in sorted(set(chunk) - recorded(session, chunk)):
+                    if len(moved) >= 2 * limit:
+                        break
+                    removed.append({"sha256": sha, "bytes": files.discard(sha)})
+                    moved.append(sha)
     except BaseException:
         for sha in moved:
             files.undiscard(sha)
@@ -134,7 +156,7 @@ def _remove_payloads(
     return removed
 
 
-def _settle(db: Database, files: ArtifactFiles) -> None:
+def settle(db: Database, files: ArtifactFiles) -> None:
     """Payloads a pass moved aside and then died: back where a live record names them,
     else freed."""
     aside = files.discarded()
@@ -155,10 +177,8 @@ def _stamp(root: Path) -> None:
     os.utime(root / RETENTION_STAMP)
 
 
-def _task_refs_and_evidence(
-    env: Environment, db: Database, now: datetime, report: RetentionReport
-) -> None:
-    cache = GitCache(env.state_dir)
+def _task_refs(env: Environment, cache: GitCache) -> dict[int, list[tuple[int, str]]]:
+    """The refs the git cache keeps for tasks: task id -> (repository index, ref)."""
     refs: dict[int, list[tuple[int, str]]] = {}
     for repo in env.loaded.config.repositories:
         try:
@@ -166,6 +186,14 @@ def _task_refs_and_evidence(
                 refs.setdefault(task_id, []).extend((repo.index, n) for n in names)
         except GitCacheError as exc:
             log.warning("retention: repository %d: %s", repo.index, exc)
+    return refs
+
+
+def _task_refs_and_evidence(
+    env: Environment, db: Database, now: datetime, report: RetentionReport
+) -> None:
+    cache = GitCache(env.state_dir)
+    refs = _task_refs(env, cache)
     evidence = env.state_dir / "evidence"
     written: dict[int, list[Path]] = {}
     for path in sorted(evidence.iterdir()) if evidence.is_dir() else []:
@@ -181,17 +209,28 @@ def _task_refs_and_evidence(
         if state not in ENDED or (state != "done" and now - updated_at < kept_for):
             continue
         for index, ref in refs.get(task_id, []):
-            report.refs.append({"task": task_id, "repository": index, "ref": ref})
             if not report.dry_run:
-                cache.delete_ref(index, ref)
+                try:
+                    cache.delete_ref(index, ref)
+                except GitCacheError as exc:  # a stale ref lock: the next pass tries again
+                    log.warning("retention: %s stays: %s", ref, exc)
+                    continue
+            report.refs.append({"task": task_id, "repository": index, "ref": ref})
         for path in written.get(task_id, []):
             report.files.append(str(path))
             if not report.dry_run:
-                size = path.stat().st_size
-                path.unlink(missing_ok=True)
-                report.freed_bytes += size
-                with db.write() as session:
-                    record_cleanup(session, task_id, str(path), "removed", f"{state}", size)
+                _remove_evidence(db, task_id, state, path, report)
+
+
+def _remove_evidence(
+    db: Database, task_id: int, state: str, path: Path, report: RetentionReport
+) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        size = path.stat().st_size
+        path.unlink()
+        report.freed_bytes += size
+        with db.write() as session:
+            record_cleanup(session, task_id, str(path), "removed", state, size)
 
 
 def store_summary(env: Environment, db: Database) -> dict[str, int]:
@@ -205,7 +244,7 @@ def store_summary(env: Environment, db: Database) -> dict[str, int]:
             now - timedelta(days=config.retention.artifact_days),
             config.retention.batch,
         )
-    payloads, size = artifact_files(env.state_dir).usage()
+        payloads, size = live_totals(session)
     return {
         "payloads": payloads,
         "bytes": size,

@@ -13,6 +13,7 @@ used by the tick that holds its lock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.errors import AiworkerError, LockHeld, Unavailable
+from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.locks import FileLock
 from aiworker.store.deadlines import work_started_before
 from aiworker.store.engine import Database
@@ -56,9 +58,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     # Paused: nothing new starts, but what dead jobs left is still recovered and
     # finished tasks are still cleaned up.
     paused = SchedulerState.load(env.state_dir).paused
-    maintenance = env.locks.lock("maintenance")
-    if maintenance.is_locked() and not paused:
-        raise Unavailable("maintenance is in progress; no work is started")
+    _refuse_during_maintenance(env, paused)
     if not paused:
         refuse_direct_launch_in_a_service(config.scheduler.launcher)
     if paused:
@@ -109,6 +109,17 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         len(report.recovered),
     )
     return report
+
+
+def _refuse_during_maintenance(env: Environment, paused: bool) -> None:
+    maintenance = env.locks.lock("maintenance")
+    if maintenance.is_locked() and not paused:
+        raise Unavailable("maintenance is in progress; no work is started")
+    if (env.state_dir / "restore.incomplete").exists():
+        raise Unavailable(
+            f"a restore into {env.state_dir} did not finish (restore.incomplete is there): "
+            "nothing was checked against the forge; remove the directory and restore again"
+        )
 
 
 def _short_of_space(env: Environment, report: TickReport) -> bool:
@@ -174,7 +185,7 @@ def _retention(env: Environment, db: Database) -> dict[str, int] | None:
     """The retention pass, once per retention.interval_s (an idle tick pays one stat)."""
     root = env.state_dir / "artifacts"
     try:
-        age = time.time() - (root / ".last-retention-pass").stat().st_mtime
+        age = time.time() - (root / RETENTION_STAMP).stat().st_mtime
         if age < env.loaded.config.retention.interval_s:
             return None
     except FileNotFoundError:
@@ -185,7 +196,15 @@ def _retention(env: Environment, db: Database) -> dict[str, int] | None:
     try:
         report = retention_pass(env, db)
     except LockHeld:
-        return None  # a backup or another maintenance runs: the next tick tries again
+        return None  # a backup or another pass runs: the next tick tries again
+    except (AiworkerError, OSError) as exc:
+        # The tick goes on; the pass waits its interval (a pass that fails each time
+        # must not fail every tick), and says why in the log.
+        log.warning("tick: the retention pass failed: %s", exc)
+        with contextlib.suppress(OSError):
+            root.mkdir(mode=0o700, exist_ok=True)
+            (root / RETENTION_STAMP).touch()
+        return {"failed": 1}
     return {
         "payloads_removed": len(report.removed),
         "refs_removed": len(report.refs),
