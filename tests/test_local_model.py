@@ -179,8 +179,14 @@ def test_a_simple_issue_gets_one_bounded_local_try_then_the_next_provider_delive
     assert 0 < use["seconds"] <= BOUNDS["seconds_per_try"] + 30, use
     assert outcome in ("failed", "invalid", "other", "gate_failed", "not_accepted", "over_bound")
     assert report["reason"] == f"llama's local try ended {outcome}: {reason}"
-    # The server generated exactly what the gate let through, and nothing else.
-    assert llama_server.metrics()["tokens_predicted_total"] == use["generated_tokens"]
+    # The server generated what the gate let through, and nothing else: exactly, or, for
+    # a try a bound ended (a request cut short there counts as all it was allowed, while
+    # the server stops it where it was), no more.
+    served = llama_server.metrics()["tokens_predicted_total"]
+    if use["exceeded"] is None:
+        assert served == use["generated_tokens"], use
+    else:
+        assert served <= use["generated_tokens"], use
 
     assert run_process("--json", "claim", "--slot", "1").json()["claimed"]
     second = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()

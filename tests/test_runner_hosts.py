@@ -164,7 +164,11 @@ def test_a_fleet_on_three_hosts_runs_every_job_exactly_once_through_faults(fleet
         job = get_job(fleet.db, pair)
         delivery = job.result
         runner = int(delivery["worker_id"].removeprefix("r"))
-        assert (job.state, job.attempt, delivery["outcome"]) == ("succeeded", 1, "completed")
+        assert (job.state, job.attempt, delivery["outcome"]) == (
+            "succeeded",
+            1,
+            "completed",
+        ), delivery
         assert pair[0] in FILTERS[runner], (pair, runner)
         arg = job.request["command"]["argv"][1]
         printed = f"repo {pair[0]} job {arg}\n".encode()
