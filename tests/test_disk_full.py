@@ -49,17 +49,7 @@ def test_a_phase_whose_disk_fills_fails_cleanly_and_runs_again_once_space_is_bac
     monkeypatch,
     cli,
 ):
-    config = configure(tmp_path, forge, monkeypatch)
-    write_scenario(
-        tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc(), sleep_s=3
-    )
-    config.write_text(
-        '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
-        + config.read_text()
-        + "[scheduler]\nfollow_up = false\n[storage]\nreserve_gib = 0\n"
-    )
-    assert cli("db", "upgrade").exit_code == 0
-    assert cli("poll").exit_code == 0
+    _configured(forge, tmp_path, monkeypatch, cli, sleep_s=3)
     database = small_disk / "aiworker.db"
     assert cli("--json", "claim", "--slot", "1").json()["claimed"]
     job = subprocess.Popen(
@@ -107,10 +97,13 @@ def test_a_phase_whose_disk_fills_fails_cleanly_and_runs_again_once_space_is_bac
     _payloads_named_exist(database, small_disk)
 
 
-def _implemented(forge, tmp_path, monkeypatch, cli) -> None:
-    """Task 1 implemented on the small disk (no reserve: the disk itself is the limit)."""
+def _configured(forge, tmp_path, monkeypatch, cli, **scenario) -> None:
+    """Issue 1 recorded on the small disk, for the script provider (no reserve: the disk
+    itself is the limit)."""
     config = configure(tmp_path, forge, monkeypatch)
-    write_scenario(tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc())
+    write_scenario(
+        tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc(), **scenario
+    )
     config.write_text(
         '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
         + config.read_text()
@@ -118,6 +111,11 @@ def _implemented(forge, tmp_path, monkeypatch, cli) -> None:
     )
     assert cli("db", "upgrade").exit_code == 0
     assert cli("poll").exit_code == 0
+
+
+def _implemented(forge, tmp_path, monkeypatch, cli) -> None:
+    """Task 1 implemented on the small disk."""
+    _configured(forge, tmp_path, monkeypatch, cli)
     assert cli("--json", "claim", "--slot", "1").json()["claimed"]
     assert run_process("implement", "--task", "1", "--slot", "1").exit_code == 0
 

@@ -20,6 +20,7 @@ from aiworker.core.delivery.pull import (
     Delivery,
     load_delivery,
     move,
+    ours_passed,
     pull_at_head,
     record,
 )
@@ -94,13 +95,7 @@ def _refusals(
     # a `ci` identity was configured).
     ours = {access.logins[access.status_role()], access.logins["worker"]}
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
-    if not any(
-        s.context == CI_CONTEXT
-        and s.status == "success"
-        and s.creator is not None
-        and s.creator.login in ours
-        for s in statuses
-    ):
+    if not ours_passed(statuses, {*ours}):
         by = " or ".join(sorted(ours))
         reasons.append(f"no successful '{CI_CONTEXT}' status by {by} on {head}")
     if not decision.authorized:

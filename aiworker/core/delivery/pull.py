@@ -7,7 +7,7 @@ from typing import Any
 
 from aiworker import logs
 from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.adapters.forgejo.models import CommitStatus, PullRequest
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.store.engine import Database
@@ -38,6 +38,18 @@ def load_delivery(db: Database, task_id: int, state: str) -> Delivery:
     if publication is None or publication.pr_number is None:
         raise Conflict(f"task {task_id} has no open pull request")
     return Delivery(task, repo, publication.pr_number)
+
+
+def ours_passed(statuses: list[CommitStatus], ours: set[str | None]) -> bool:
+    """Whether one of OURS posted a success in aiworker's CI context among STATUSES: only
+    our own CI's word counts, as anyone with Write can post a status in its context."""
+    return any(
+        s.context == CI_CONTEXT
+        and s.status == "success"
+        and s.creator is not None
+        and s.creator.login in ours
+        for s in statuses
+    )
 
 
 def pull_at_head(client: ForgejoClient, delivery: Delivery) -> PullRequest:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiworker.adapters.forgejo.client import ForgejoClient
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import CI_CONTEXT
+from aiworker.core.delivery.pull import CI_CONTEXT, ours_passed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.tasks.hold import hold_task
 from aiworker.core.tasks.lifecycle import TransitionRefused
@@ -143,13 +143,7 @@ def _missing_word(
     if task.state in (S.AWAITING_REVIEW, S.APPROVED):
         ours = {logins.get("ci"), logins.get("worker")}
         statuses = client.combined_status(task.owner, task.name, head).statuses
-        if not any(
-            s.context == CI_CONTEXT
-            and s.status == "success"
-            and s.creator is not None
-            and s.creator.login in ours
-            for s in statuses
-        ):
+        if not ours_passed(statuses, ours):
             missing = f"no successful '{CI_CONTEXT}' status on {head} on the forge"
     if missing is None and task.state == S.APPROVED:
         reviewer = logins.get("reviewer")
