@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -94,6 +95,41 @@ def test_a_transfer_whose_bytes_do_not_match_is_dropped_not_published(tmp_path):
         files.complete(DIGEST, len(PAYLOAD))
     assert not files.has(DIGEST)
     assert files.received(DIGEST) == 0  # the sender starts again
+
+
+def test_two_senders_of_the_same_bytes_take_turns_and_publish_them_once(tmp_path):
+    from aiworker.core.runner.transfers import receive_chunk, transfer_state
+    from aiworker.errors import InvalidInput
+
+    files = ArtifactFiles(tmp_path)
+    payload = os.urandom(64 * 1024)
+    digest = hashlib.sha256(payload).hexdigest()
+    start = threading.Barrier(4)
+    refused: list[str] = []
+
+    def send() -> None:
+        start.wait()
+        state = {"received": 0, "complete": False}
+        while not state["complete"]:
+            offset = state["received"]
+            try:
+                chunk = payload[offset : offset + 1000]
+                state = receive_chunk(files, digest, offset, len(payload), chunk)
+            except InvalidInput as exc:
+                refused.append(exc.code)
+                if exc.code != "offset_mismatch":
+                    return
+                state = transfer_state(files, digest)
+
+    senders = [threading.Thread(target=send) for _ in range(4)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(timeout=60)
+    assert not any(sender.is_alive() for sender in senders)
+    assert set(refused) <= {"offset_mismatch"}  # ask again, never damaged
+    assert files.read(digest) == payload
+    assert os.listdir(tmp_path / "partial") == []
 
 
 def test_an_attempt_keeps_its_prompt_and_result_in_the_store(claimed, upgraded, state_dir):

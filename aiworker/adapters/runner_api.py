@@ -19,6 +19,9 @@ from aiworker.errors import AiworkerError, InvalidInput, Refused, Unavailable
 API = "/api/runner/v1"
 LEASE_HEADER = "X-Aiworker-Lease"  # a snapshot is served to the lease that needs it
 CALL_TIMEOUT_S = 10.0
+# An artifact goes in chunks of at most this: a chunk and its request stay under the
+# runner API's 1 MiB body bound.
+CHUNK_BYTES = 512 * 1024
 
 
 class ServerUnavailable(Unavailable):
@@ -53,11 +56,16 @@ class RunnerApi:
         self.session.close()
 
     def _call(
-        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        **more: Any,  # data, params, headers: a transfer's raw bytes
     ) -> requests.Response:
         try:
             response = self.session.request(
-                method, self.base + path, json=body, timeout=timeout_s or self.timeout_s
+                method, self.base + path, json=body, timeout=timeout_s or self.timeout_s, **more
             )
         except requests.RequestException as exc:
             raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
@@ -103,6 +111,21 @@ class RunnerApi:
     ) -> dict[str, Any]:
         path = f"/jobs/{pair[0]}/{pair[1]}/{kind}"
         return self._call("POST", path, {"lease_token": token, **body}).json()  # type: ignore[no-any-return]
+
+    def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]:
+        """How much of artifact DIGEST the controller holds for the job of lease TOKEN."""
+        path = f"/jobs/{pair[0]}/{pair[1]}/artifacts/{digest}"
+        return self._call("GET", path, headers={LEASE_HEADER: token}).json()  # type: ignore[no-any-return]
+
+    def send_chunk(
+        self, pair: tuple[int, int], token: str, digest: str, at: tuple[int, int], data: bytes
+    ) -> dict[str, Any]:
+        """DATA of artifact DIGEST from byte AT[0] (AT[1] bytes in all)."""
+        path = f"/jobs/{pair[0]}/{pair[1]}/artifacts/{digest}"
+        headers = {LEASE_HEADER: token, "Content-Type": "application/octet-stream"}
+        params = {"offset": at[0], "size": at[1]}
+        answer = self._call("PUT", path, data=data, params=params, headers=headers)
+        return answer.json()  # type: ignore[no-any-return]
 
     def download(
         self, path: str, limit: int, dest: Path | None = None, lease: str | None = None

@@ -119,6 +119,16 @@ class Cleanup(Contract):
     error: str | None = None
 
 
+class ArtifactRef(Contract):
+    """A payload the runner sent to the controller's artifact store before delivering
+    (a stream's log); the controller accepts the result only when each is there whole."""
+
+    name: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9._-]{0,63}$")]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: Annotated[StrictInt, Field(ge=1)]
+    media_type: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+
+
 class JobResult(Contract):
     contract: Literal["ait.runner.native-result.v1"] = RESULT_CONTRACT
     label: str
@@ -137,6 +147,7 @@ class JobResult(Contract):
     evidence: Evidence
     termination: Termination
     cleanup: Cleanup
+    artifacts: Annotated[list[ArtifactRef], Field(max_length=8)] = []
 
 
 class RunnerError(Contract):

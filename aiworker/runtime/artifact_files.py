@@ -13,6 +13,7 @@ and a record is written only after the payload is in place (core/evidence/artifa
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -98,7 +99,9 @@ class ArtifactFiles:
         size. A chunk that starts elsewhere is refused (ValueError) and changes nothing."""
         part = self._part(digest)
         with open(part, "ab") as handle:
-            held = handle.tell()
+            # Two senders of the same bytes (two jobs printing the same) take turns.
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held = handle.seek(0, os.SEEK_END)
             if offset != held:
                 raise ValueError(f"chunk at byte {offset}, but {held} bytes are held")
             handle.write(chunk)
@@ -112,15 +115,24 @@ class ArtifactFiles:
         if self.has(digest):
             return
         part = self._part(digest)
-        held = part.stat().st_size if part.exists() else 0
-        if held != size:
-            raise ValueError(f"{held} of {size} bytes of {digest[:12]} are held")
         try:
-            self._publish(part, digest)
-        except ArtifactDamaged:
+            handle = open(part, "rb")  # noqa: SIM115 (held for its lock)
+        except FileNotFoundError:
+            raise ValueError(f"0 of {size} bytes of {digest[:12]} are held") from None
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if self.has(digest):  # the other sender published it meanwhile
+                part.unlink(missing_ok=True)
+                return
+            held = os.fstat(handle.fileno()).st_size
+            if held != size:
+                raise ValueError(f"{held} of {size} bytes of {digest[:12]} are held")
+            try:
+                self._publish(part, digest)
+            except ArtifactDamaged:
+                part.unlink(missing_ok=True)
+                raise
             part.unlink(missing_ok=True)
-            raise
-        part.unlink(missing_ok=True)
 
     def _publish(self, tmp: Path, digest: str) -> None:
         actual = _hash_file(tmp)

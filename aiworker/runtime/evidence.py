@@ -1,14 +1,18 @@
-"""Bounded evidence of one output stream: byte count, SHA-256 of every byte, the tail.
+"""Bounded evidence of one output stream: byte count, SHA-256 of every byte, the tail,
+and (when asked) a log file of the stream's first LOG_BYTES bytes.
 
-Memory stays O(tail size) whatever the job prints. Secret values are masked in
-the kept tail only; the hash always covers the raw bytes.
+Memory stays O(tail size) whatever the job prints; the log goes to disk as it comes.
+Secret values are masked in the kept tail and log; the hash always covers the raw bytes.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 DEFAULT_TAIL_BYTES = 64 * 1024
 MASK = b"***"
@@ -23,6 +27,9 @@ class StreamDigest:
     tail: bytes
     truncated: bool
     masked: bool
+    # The stream's first bytes (masked), kept to be sent to the artifact store; None when
+    # no log was asked for or nothing was printed.
+    log: Path | None = None
 
     def as_contract(self) -> dict[str, object]:
         return {
@@ -38,16 +45,23 @@ class StreamDigest:
 class StreamRecorder:
     """Feed chunks in order; call finish() once at the end."""
 
-    def __init__(self, tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
-        if tail_bytes < 0:
-            raise ValueError("tail size must not be negative")
+    def __init__(
+        self, tail_bytes: int = DEFAULT_TAIL_BYTES, log: Path | None = None, log_bytes: int = 0
+    ) -> None:
+        if tail_bytes < 0 or log_bytes < 0:
+            raise ValueError("tail and log sizes must not be negative")
         self.tail_limit = tail_bytes
         self._hash = hashlib.sha256()
         self._total = 0
         self._tail = bytearray()
+        self._log_path = log if log_bytes else None
+        self._log_limit = log_bytes
+        self._log = _create_private(self._log_path) if self._log_path is not None else None
 
     def feed(self, chunk: bytes) -> None:
         self._hash.update(chunk)
+        if self._log is not None and self._total < self._log_limit:
+            self._log.write(chunk[: self._log_limit - self._total])
         self._total += len(chunk)
         if self.tail_limit == 0:
             return
@@ -68,16 +82,55 @@ class StreamRecorder:
             tail=masked_tail,
             truncated=self._total > len(tail),
             masked=masked_tail != tail,
+            log=self._finish_log(secrets or []),
         )
+
+    def _finish_log(self, secrets: list[bytes]) -> Path | None:
+        """The log, masked in place (it is at most LOG_BYTES, read once at the end)."""
+        if self._log is None or self._log_path is None:
+            return None
+        self._log.close()
+        self._log = None
+        if self._total == 0:
+            self._log_path.unlink(missing_ok=True)
+            return None
+        data = self._log_path.read_bytes()
+        masked = replace_secrets(data, secrets)
+        if self._total > len(data):
+            masked = mask_head(masked, secrets)
+        if masked != data:
+            self._log_path.write_bytes(masked)
+        return self._log_path
+
+
+def _create_private(path: Path) -> BinaryIO:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
+
+
+def mask_head(data: bytes, secrets: list[bytes]) -> bytes:
+    """A log cut after its first bytes may end in the middle of a secret: mask the
+    visible start of it (at least MIN_PARTIAL_SECRET bytes of it)."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        for keep in range(len(secret) - 1, min(MIN_PARTIAL_SECRET, len(secret)) - 1, -1):
+            if data.endswith(secret[:keep]):
+                return data[:-keep] + MASK
+    return data
+
+
+def replace_secrets(data: bytes, secrets: list[bytes]) -> bytes:
+    """Every whole occurrence of each secret, longest first."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        data = data.replace(secret, MASK)
+    return data
 
 
 def mask_secrets(data: bytes, secrets: list[bytes]) -> bytes:
     """Mask every declared secret, whatever its length: the request named it a secret, so a
     short one is masked too even where that hides ordinary text. The floor is one byte (an
     empty value cannot be found)."""
-    usable = (s for s in secrets if s)
-    for secret in sorted(usable, key=len, reverse=True):
-        data = data.replace(secret, MASK)
+    data = replace_secrets(data, secrets)
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         # The tail may begin in the middle of a secret: mask the visible end of it.
         for keep in range(len(secret) - 1, min(MIN_PARTIAL_SECRET, len(secret)) - 1, -1):
             if data.startswith(secret[-keep:]):

@@ -44,6 +44,10 @@ class Limits:
     kill_grace_s: float = 10.0
     drain_timeout_s: float = 10.0
     tail_bytes: int = DEFAULT_TAIL_BYTES
+    # Where each stream's first LOG_BYTES bytes are kept (stdout.log, stderr.log): the
+    # logs a runner sends to the artifact store. None: only the tails are kept.
+    log_dir: Path | None = None
+    log_bytes: int = 0
 
 
 @dataclass
@@ -81,7 +85,14 @@ def run_job(
     """Run ARGV; TAG (NAME=VALUE) must be in ENV so escaped processes can be found. Setting
     CANCEL kills the job at once (SIGKILL, no grace), reported as timed out."""
     become_subreaper()
-    out, err = StreamRecorder(limits.tail_bytes), StreamRecorder(limits.tail_bytes)
+    out, err = (
+        StreamRecorder(
+            limits.tail_bytes,
+            limits.log_dir / f"{name}.log" if limits.log_dir else None,
+            limits.log_bytes,
+        )
+        for name in ("stdout", "stderr")
+    )
     started_at = datetime.now(UTC)
     started = time.monotonic()
     cgroup = AttemptCgroup.create()

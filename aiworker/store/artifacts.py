@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, exists, func, insert, or_, select, text, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from aiworker.store.tables import artifacts, tasks
@@ -53,7 +54,7 @@ def _record(row: Any) -> ArtifactRecord:
     return ArtifactRecord(**{c.name: row._mapping[c.name] for c in artifacts.columns})
 
 
-def add_artifact(session: Session, **values: Any) -> int:
+def add_artifact(session: Session | Connection, **values: Any) -> int:
     """One reference (SHA256, SIZE, MEDIA_TYPE, NAME, CREATED_AT, EXPIRES_AT and what
     refers: task_id, attempt_id, receipt_id, worker_job); call only once the payload is
     in place."""
@@ -133,12 +134,12 @@ def live_digests(session: Session) -> set[str]:
     return {str(sha) for (sha,) in rows}
 
 
-def serialize_payload_changes(session: Session) -> None:
+def serialize_payload_changes(session: Session | Connection) -> None:
     """Take the lock that orders storing against the retention pass. SQLite's write
     transactions (BEGIN IMMEDIATE) already run one at a time; PostgreSQL's take this
     advisory lock until they end."""
-    bind = session.get_bind()
-    if bind.dialect.name == "postgresql":
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    if dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PAYLOAD_LOCK})
 
 

@@ -13,7 +13,7 @@ finished job answers with the stored outcome, which is final.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -300,9 +300,15 @@ def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timed
 
 
 def finish(
-    db: Database, index: tuple[int, int], token: str, outcome: str, result: dict[str, Any]
+    db: Database,
+    index: tuple[int, int],
+    token: str,
+    outcome: str,
+    result: dict[str, Any],
+    also: Callable[[Connection], object] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Record OUTCOME (succeeded or failed) under lease TOKEN. Returns ("finished", result)
+    """Record OUTCOME (succeeded or failed) under lease TOKEN, and ALSO's writes (the
+    result's artifact records) in the same transaction. Returns ("finished", result)
     or, for a job this lease already finished, ("already finished", the stored result)."""
     if outcome not in TERMINAL:
         raise ValueError(f"unknown outcome {outcome!r}")
@@ -328,4 +334,6 @@ def finish(
         if changed.rowcount != 1:
             raise LeaseLost(f"worker job {index[0]}/{index[1]} changed under this lease")
         event(connection, "finished", index, (LEASED, outcome), row.worker_id)
+        if also is not None:
+            also(connection)
     return "finished", result

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -152,6 +152,8 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         pair = (repository_index, worker_job_index)
         return {"released": service.release(holder, pair, proof.lease_token)}
 
+    _transfer_routes(app, service, Holder)
+
     @app.get("/api/runner/v1/snapshots/{repository_index}/{snapshot_id}/{name}")
     def snapshot(
         holder: Holder,
@@ -187,8 +189,49 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
                     lease = await run_in_threadpool(service.claim_once, *claim)
             return lease
 
-    # A result carries two stream tails (64 KiB each, base64) and its records.
+    # A result carries two stream tails (64 KiB each, base64) and its records; an
+    # artifact's chunk is at most transfers.CHUNK_BYTES.
     return Protection(app, set(), check_host=False, max_body=MAX_BODY)
+
+
+def _transfer_routes(app: FastAPI, service: Any, Holder: Any) -> None:
+    """Artifacts a job sends under its lease (core/runner/transfers.py): GET says how
+    much is held, PUT appends bytes from an offset; resumable across restarts."""
+    from aiworker.core.runner import fleet
+
+    Lease = Annotated[str, Header(alias=fleet.LEASE_HEADER, min_length=1, max_length=64)]
+    Digest = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]
+
+    @app.get("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/artifacts/{digest}")
+    def artifact_state(
+        holder: Holder,
+        repository_index: Index,
+        worker_job_index: Index,
+        digest: Digest,
+        lease: Lease,
+    ) -> dict[str, Any]:
+        """How much of an artifact this job has sent (to resume from there)."""
+        return dict(service.transfer(holder, (repository_index, worker_job_index), lease, digest))
+
+    @app.put("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/artifacts/{digest}")
+    async def artifact_chunk(
+        holder: Holder,
+        repository_index: Index,
+        worker_job_index: Index,
+        digest: Digest,
+        lease: Lease,
+        offset: Annotated[int, Query(ge=0)],
+        size: Annotated[int, Query(ge=1)],
+        http: Request,
+    ) -> dict[str, Any]:
+        """Bytes of an artifact from OFFSET (SIZE in all); the last ones publish it."""
+        data = await http.body()
+        pair = (repository_index, worker_job_index)
+        state = await run_in_threadpool(
+            service.transfer, holder, pair, lease, digest, (offset, size, data)
+        )
+        failpoint("runner_api.after_chunk")  # the transfer tests' controller killed mid-way
+        return dict(state)
 
 
 def _handle_errors(app: FastAPI) -> None:

@@ -75,6 +75,36 @@ def record(
     )
 
 
+class ArtifactMissing(Exception):
+    """A transfer named a payload the store does not hold (whole)."""
+
+
+def record_received(
+    session: Any,
+    files: ArtifactFiles,
+    ref: Any,  # an ArtifactRef (contracts/runner.py): name, sha256, size, media_type
+    days: int,
+    **refers: Any,
+) -> int:
+    """The reference to a payload a transfer put in place (a runner's log); refused
+    (ArtifactMissing) unless the store holds it whole, checked under the same lock the
+    retention pass removes under."""
+    serialize_payload_changes(session)
+    if not files.has(ref.sha256) or files.received(ref.sha256) != ref.size:
+        raise ArtifactMissing(f"{ref.name} ({ref.sha256[:12]}) is not in the artifact store")
+    now = datetime.now(UTC)
+    return add_artifact(
+        session,
+        sha256=ref.sha256,
+        size=ref.size,
+        media_type=ref.media_type,
+        name=ref.name,
+        created_at=now,
+        expires_at=now + timedelta(days=days),
+        **refers,
+    )
+
+
 @dataclass
 class Copied:
     payloads: int = 0

@@ -18,7 +18,14 @@ from typing import Any
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import JobResult
-from aiworker.core.evidence.artifacts import JSON, TEXT, artifact_files, record, store
+from aiworker.core.evidence.artifacts import (
+    JSON,
+    TEXT,
+    artifact_files,
+    record,
+    record_received,
+    store,
+)
 from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.intake.scope import Requirement
 from aiworker.core.runner.dispatch import Dispatch
@@ -141,8 +148,11 @@ def run_checks(
             )
         ]
         body["artifacts"] = {s.name: s.sha256 for s in kept}
+        # The streams' logs the runner sent to the store (their first bytes, masked).
+        body["artifacts"].update({ref.name: ref.sha256 for ref in result.artifacts})
         kept.append(store(files, "receipt.json", json.dumps(body, indent=2).encode(), JSON))
         job = body["worker_job"]
+        job_name = f"{job['repository_index']}/{job['worker_job_index']}"
         with db.write() as session:
             receipt = add_receipt(
                 session,
@@ -155,15 +165,15 @@ def run_checks(
                 outcome="pass" if passed else "fail",
                 body=body,
             )
+            refers: dict[str, Any] = {
+                "task_id": task_id,
+                "receipt_id": receipt,
+                "worker_job": job_name,
+            }
             for stored in kept:
-                record(
-                    session,
-                    stored,
-                    jobs.artifact_days,
-                    task_id=task_id,
-                    receipt_id=receipt,
-                    worker_job=f"{job['repository_index']}/{job['worker_job_index']}",
-                )
+                record(session, stored, jobs.artifact_days, **refers)
+            for ref in result.artifacts:
+                record_received(session, files, ref, jobs.artifact_days, **refers)
         report.checks.append(
             {
                 "check_id": requirement.check_id,

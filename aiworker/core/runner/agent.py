@@ -32,10 +32,11 @@ from aiworker.contracts.runner import (
     RemoteSnapshotSource,
 )
 from aiworker.core.runner.controllers import Controller
-from aiworker.core.runner.execute import RunnerSettings, run_attempt
+from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings, run_attempt
 from aiworker.core.runner.lease_keeper import LeaseKeeper
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
 from aiworker.core.runner.requests import RequestRejected, parse_request
+from aiworker.core.runner.uploads import send_logs
 from aiworker.errors import AiworkerError, InvalidInput, Refused
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.secrets import redact
@@ -80,6 +81,7 @@ def agent_options(
     settings = RunnerSettings(
         source_root=roots[0].absolute(),
         attempt_root=(roots[1] or default_attempt_root()).absolute(),
+        log_bytes=DEFAULT_LOG_BYTES,
     )
     bounds = Bounds(files=limits[0], total_bytes=limits[1] * GIB, pack_bytes=limits[2] * GIB)
     return AgentOptions(worker_id=worker_id, settings=settings, bounds=bounds, **more)
@@ -116,11 +118,13 @@ def run_leased(
     try:
         try:
             request = _check(parse_request(json.dumps(claimed["request"]).encode()), pair)
+            deadline_s = options.delivery_deadline_s
             result = run_attempt(
                 request,
                 options.settings,
                 _filler(controller, request.source, options.bounds, cancel, token),  # type: ignore[arg-type]
                 cancel=cancel,
+                keep=lambda logs: send_logs(controller, pair, token, logs, deadline_s),
             )
             ran_ms = result.duration_ms
             if cancel.is_set() and not keeper.lost.is_set():

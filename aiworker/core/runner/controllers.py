@@ -28,6 +28,13 @@ class Controller(Protocol):
 
     def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher: ...
 
+    # Sending an artifact (runner/uploads.py): how much is held, then the rest in chunks.
+    def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]: ...
+
+    def send_chunk(
+        self, pair: tuple[int, int], token: str, digest: str, at: tuple[int, int], data: bytes
+    ) -> dict[str, Any]: ...
+
 
 class RemoteController:
     """The runner API of a controller at SERVER."""
@@ -51,6 +58,14 @@ class RemoteController:
 
     def release(self, pair: tuple[int, int], token: str) -> None:
         self.api.finish(pair, "release", token, {})
+
+    def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]:
+        return self.api.artifact_state(pair, token, digest)
+
+    def send_chunk(
+        self, pair: tuple[int, int], token: str, digest: str, at: tuple[int, int], data: bytes
+    ) -> dict[str, Any]:
+        return self.api.send_chunk(pair, token, digest, at, data)
 
     def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher:
         return _RemoteFetcher(self.api, f"/snapshots/{repository_index}/{snapshot_id}", lease)

@@ -19,7 +19,7 @@ from aiworker.config.models import Runners
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery
 from aiworker.core.context import Environment
 from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
-from aiworker.core.runner.execute import RunnerSettings
+from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings
 from aiworker.core.runner.local_controller import LocalController
 from aiworker.core.runner.requests import RequestRejected
 from aiworker.core.runner.snapshots import publish, published, remove_snapshot
@@ -114,11 +114,14 @@ class Dispatch:
         # The check runs as this user: keep this process's memory and environment (forge
         # tokens among them) out of its reach.
         keep_memory_private()
-        controller = LocalController(self.db, self.state_dir, self.runners)
+        controller = LocalController(self.db, self.state_dir, self.runners, self.artifact_days)
         options = AgentOptions(
             worker_id=f"embedded-{os.getpid()}",
             settings=RunnerSettings(
-                source_root=self.state_dir, attempt_root=default_attempt_root(), place=self.place
+                source_root=self.state_dir,
+                attempt_root=default_attempt_root(),
+                place=self.place,
+                log_bytes=DEFAULT_LOG_BYTES,
             ),
             heartbeat_interval_s=self.runners.lease_seconds / 3,
         )

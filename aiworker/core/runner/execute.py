@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.contracts.runner import (
+    ArtifactRef,
     Cleanup,
     Evidence,
     JobRequest,
@@ -49,6 +50,9 @@ class RunnerSettings:
     kill_grace_s: float = 10.0
     drain_timeout_s: float = 10.0
     tail_bytes: int = DEFAULT_TAIL_BYTES
+    # Each stream's first LOG_BYTES bytes are kept and handed to `keep` (the fleet and
+    # embedded runners send them to the artifact store); 0 keeps only the tails.
+    log_bytes: int = 0
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_BYTES
     # Runs the command in a disposable guest (GuestChecks) or in bubblewrap hiding the
@@ -101,6 +105,10 @@ def execute_request(
 
 
 Fill = Callable[[Path, Path], Materialization]
+# Sends the kept logs ((name, path) pairs) somewhere that outlives the attempt; returns
+# what was sent, named in the result.
+Keep = Callable[[list[tuple[str, Path]]], list[ArtifactRef]]
+DEFAULT_LOG_BYTES = 8 * 1024 * 1024
 
 
 def run_attempt(
@@ -109,18 +117,24 @@ def run_attempt(
     fill: Fill,
     on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
+    keep: Keep | None = None,
 ) -> JobResult:
     """One attempt: a fresh private directory, its workspace filled by FILL(workspace,
-    scratch), the entry point checked there, ./ci/run run, and the directory removed."""
+    scratch), the entry point checked there, ./ci/run run, its logs handed to KEEP, and
+    the directory removed."""
     stale = sweep_stale_attempts(settings.attempt_root)
     if stale:
         log.info("removed %d attempt directories left by dead runners", stale)
     attempt = create_attempt(settings.attempt_root)
+    kept: list[ArtifactRef] = []
     try:
         materialization = fill(attempt.workspace, attempt.path / "scratch")
         workdir, entry = resolve_entrypoint(attempt.workspace, request.command.working_directory)
         home = attempt.path / "home"
         (home / "tmp").mkdir(mode=0o700, parents=True)
+        logs = attempt.path / "logs" if keep is not None and settings.log_bytes else None
+        if logs is not None:
+            logs.mkdir(mode=0o700)
         env = job_environment(request, attempt.attempt_id, attempt.workspace, home)
         secrets = [
             request.command.environment[n].encode() for n in request.command.secret_environment
@@ -132,6 +146,8 @@ def run_attempt(
             kill_grace_s=settings.kill_grace_s,
             drain_timeout_s=settings.drain_timeout_s,
             tail_bytes=settings.tail_bytes,
+            log_dir=logs,
+            log_bytes=settings.log_bytes if logs is not None else 0,
         )
         run = settings.place.run if settings.place is not None else _on_host
         outcome = run(
@@ -146,6 +162,10 @@ def run_attempt(
             on_event=on_event or (lambda _kind, _data: None),
             cancel=cancel,
         )
+        if keep is not None:
+            # A stream its tail holds whole is in the result already: no log to send.
+            streams = (("stdout.log", outcome.stdout), ("stderr.log", outcome.stderr))
+            kept = keep([(n, s.log) for n, s in streams if s.log is not None and s.truncated])
     finally:
         removal = remove_attempt(attempt.path)
     cleanup = Cleanup(
@@ -155,7 +175,7 @@ def run_attempt(
         duration_ms=removal.duration_ms,
         error=removal.error,
     )
-    return build_result(request, attempt.attempt_id, outcome, materialization, cleanup)
+    return build_result(request, attempt.attempt_id, outcome, materialization, cleanup, kept)
 
 
 def _on_host(_workspace: Path, _home: Path, argv: list[str], **job: Any) -> Outcome:
@@ -168,6 +188,7 @@ def build_result(
     outcome: Outcome,
     materialization: Materialization,
     cleanup: Cleanup,
+    artifacts: list[ArtifactRef] | None = None,
 ) -> JobResult:
     if outcome.timed_out:
         status = "timed_out"
@@ -202,4 +223,5 @@ def build_result(
             leftover_processes_killed=outcome.leftover_processes_killed,
         ),
         cleanup=cleanup,
+        artifacts=artifacts or [],
     )

@@ -25,8 +25,16 @@ from aiworker.config.loader import LoadedConfig, read_token, token_path
 from aiworker.config.models import Identity
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult, RunnerError
 from aiworker.core.context import Environment
+from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.runner.snapshots import snapshot_dir
+from aiworker.core.runner.transfers import (
+    lease_holds,
+    receive_chunk,
+    result_artifacts,
+    transfer_state,
+)
 from aiworker.errors import ConfigInvalid, InvalidInput
+from aiworker.runtime.artifact_files import ArtifactFiles
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import get_job, leased_snapshot, release
 from aiworker.store.worker_jobs import (
@@ -192,7 +200,25 @@ class RunnerService:
         self, holder: str, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
         self._held_by(index, holder)
-        return accept(self.db(), index, token, kind, body)
+        env = self.env()
+        days = env.loaded.config.retention.artifact_days
+        return accept(self.db(), index, token, kind, body, artifact_files(env.state_dir), days)
+
+    def transfer(
+        self,
+        holder: str,
+        index: tuple[int, int],
+        token: str,
+        digest: str,
+        chunk: tuple[int, int, bytes] | None = None,
+    ) -> dict[str, Any]:
+        """How much of DIGEST the job of lease TOKEN has sent, after appending CHUNK
+        (offset, size in all, bytes) when given."""
+        lease_holds(self.db(), index, token, holder)
+        files = artifact_files(self.env().state_dir)
+        if chunk is None:
+            return transfer_state(files, digest)
+        return receive_chunk(files, digest, *chunk)
 
     def release(self, holder: str, index: tuple[int, int], token: str) -> bool:
         self._held_by(index, holder)
@@ -212,12 +238,20 @@ class RunnerService:
 
 
 def accept(
-    db: Database, index: tuple[int, int], token: str, kind: str, body: dict[str, Any]
+    db: Database,
+    index: tuple[int, int],
+    token: str,
+    kind: str,
+    body: dict[str, Any],
+    files: ArtifactFiles | None = None,
+    days: int = 7,
 ) -> tuple[str, dict[str, Any]]:
     """Record a runner's terminal transition of job INDEX under lease TOKEN: `complete`
     with the result of the request it was given, or `fail` with a runner error. What is
     stored (and answered) is the delivery (`ait.runner.delivery.v1`); a job this lease
-    already finished answers "already finished" with the delivery stored then."""
+    already finished answers "already finished" with the delivery stored then. A result
+    naming artifacts is accepted only once FILES holds each whole; they are recorded
+    with the job, kept DAYS."""
     job = get_job(db, index)
     if job.lease_token != token:
         raise LeaseLost(f"worker job {index[0]}/{index[1]} is leased under another proof")
@@ -239,6 +273,7 @@ def accept(
         request.get("suite_id"),
     ):
         raise InvalidInput(f"the result is not of worker job {index[0]}/{index[1]}'s request")
+    records = result_artifacts(files, result, index, days) if result is not None else None
     delivery = Delivery(
         repository_index=index[0],
         worker_job_index=index[1],
@@ -250,7 +285,7 @@ def accept(
         accepted_at=datetime.now(UTC).isoformat(),
     )
     outcome = SUCCEEDED if result is not None else FAILED
-    return finish(db, index, token, outcome, delivery.model_dump(mode="json"))
+    return finish(db, index, token, outcome, delivery.model_dump(mode="json"), records)
 
 
 def snapshot_file(state_dir: Path, index: int, snapshot_id: str, name: str) -> Path:

@@ -12,9 +12,11 @@ from typing import Any
 
 from aiworker.adapters.runner_api import LeaseGone
 from aiworker.config.models import Runners
+from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.runner.fleet import CONTRACTS, accept, lease_document
 from aiworker.core.runner.materialise import Fetcher, SnapshotRejected
 from aiworker.core.runner.snapshots import MANIFEST, create_new, pack_path, snapshot_dir
+from aiworker.core.runner.transfers import lease_holds, receive_chunk, transfer_state
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import release
 from aiworker.store.worker_jobs import LeaseLost, claim, heartbeat
@@ -23,8 +25,10 @@ from aiworker.store.worker_jobs import LeaseLost, claim, heartbeat
 class LocalController:
     """The controller's own store and snapshots, for the embedded runner."""
 
-    def __init__(self, db: Database, state_dir: Path, runners: Runners) -> None:
+    def __init__(self, db: Database, state_dir: Path, runners: Runners, days: int = 7) -> None:
         self.db, self.state_dir, self.runners = db, state_dir, runners
+        self.files = artifact_files(state_dir)
+        self.days = days  # how long a job's artifacts are kept (retention.artifact_days)
 
     def health(self) -> tuple[dict[str, Any], float | None]:
         return {"ok": True, "contracts": list(CONTRACTS)}, 0.0
@@ -56,10 +60,23 @@ class LocalController:
         self, pair: tuple[int, int], kind: str, token: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         try:
-            status, delivery = accept(self.db, pair, token, kind, body)
+            status, delivery = accept(self.db, pair, token, kind, body, self.files, self.days)
         except LeaseLost as exc:
             raise LeaseGone(str(exc)) from None
         return {"status": status, "delivery": delivery}
+
+    def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]:
+        try:
+            lease_holds(self.db, pair, token)
+        except LeaseLost as exc:
+            raise LeaseGone(str(exc)) from None
+        return transfer_state(self.files, digest)
+
+    def send_chunk(
+        self, pair: tuple[int, int], token: str, digest: str, at: tuple[int, int], data: bytes
+    ) -> dict[str, Any]:
+        self.artifact_state(pair, token, digest)
+        return receive_chunk(self.files, digest, at[0], at[1], data)
 
     def release(self, pair: tuple[int, int], token: str) -> None:
         release(self.db, pair, token)
