@@ -145,3 +145,11 @@ def test_an_attempt_keeps_its_prompt_and_result_in_the_store(claimed, upgraded, 
     for _name, digest, size, attempt, later in rows:
         assert (len(files.read(digest)), later) == (size, 1)
         assert attempt is not None
+    # The commits it made, as the bundle that brought them: they outlive the workspace.
+    [bundle] = [r for r in rows if r[0] == "result.bundle"]
+    saved = state_dir / "result.bundle"
+    saved.write_bytes(files.read(bundle[1]))
+    listed = subprocess.run(
+        ["git", "bundle", "list-heads", str(saved)], capture_output=True, text=True, check=True
+    )
+    assert "refs/heads/work" in listed.stdout

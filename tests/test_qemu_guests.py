@@ -185,6 +185,10 @@ def test_a_phase_runs_in_a_guest_with_its_login_lent_and_its_commits_come_back(
     [settings] = query(upgraded, "select settings from attempts")
     recorded = json.loads(settings[0])
     assert (recorded["backend"], recorded["accel"]) == ("qemu", "tcg")
+    # The commits came out of the guest through the artifact store, kept with the attempt.
+    [(digest,)] = query(upgraded, "select sha256 from artifacts where name = 'result.bundle'")
+    assert list((upgraded.parent / "artifacts" / "partial").iterdir()) == []
+    assert (upgraded.parent / "artifacts" / "sha256" / digest[:2] / digest).is_file()
     # The refreshed login (same account) came back; the guest and its overlay are gone.
     assert json.loads((login / "auth.json").read_text())["token"] == "refreshed"
     assert list((guests_dir / "run").iterdir()) == []
@@ -325,6 +329,33 @@ def test_killing_a_job_mid_phase_leaves_no_qemu_and_recovery_removes_the_overlay
     assert tick.json()["guests_swept"] == [guest["name"]]
     assert list((guests_dir / "run").iterdir()) == []
     assert query(upgraded, "select outcome from attempts") == [("abandoned",)]
+
+
+def test_a_phase_killed_while_its_commits_come_out_of_the_guest_publishes_nothing(
+    claimed, upgraded, guests_dir, monkeypatch
+):
+    """The guest dies with the phase that owns it, so its bundle cannot be fetched on:
+    what was received stays a part nothing names (the retention pass reclaims it), and
+    the attempt is recovered as a dead job's."""
+    task = claimed(qemu_config(guests_dir), edits={"calc.py": FIX}, result=RESULT)
+    monkeypatch.setenv("AIWORKER_FAILPOINT", "guest_transfer.after_chunk")
+    phase = start_implement(task)
+    monkeypatch.delenv("AIWORKER_FAILPOINT")
+    _out, err = phase.communicate(timeout=600)
+    assert phase.returncode == -9, err
+    artifacts = upgraded.parent / "artifacts"
+    [part] = list((artifacts / "partial").glob("*.part"))
+    digest = part.name.removesuffix(".part")
+    assert part.stat().st_size > 0
+    assert not (artifacts / "sha256" / digest[:2] / digest).exists()
+    assert query(upgraded, "select count(*) from artifacts where name = 'result.bundle'") == [(0,)]
+    tick = run_process("--json", "scheduler", "tick", timeout=120)
+    assert tick.exit_code == 0, tick
+    assert query(upgraded, "select outcome from attempts") == [("abandoned",)]
+    assert list((guests_dir / "run").iterdir()) == []
+    assert query(upgraded, "select count(*) from artifacts where sha256 = '" + digest + "'") == [
+        (0,)
+    ]
 
 
 def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkeypatch):

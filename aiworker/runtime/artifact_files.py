@@ -81,6 +81,26 @@ class ArtifactFiles:
                     tmp.unlink()
         return digest, len(data)
 
+    def put_file(self, source: Path) -> tuple[str, int]:
+        """Store SOURCE's bytes, streamed (a bundle may be large); its digest and size.
+        A file that changes while it is copied is refused (ArtifactDamaged)."""
+        digest = _hash_file(source)
+        size = source.stat().st_size
+        if not self.has(digest):
+            fd, name = tempfile.mkstemp(prefix=f"{digest}.", dir=self._folder("partial"))
+            tmp = Path(name)
+            try:
+                with os.fdopen(fd, "wb") as handle, open(source, "rb") as data:
+                    while block := data.read(CHUNK):
+                        handle.write(block)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                self._publish(tmp, digest)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+        return digest, size
+
     # A transfer in pieces: what was received survives an interrupted sender and a
     # restarted receiver; the sender asks `received` and goes on from there.
     def _part(self, digest: str) -> Path:

@@ -48,3 +48,12 @@ def private_directory(path: Path) -> Path:
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def copy_private(source: Path, target: Path) -> None:
+    """SOURCE's bytes to a new 0600 file TARGET (replacing one there), streamed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(source, "rb") as src, os.fdopen(os.open(target, flags, 0o600), "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        while block := src.read(1 << 20):
+            out.write(block)

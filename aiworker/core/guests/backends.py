@@ -141,6 +141,7 @@ def _guest_parts(env: Environment, phase: str) -> tuple[Any, ...]:
         machine=machine,
         boot_deadline_s=execution.boot_deadline_s,
         setup_timeout_s=execution.setup_timeout_s,
+        artifacts=env.state_dir / "artifacts",
     )
     return store, image, phase, policy, settings, why_unavailable(image)
 

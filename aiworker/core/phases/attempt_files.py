@@ -15,9 +15,19 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+from aiworker.contracts.runner import ArtifactRef
 from aiworker.core.context import Environment
-from aiworker.core.evidence.artifacts import JSON, MARKDOWN, TEXT, artifact_files, record, store
+from aiworker.core.evidence.artifacts import (
+    JSON,
+    MARKDOWN,
+    TEXT,
+    artifact_files,
+    record,
+    record_received,
+    store,
+)
 from aiworker.core.intake.images import image_type
 from aiworker.core.phases.run import KEPT_TAIL, RunReport
 from aiworker.core.providers.registry import provider_homes
@@ -128,3 +138,24 @@ def _strings(document: object) -> list[str]:
     if isinstance(document, list):
         return [s for item in document for s in _strings(item)]
     return []
+
+
+BUNDLE = "application/x-git-bundle"
+
+
+def fetch_result_bundle(
+    env: Environment, db: Database, backend: Any, task_id: int, run: Any
+) -> Path | None:
+    """The attempt's commits as a bundle from its workspace (from a guest: through the
+    artifact store, resumable and verified), kept in the store with the attempt, so they
+    outlive the workspace; None when it made no commits. RUN is the phase's ModelRun."""
+    bundle: Path | None = backend.result_bundle(run.workspace, run.workspace.root / "result.bundle")
+    if bundle is None:
+        return None
+    files = artifact_files(env.state_dir)
+    digest, size = files.put_file(bundle)  # already there when it came from a guest
+    ref = ArtifactRef(name="result.bundle", sha256=digest, size=size, media_type=BUNDLE)
+    days = env.loaded.config.retention.artifact_days
+    with db.write() as session:
+        record_received(session, files, ref, days, task_id=task_id, attempt_id=run.attempt)
+    return bundle

@@ -21,6 +21,7 @@ from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.images import fetch_images
 from aiworker.core.intake.scope import Requirement, check_inputs, fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
+from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -206,9 +207,7 @@ def _conclude(
 ) -> ImplementReport:
     repo, slot = running.repo, running.slot
     assert guard.backend is not None
-    outcome_bundle = guard.backend.result_bundle(
-        run.workspace, run.workspace.root / "result.bundle"
-    )
+    outcome_bundle = fetch_result_bundle(env, db, guard.backend, guard.task_id, run)
     # A local model has one try at this snapshot: whatever fails, the next provider goes on.
     local = one_try_per_snapshot(env, run.provider)
 

@@ -28,6 +28,7 @@ from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.standing import withdrawn_at_claim
+from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.guard import PhaseGuard
@@ -191,9 +192,7 @@ def _conclude(
 ) -> ImplementReport:
     repo, slot = running.repo, running.slot
     assert guard.backend is not None
-    outcome_bundle = guard.backend.result_bundle(
-        run.workspace, run.workspace.root / "result.bundle"
-    )
+    outcome_bundle = fetch_result_bundle(env, db, guard.backend, guard.task_id, run)
     head, refused = request.start, []
     # Work is taken from a success, and from a quota failure (the next episode goes on with it).
     if outcome_bundle is not None and run.failure in (None, "quota_exhausted"):

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiworker.errors import Unavailable
+from aiworker.runtime.artifact_files import ArtifactFiles
+from aiworker.runtime.atomic import copy_private
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
@@ -33,6 +35,7 @@ from aiworker.runtime.guests.machine import (
     MachineSpec,
 )
 from aiworker.runtime.guests.ssh import GuestShell
+from aiworker.runtime.guests.transfer import fetch_verified
 from aiworker.runtime.workspace import (
     Workspace,
     WorkspaceError,
@@ -61,6 +64,9 @@ class GuestSettings:
     boot_deadline_s: float = 180
     setup_timeout_s: float = 1800
     model_target: str | None = None
+    # The artifact store files from the guest come into (resumable, verified); None: a
+    # private one in the workspace, removed with it.
+    artifacts: Path | None = None
 
 
 def as_dev(command: str, env: dict[str, str], cwd: str = f"{WORK}/repo") -> str:
@@ -320,14 +326,13 @@ class QemuBackend:
 
     def _fetch(self, session: Session, remote: str, target: Path) -> None:
         """REMOTE to TARGET once no process of the run is left, if it is a regular file of
-        at most MAX_BUNDLE_BYTES."""
-        shell = session.shell
-        shell.check(KILL_DEV, timeout=30)
-        size = MAX_BUNDLE_BYTES // 1024
-        found = shell.run(f"find {shlex.quote(remote)} -maxdepth 0 -type f -size -{size}k")
-        if found.stdout.strip() != remote.encode():
-            raise WorkspaceError(f"{remote} in the guest is not a file under 2 GiB")
-        shell.get(remote, target)
+        at most MAX_BUNDLE_BYTES: into the artifact store first, by its digest, going on
+        from what was received when the connection breaks (guests/transfer.py)."""
+        session.shell.check(KILL_DEV, timeout=30)
+        root = self.settings.artifacts or target.parent / "transfers"
+        files = ArtifactFiles(root)
+        digest, _size = fetch_verified(session.guest, remote, files, MAX_BUNDLE_BYTES)
+        copy_private(files.path(digest), target)
 
     def changed_lines(self, workspace: Workspace) -> int:
         session = self.sessions[workspace.root]

@@ -139,6 +139,24 @@ class Guest:
         )
         self.refresh_identity()
 
+    def reconnect(self, deadline_s: float = 60) -> GuestShell:
+        """A new login (the pinned host key) after the connection broke; the guest is
+        the same one, with what it had."""
+        pid, port = self.pid, self.port
+        if port is None:
+            raise GuestUnreachable("the guest has no SSH port")
+        if self.shell is not None:
+            with contextlib.suppress(Exception):
+                self.shell.close()
+        self.shell = GuestShell.connect(
+            port,
+            self.image.host_key,
+            self.image.client_key,
+            time.monotonic() + deadline_s,
+            alive=lambda: pid is not None and process_alive(pid),
+        )
+        return self.shell
+
     def _record(self, options: StartOptions) -> None:
         record = {
             "name": self.name,

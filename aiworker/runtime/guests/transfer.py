@@ -1,0 +1,127 @@
+"""A file from a guest into the artifact store: the guest names its size and SHA-256
+first, then the bytes come over SFTP from what the store already holds of that digest.
+A connection that breaks in the middle (sshd or its SFTP server killed, a reset) is
+logged in again with the pinned host key and the transfer goes on from the bytes
+received; the payload is published only whole and hashing to the digest the guest
+named, so nothing half-sent or altered is ever handed on."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import time
+from collections.abc import Callable, Iterator
+
+from aiworker.runtime.artifact_files import CHUNK, ArtifactDamaged, ArtifactFiles, is_digest
+from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.guests.guest import Guest
+from aiworker.runtime.guests.ssh import GuestUnreachable
+from aiworker.runtime.workspace import WorkspaceError
+
+log = logging.getLogger(__name__)
+RECONNECTS = 5
+# Called after each chunk is kept, with the bytes held so far (progress, and the tests'
+# hook to break the connection at a known point).
+Progress = Callable[[int], None]
+
+
+def describe(guest: Guest, remote: str, limit: int) -> tuple[str, int]:
+    """REMOTE's SHA-256 and size, once it is a regular file of at most LIMIT bytes."""
+    assert guest.shell is not None
+    path = shlex.quote(remote)
+    done = guest.shell.run(
+        f"test -f {path} && test ! -L {path} && stat -c %s {path} && sha256sum < {path}",
+        timeout=600,
+    )
+    lines = done.stdout.decode(errors="replace").split()
+    if not done.ok or len(lines) < 2 or not lines[0].isdigit() or not is_digest(lines[1]):
+        raise WorkspaceError(f"{remote} in the guest is not a regular file")
+    size = int(lines[0])
+    if size > limit:
+        raise WorkspaceError(f"{remote} in the guest is {size} bytes, over {limit}")
+    return lines[1], size
+
+
+def fetch_verified(
+    guest: Guest,
+    remote: str,
+    files: ArtifactFiles,
+    limit: int,
+    progress: Progress | None = None,
+) -> tuple[str, int]:
+    """REMOTE into FILES under its digest; returns (digest, size). GuestUnreachable when
+    the guest stays away after RECONNECTS new logins, or its bytes do not match twice."""
+    digest, size = describe(guest, remote, limit)
+    breaks = damaged = 0
+    while not files.has(digest):
+        try:
+            _copy(guest, remote, files, (digest, size), progress)
+        except ArtifactDamaged as exc:
+            damaged += 1
+            if damaged > 1:
+                raise GuestUnreachable(f"{remote} from the guest: {exc}") from None
+        except _Broken as exc:
+            breaks += 1
+            if breaks > RECONNECTS:
+                raise GuestUnreachable(f"{remote} from the guest: {exc}") from None
+            log.warning(
+                "the transfer of %s broke at byte %d (%s); going on from there",
+                remote,
+                files.received(digest),
+                exc,
+            )
+            time.sleep(min(0.2 * 2**breaks, 5))
+            guest.reconnect()
+    return digest, size
+
+
+class _Broken(Exception):
+    """The connection broke in the middle of a transfer."""
+
+
+def _copy(
+    guest: Guest,
+    remote: str,
+    files: ArtifactFiles,
+    described: tuple[str, int],
+    progress: Progress | None,
+) -> None:
+    digest, size = described
+    held = files.received(digest)
+    if held > size:  # not this file's bytes: dropped (ArtifactDamaged), start again
+        files.complete(digest, held)
+    assert guest.shell is not None
+    with _broken_as():
+        sftp = guest.shell.client.open_sftp()
+    try:
+        with _broken_as():
+            handle = sftp.open(remote, "rb")
+            handle.seek(held)
+        while held < size:
+            with _broken_as():
+                chunk = handle.read(min(CHUNK, size - held))
+            if not chunk:
+                raise _Broken(f"the file ended at byte {held} of {size}")
+            held = files.receive(digest, held, chunk)  # a full disk here is no break
+            failpoint("guest_transfer.after_chunk")  # the tests' phase killed mid-transfer
+            if progress is not None:
+                progress(held)
+    finally:
+        with contextlib.suppress(Exception):
+            sftp.close()
+    files.complete(digest, size)
+
+
+@contextlib.contextmanager
+def _broken_as() -> Iterator[None]:
+    """What a broken SSH connection raises (paramiko's errors, EOF, a closed socket), as
+    _Broken; anything else (this host's own errors) as it is."""
+    import paramiko
+
+    try:
+        yield
+    except _Broken:
+        raise
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise _Broken(str(exc) or type(exc).__name__) from None
