@@ -47,6 +47,13 @@ def _require_tools() -> None:
 def shared_image() -> Path:
     """The current image folder of the shared test store."""
     _require_tools()
+    return provision_shared_image()
+
+
+def provision_shared_image() -> Path:
+    """Provision the shared test image unless it is there (whoever comes first, under a
+    file lock); its current image folder. `.ci/run` calls this (python -m
+    tests.guest_fixtures) beside llama-server's build, before the tests."""
     root = REPO / ".cache" / f"guest-test-{_recipe_digest()}"
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
@@ -86,3 +93,7 @@ def guests_dir(shared_image: Path, tmp_path: Path) -> Path:
     (root / "images" / shared_image.name).symlink_to(shared_image)
     (root / "current").symlink_to(Path("images") / shared_image.name)
     return root
+
+
+if __name__ == "__main__":
+    print(provision_shared_image())
