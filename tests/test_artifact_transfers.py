@@ -39,6 +39,7 @@ from tests.fleet_fixtures import (
     write_config,
 )
 from tests.forge_fixtures import git
+from tests.test_storage_reserve import small_disk  # noqa: F401 - a fixture
 
 # About 1.9 MB on stdout: four chunks.
 LOUD = "#!/bin/sh\nseq 1 300000\necho done >&2\n"
@@ -76,7 +77,8 @@ def test_a_transfer_cut_by_a_killed_controller_goes_on_from_what_it_kept(
     index = queue_job(db, state_dir, repo, 1)
     listen = f"127.0.0.1:{free_port()}"
     killed = {"AIWORKER_FAILPOINT": "runner_api.after_chunk"}
-    argv = runner_argv("serve", "--server", f"http://{listen}", "--worker-id", "r1", "--once")
+    argv = [sys.executable, "-m", "aiworker", "-v", "--json", "runner", "serve"]  # -v: its log
+    argv += ["--server", f"http://{listen}", "--worker-id", "r1", "--once"]
     attempts = str(tmp_path / "attempts")
     runner = None
     try:
@@ -102,6 +104,8 @@ def test_a_transfer_cut_by_a_killed_controller_goes_on_from_what_it_kept(
             runner.kill()
     assert runner.returncode == 0, err
     assert json.loads(out)["jobs"][0]["delivered"] == "complete"
+    # It went on from the chunk the killed controller kept, not from the start.
+    assert f"stdout.log goes on from byte {CHUNK_BYTES} of {len(EXPECTED)}" in err
     job = get_job(db, (1, index))
     assert (job.state, job.attempt) == ("succeeded", 1)
     result = job.result["result"]
@@ -168,7 +172,7 @@ def put(url, pair, digest, lease, offset, size, data):
 
 
 def test_chunks_out_of_place_under_another_lease_or_damaged_are_refused(leased, state_dir):
-    _db, url, _result, pair, lease = leased
+    db, url, _result, pair, lease = leased
     data = b"0123456789" * 1000
     digest = hashlib.sha256(data).hexdigest()
     gap = put(url, pair, digest, lease, 10, len(data), data[10:])
@@ -199,6 +203,16 @@ def test_chunks_out_of_place_under_another_lease_or_damaged_are_refused(leased, 
     assert not (state_dir / "artifacts" / "partial" / f"{wrong}.part").exists()
     over = put(url, pair, digest, lease, 0, 65 * 1024 * 1024, b"x")
     assert (over.status_code, over.json()["error"]["code"]) == (400, "artifact_too_large")
+    # A finished job takes nothing more, not even under the lease that finished it.
+    finished = (1, pair[1] - 1)
+    late = put(url, finished, wrong, get_job(db, finished).lease_token, 0, 5, b"12345")
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "lease_lost")
+    # Bytes held beyond what a sender says the payload holds cannot be its own: dropped.
+    other = hashlib.sha256(b"abc").hexdigest()
+    assert put(url, pair, other, lease, 0, 10, b"01234").json()["received"] == 5
+    shorter = put(url, pair, other, lease, 0, 3, b"abc")
+    assert (shorter.status_code, shorter.json()["error"]["code"]) == (400, "offset_mismatch")
+    assert put(url, pair, other, lease, 0, 3, b"abc").json() == {"received": 3, "complete": True}
 
 
 def test_a_result_naming_an_artifact_not_received_whole_is_refused(leased, upgraded):
@@ -294,3 +308,25 @@ def test_the_embedded_runner_keeps_a_long_stream_s_log_with_the_check_s_receipt(
         ).fetchall()
     assert receipts == [(check["receipt"],)]
     db.dispose()
+
+
+def test_a_log_the_disk_cannot_hold_is_dropped_and_the_job_still_runs_to_its_end(
+    small_disk,  # noqa: F811 - the fixture
+    tmp_path,
+):
+    logs = small_disk / "logs"
+    logs.mkdir()
+    with open(small_disk / "ballast", "wb") as ballast:  # leave about 1 MiB free
+        ballast.write(b"\0" * (47 * 1024 * 1024))
+    outcome = run_job(
+        [sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'x' * 4_000_000)"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "T": "1"},
+        limits=Limits(timeout_s=30, log_dir=logs, log_bytes=8 * 1024 * 1024),
+        tag="T=1",
+    )
+    assert outcome.exit_code == 0
+    assert outcome.stdout.total_bytes == 4_000_000
+    assert outcome.stdout.sha256 == hashlib.sha256(b"x" * 4_000_000).hexdigest()
+    assert outcome.stdout.log is None
+    assert list(logs.iterdir()) == []

@@ -58,9 +58,12 @@ def test_a_file_from_a_guest_goes_on_after_a_broken_connection_and_is_published_
         guest.shell.check("ln -s /etc/shadow /root/link")
         with pytest.raises(WorkspaceError, match="not a regular file"):
             fetch_verified(guest, "/root/link", files, 1 << 30)
+        other = ArtifactFiles(tmp_path / "other")
         with pytest.raises(WorkspaceError, match="over 1000"):
-            fetch_verified(guest, "/root/out.bin", ArtifactFiles(tmp_path / "other"), 1000)
-        assert not (tmp_path / "other" / "sha256").exists()
+            fetch_verified(guest, "/root/out.bin", other, 1000)
+        assert (other.received(named), other.has(named)) == (0, False)  # nothing came
+        with pytest.raises(WorkspaceError, match="not a regular file"):
+            fetch_verified(guest, "/root/missing", other, 1 << 30)
     finally:
         guest.stop()
         proxy.close()

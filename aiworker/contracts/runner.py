@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, StrictInt, StringConstraints, field_validator
 
@@ -148,6 +148,14 @@ class JobResult(Contract):
     termination: Termination
     cleanup: Cleanup
     artifacts: Annotated[list[ArtifactRef], Field(max_length=8)] = []
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document, without `artifacts` when there are none: a controller that
+        predates the field reads it as before."""
+        document = self.model_dump(mode="json")
+        if not document["artifacts"]:
+            del document["artifacts"]
+        return document
 
 
 class RunnerError(Contract):

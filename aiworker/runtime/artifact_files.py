@@ -121,6 +121,11 @@ class ArtifactFiles:
         with open(part, "ab") as handle:
             # Two senders of the same bytes (two jobs printing the same) take turns.
             fcntl.flock(handle, fcntl.LOCK_EX)
+            if self.has(digest) or os.fstat(handle.fileno()).st_nlink != 1:
+                # Published meanwhile: the part opened is the payload now (or a new empty
+                # one made after it went), and nothing more is added to it.
+                self._drop_if_empty(part, handle.fileno())
+                raise ValueError(f"{digest[:12]} is complete; nothing more is taken")
             held = handle.seek(0, os.SEEK_END)
             if offset != held:
                 raise ValueError(f"chunk at byte {offset}, but {held} bytes are held")
@@ -128,6 +133,21 @@ class ArtifactFiles:
             handle.flush()
             os.fsync(handle.fileno())
             return handle.tell()
+
+    def _drop_if_empty(self, part: Path, fd: int) -> None:
+        info = os.fstat(fd)
+        with contextlib.suppress(FileNotFoundError):
+            if info.st_size == 0 and os.stat(part).st_ino == info.st_ino:
+                part.unlink()
+
+    def drop_part(self, digest: str) -> None:
+        """Forget what was received of DIGEST (bytes that cannot be its own)."""
+        part = self._part(digest)
+        with contextlib.suppress(FileNotFoundError), open(part, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(part).st_ino == os.fstat(handle.fileno()).st_ino:
+                    part.unlink()
 
     def complete(self, digest: str, size: int) -> None:
         """Publish the part of DIGEST once it holds SIZE bytes that hash to DIGEST; a part

@@ -8,7 +8,9 @@ Secret values are masked in the kept tail and log; the hash always covers the ra
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import BinaryIO
 
 DEFAULT_TAIL_BYTES = 64 * 1024
 MASK = b"***"
+log = logging.getLogger(__name__)
 # A secret cut by the start of the tail is masked when at least this much of it shows.
 MIN_PARTIAL_SECRET = 4
 
@@ -61,7 +64,11 @@ class StreamRecorder:
     def feed(self, chunk: bytes) -> None:
         self._hash.update(chunk)
         if self._log is not None and self._total < self._log_limit:
-            self._log.write(chunk[: self._log_limit - self._total])
+            try:
+                self._log.write(chunk[: self._log_limit - self._total])
+            except OSError as exc:  # a full disk costs the log, never the job
+                log.warning("%s is not kept: %s", self._log_path, exc.strerror or exc)
+                self.discard()
         self._total += len(chunk)
         if self.tail_limit == 0:
             return
@@ -85,27 +92,49 @@ class StreamRecorder:
             log=self._finish_log(secrets or []),
         )
 
-    def _finish_log(self, secrets: list[bytes]) -> Path | None:
-        """The log, masked in place (it is at most LOG_BYTES, read once at the end)."""
-        if self._log is None or self._log_path is None:
-            return None
-        self._log.close()
-        self._log = None
-        if self._total == 0:
+    def discard(self) -> None:
+        """Close and remove the log (a job that did not end normally, a write that
+        failed); nothing is kept of it."""
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
+        if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
+            self._log_path = None
+
+    def _finish_log(self, secrets: list[bytes]) -> Path | None:
+        """The log, masked in place through the descriptor it was written with (it is at
+        most LOG_BYTES, read once at the end)."""
+        handle, path = self._log, self._log_path
+        if handle is None or path is None:
             return None
-        data = self._log_path.read_bytes()
-        masked = replace_secrets(data, secrets)
-        if self._total > len(data):
-            masked = mask_head(masked, secrets)
-        if masked != data:
-            self._log_path.write_bytes(masked)
-        return self._log_path
+        if self._total == 0:
+            self.discard()
+            return None
+        try:
+            handle.flush()
+            handle.seek(0)
+            data = handle.read()
+            masked = replace_secrets(data, secrets)
+            if self._total > len(data):
+                masked = mask_head(masked, secrets)
+            if masked != data:
+                handle.seek(0)
+                handle.write(masked)
+                handle.truncate()
+            handle.close()
+        except OSError as exc:
+            log.warning("%s is not kept: %s", path, exc.strerror or exc)
+            self.discard()
+            return None
+        self._log = None
+        return path
 
 
 def _create_private(path: Path) -> BinaryIO:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.fdopen(os.open(path, flags, 0o600), "wb")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "w+b")
 
 
 def mask_head(data: bytes, secrets: list[bytes]) -> bytes:

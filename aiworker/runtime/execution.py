@@ -93,6 +93,27 @@ def run_job(
         )
         for name in ("stdout", "stderr")
     )
+    try:
+        return _run(argv, cwd, env, limits, tag, secrets, on_event, stdin_path, cancel, out, err)
+    except BaseException:
+        out.discard()  # nothing of an attempt that did not end is kept
+        err.discard()
+        raise
+
+
+def _run(
+    argv: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    limits: Limits,
+    tag: str,
+    secrets: Sequence[bytes],
+    on_event: EventSink,
+    stdin_path: Path | None,
+    cancel: threading.Event | None,
+    out: StreamRecorder,
+    err: StreamRecorder,
+) -> Outcome:
     started_at = datetime.now(UTC)
     started = time.monotonic()
     cgroup = AttemptCgroup.create()

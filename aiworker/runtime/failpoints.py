@@ -41,7 +41,8 @@ POINTS: dict[str, tuple[str, ...]] = {
         "milestones.attempt_started",
         "milestones.after_checks",
     ),
-    "runner": ("runner_api.after_finish",),
+    "runner": ("runner_api.after_chunk", "runner_api.after_finish"),
+    "guests": ("guest_transfer.after_chunk",),
 }
 
 

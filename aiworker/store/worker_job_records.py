@@ -5,7 +5,7 @@ controller, and a lease handed back unstarted. Leases themselves: worker_jobs.py
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
@@ -34,6 +34,7 @@ class Job:
     lease_token: str | None
     result: dict[str, Any] | None
     claim_key: str | None = None  # the runner API's: HOLDER:REQUEST_KEY
+    lease_expires_at: datetime | None = None
 
 
 def get_job(db: Database, index: tuple[int, int]) -> Job:
@@ -49,6 +50,7 @@ def get_job(db: Database, index: tuple[int, int]) -> Job:
         row.lease_token,
         dict(row.result) if row.result is not None else None,
         row.claim_key,
+        row.lease_expires_at,
     )
 
 

@@ -36,7 +36,7 @@ from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings, run_
 from aiworker.core.runner.lease_keeper import LeaseKeeper
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
 from aiworker.core.runner.requests import RequestRejected, parse_request
-from aiworker.core.runner.uploads import send_logs
+from aiworker.core.runner.uploads import keep_logs
 from aiworker.errors import AiworkerError, InvalidInput, Refused
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.secrets import redact
@@ -118,19 +118,20 @@ def run_leased(
     try:
         try:
             request = _check(parse_request(json.dumps(claimed["request"]).encode()), pair)
-            deadline_s = options.delivery_deadline_s
+            # The logs get half the delivery's time: the result itself matters more.
+            sending = (controller, pair, token, options.delivery_deadline_s / 2, cancel)
             result = run_attempt(
                 request,
                 options.settings,
                 _filler(controller, request.source, options.bounds, cancel, token),  # type: ignore[arg-type]
                 cancel=cancel,
-                keep=lambda logs: send_logs(controller, pair, token, logs, deadline_s),
+                keep=lambda logs: keep_logs(*sending, logs),
             )
             ran_ms = result.duration_ms
             if cancel.is_set() and not keeper.lost.is_set():
                 raise RequestRejected("runner_stopped", "the runner was stopped during the job")
             kind, status = "complete", str(result.status)
-            body: dict[str, Any] = {"result": result.model_dump(mode="json")}
+            body: dict[str, Any] = {"result": result.document()}
         except (RequestRejected, AiworkerError, OSError) as exc:
             # Whatever kept the job from running is its outcome, with the reason.
             code = getattr(exc, "code", None) or "runner_error"
@@ -194,6 +195,12 @@ def deliver(
         except LeaseGone:
             return "lease_lost"
         except Rejected as exc:
+            if exc.code == "artifact_incomplete" and body["result"].get("artifacts"):
+                # A log the controller does not hold whole (removed meanwhile): the result
+                # goes without its logs; it still carries the tails.
+                log.warning("worker job %d/%d: %s; delivering without logs", *pair, exc.message)
+                body = {"result": {**body["result"], "artifacts": []}}
+                continue
             if kind != "complete":
                 log.error("worker job %d/%d: failure refused: %s", *pair, exc.message)
                 return "undelivered"

@@ -70,4 +70,4 @@ def run_execute(
         error = RunnerError(code=exc.code, message=exc.message, field=exc.field)
         return error.model_dump(mode="json"), EXIT_INVALID
     code = EXIT_OK if result.status == "succeeded" else EXIT_FAILED
-    return result.model_dump(mode="json"), code
+    return result.document(), code

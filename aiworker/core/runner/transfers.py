@@ -7,6 +7,7 @@ result that names one is accepted only once it is (fleet.accept)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from aiworker.contracts.runner import JobResult
@@ -25,7 +26,8 @@ def lease_holds(db: Database, pair: tuple[int, int], token: str, holder: str = "
     HOLDER stands for, when given) no longer holds, or that ended."""
     job = get_job(db, pair)
     claimed_by = (job.claim_key or "").startswith(f"{holder}:") if holder else True
-    if job.lease_token != token or job.state in TERMINAL or not claimed_by:
+    expired = job.lease_expires_at is not None and job.lease_expires_at <= datetime.now(UTC)
+    if job.lease_token != token or job.state in TERMINAL or not claimed_by or expired:
         raise LeaseLost(f"worker job {pair[0]}/{pair[1]} is not held under this lease")
 
 
@@ -58,6 +60,9 @@ def receive_chunk(
         raise InvalidInput(f"bytes {offset}+{len(data)} lie outside {size}", code="bad_range")
     if files.has(digest):
         return transfer_state(files, digest)
+    if files.received(digest) > size:  # more than this payload holds: not its bytes
+        files.drop_part(digest)
+        raise InvalidInput(f"{digest[:12]}: what was held is dropped", code="offset_mismatch")
     try:
         held = files.receive(digest, offset, data)
         if held == size:

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from aiworker.adapters.runner_api import CHUNK_BYTES, ServerUnavailable
+from aiworker.adapters.runner_api import CHUNK_BYTES, LeaseGone, ServerUnavailable
 from aiworker.contracts.runner import ArtifactRef
 from aiworker.core.runner.controllers import Controller
-from aiworker.errors import InvalidInput
+from aiworker.errors import AiworkerError, InvalidInput
 
 log = logging.getLogger(__name__)
 BACKOFF_CAP_S = 30.0
 LOG_MEDIA_TYPE = "text/plain; charset=utf-8"
+
+
+class Stopped(AiworkerError):
+    code = "runner_stopped"
 
 
 def _hash(path: Path) -> str:
@@ -29,26 +34,31 @@ def _hash(path: Path) -> str:
     return sha.hexdigest()
 
 
-def send_logs(
+def keep_logs(
     controller: Controller,
     pair: tuple[int, int],
     token: str,
-    logs: list[tuple[str, Path]],
     deadline_s: float,
+    cancel: threading.Event,
+    logs: list[tuple[str, Path]],
 ) -> list[ArtifactRef]:
-    """Send each (name, path) of LOGS; what was sent, to name in the result. Raises
-    ServerUnavailable when the controller stays away past DEADLINE_S, LeaseGone when the
-    lease ends."""
+    """Send each (name, path) of LOGS within DEADLINE_S, until CANCEL; what was sent, to
+    name in the result. A log that cannot be sent (the controller away, refused, a local
+    error) is left out and said so: the result still goes, with the tails. Only the
+    lease's end (LeaseGone) ends the job here."""
     give_up = time.monotonic() + deadline_s
     sent = []
     for name, path in logs:
-        ref = ArtifactRef(
-            name=name, sha256=_hash(path), size=path.stat().st_size, media_type=LOG_MEDIA_TYPE
-        )
         try:
-            _send(controller, pair, token, ref, path, give_up)
-        except InvalidInput as exc:
-            log.warning("worker job %d/%d: %s not sent: %s", *pair, name, exc.message)
+            ref = ArtifactRef(
+                name=name, sha256=_hash(path), size=path.stat().st_size, media_type=LOG_MEDIA_TYPE
+            )
+            _send(controller, pair, token, ref, path, (give_up, cancel))
+        except LeaseGone:
+            raise
+        except (AiworkerError, OSError) as exc:
+            why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            log.warning("worker job %d/%d: %s not sent: %s", *pair, name, why)
             continue
         sent.append(ref)
     return sent
@@ -60,17 +70,28 @@ def _send(
     token: str,
     ref: ArtifactRef,
     path: Path,
-    give_up: float,
+    until: tuple[float, threading.Event],
 ) -> None:
+    give_up, cancel = until
     delay, restarted = 1.0, False
     # From the start, as most transfers are new: a controller that holds more answers
     # offset_mismatch, and the sender asks how much.
     state: dict[str, Any] | None = {"received": 0, "complete": False}
     with open(path, "rb") as handle:
         while True:
+            if cancel.is_set():
+                raise Stopped("the runner was stopped")
             try:
                 if state is None:
                     state = controller.artifact_state(pair, token, ref.sha256)
+                    if state["received"]:
+                        log.info(
+                            "worker job %d/%d: %s goes on from byte %d of %d",
+                            *pair,
+                            ref.name,
+                            state["received"],
+                            ref.size,
+                        )
                 if state["complete"]:
                     return
                 offset = int(state["received"])

@@ -324,13 +324,16 @@ class QemuBackend:
         session.mapping[str(path)] = target
         return target
 
-    def _fetch(self, session: Session, remote: str, target: Path) -> None:
+    def _fetch(self, session: Session, remote: str, target: Path, shared: bool = True) -> None:
         """REMOTE to TARGET once no process of the run is left, if it is a regular file of
-        at most MAX_BUNDLE_BYTES: into the artifact store first, by its digest, going on
-        from what was received when the connection breaks (guests/transfer.py)."""
+        at most MAX_BUNDLE_BYTES: into the artifact store first (SHARED: the state
+        directory's; else one of the workspace's own, removed with it), by its digest,
+        going on from what was received when the connection breaks (guests/transfer.py)."""
         session.shell.check(KILL_DEV, timeout=30)
-        root = self.settings.artifacts or target.parent / "transfers"
-        files = ArtifactFiles(root)
+        own = target.parent / "transfers"
+        files = ArtifactFiles(
+            self.settings.artifacts if shared and self.settings.artifacts else own
+        )
         digest, _size = fetch_verified(session.guest, remote, files, MAX_BUNDLE_BYTES)
         copy_private(files.path(digest), target)
 
@@ -370,7 +373,8 @@ class QemuBackend:
 
     def _keep(self, session: Session, workspace: Workspace) -> None:
         self._check(session, f"git bundle create -q {WORK}/all.bundle --all")
-        self._fetch(session, f"{WORK}/all.bundle", workspace.root / "repo.bundle")
+        # Kept with the workspace for an operator, recorded nowhere: not in the shared store.
+        self._fetch(session, f"{WORK}/all.bundle", workspace.root / "repo.bundle", shared=False)
 
 
 def _settle(step: Callable[[], object]) -> None:

@@ -21,6 +21,7 @@ from aiworker.runtime.workspace import WorkspaceError
 
 log = logging.getLogger(__name__)
 RECONNECTS = 5
+STALL_S = 60.0  # no answer for this long: the connection is taken as broken
 # Called after each chunk is kept, with the bytes held so far (progress, and the tests'
 # hook to break the connection at a known point).
 Progress = Callable[[int], None]
@@ -61,6 +62,10 @@ def fetch_verified(
             damaged += 1
             if damaged > 1:
                 raise GuestUnreachable(f"{remote} from the guest: {exc}") from None
+        except ValueError:  # another transfer of the same bytes moved on: look again
+            breaks += 1
+            if breaks > RECONNECTS:
+                raise
         except _Broken as exc:
             breaks += 1
             if breaks > RECONNECTS:
@@ -94,6 +99,7 @@ def _copy(
     assert guest.shell is not None
     with _broken_as():
         sftp = guest.shell.client.open_sftp()
+        sftp.get_channel().settimeout(STALL_S)  # a stalled guest is a broken connection
     try:
         with _broken_as():
             handle = sftp.open(remote, "rb")
@@ -123,5 +129,7 @@ def _broken_as() -> Iterator[None]:
         yield
     except _Broken:
         raise
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except (FileNotFoundError, PermissionError) as exc:  # the guest's answer, not a break
+        raise WorkspaceError(f"the guest refused the file: {exc}") from None
+    except (paramiko.SSHException, paramiko.SFTPError, EOFError, OSError) as exc:
         raise _Broken(str(exc) or type(exc).__name__) from None
