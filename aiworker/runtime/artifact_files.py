@@ -19,7 +19,9 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from aiworker.runtime.atomic import fsync_directory
 
@@ -67,39 +69,37 @@ class ArtifactFiles:
     def put(self, data: bytes) -> tuple[str, int]:
         """Store DATA; returns its digest and size. Storing the same bytes twice keeps one."""
         digest = hashlib.sha256(data).hexdigest()
-        if not self.has(digest):
-            fd, name = tempfile.mkstemp(prefix=f"{digest}.", dir=self._folder("partial"))
-            tmp = Path(name)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                self._publish(tmp, digest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+        self._write_new(digest, lambda handle: handle.write(data))
         return digest, len(data)
 
     def put_file(self, source: Path) -> tuple[str, int]:
         """Store SOURCE's bytes, streamed (a bundle may be large); its digest and size.
         A file that changes while it is copied is refused (ArtifactDamaged)."""
         digest = _hash_file(source)
-        size = source.stat().st_size
-        if not self.has(digest):
-            fd, name = tempfile.mkstemp(prefix=f"{digest}.", dir=self._folder("partial"))
-            tmp = Path(name)
-            try:
-                with os.fdopen(fd, "wb") as handle, open(source, "rb") as data:
-                    while block := data.read(CHUNK):
-                        handle.write(block)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                self._publish(tmp, digest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-        return digest, size
+
+        def copy(handle: BinaryIO) -> None:
+            with open(source, "rb") as data:
+                while block := data.read(CHUNK):
+                    handle.write(block)
+
+        self._write_new(digest, copy)
+        return digest, source.stat().st_size
+
+    def _write_new(self, digest: str, write: Callable[[BinaryIO], object]) -> None:
+        """Unless DIGEST is held: WRITE its bytes under a temporary name, fsync, publish."""
+        if self.has(digest):
+            return
+        fd, name = tempfile.mkstemp(prefix=f"{digest}.", dir=self._folder("partial"))
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            self._publish(tmp, digest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
     # A transfer in pieces: what was received survives an interrupted sender and a
     # restarted receiver; the sender asks `received` and goes on from there.

@@ -56,22 +56,29 @@ def record(
     The retention pass removes payloads inside its own write transaction, so one that
     went between `store` and this write is seen here, under the same write lock, and
     written again: a record never names a missing payload."""
-    now = now or datetime.now(UTC)
     serialize_payload_changes(session)
     if not stored.files.has(stored.sha256):
         stored.files.put(stored.data)
+    refers = {
+        "task_id": task_id,
+        "attempt_id": attempt_id,
+        "receipt_id": receipt_id,
+        "worker_job": worker_job,
+    }
+    return _reference(session, stored, days, now or datetime.now(UTC), refers)
+
+
+def _reference(session: Any, payload: Any, days: int, now: datetime, refers: dict[str, Any]) -> int:
+    """PAYLOAD's record (name, sha256, size, media_type), kept DAYS from NOW."""
     return add_artifact(
         session,
-        sha256=stored.sha256,
-        size=stored.size,
-        media_type=stored.media_type,
-        name=stored.name,
-        task_id=task_id,
-        attempt_id=attempt_id,
-        receipt_id=receipt_id,
-        worker_job=worker_job,
+        sha256=payload.sha256,
+        size=payload.size,
+        media_type=payload.media_type,
+        name=payload.name,
         created_at=now,
         expires_at=now + timedelta(days=days),
+        **refers,
     )
 
 
@@ -92,17 +99,7 @@ def record_received(
     serialize_payload_changes(session)
     if not files.has(ref.sha256) or files.received(ref.sha256) != ref.size:
         raise ArtifactMissing(f"{ref.name} ({ref.sha256[:12]}) is not in the artifact store")
-    now = datetime.now(UTC)
-    return add_artifact(
-        session,
-        sha256=ref.sha256,
-        size=ref.size,
-        media_type=ref.media_type,
-        name=ref.name,
-        created_at=now,
-        expires_at=now + timedelta(days=days),
-        **refers,
-    )
+    return _reference(session, ref, days, datetime.now(UTC), refers)
 
 
 @dataclass
