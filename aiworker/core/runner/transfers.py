@@ -56,13 +56,13 @@ def receive_chunk(
             f"an artifact of {size} bytes: 1 to {MAX_ARTIFACT_BYTES} are accepted",
             code="artifact_too_large",
         )
-    if offset < 0 or offset + len(data) > size:
-        raise InvalidInput(f"bytes {offset}+{len(data)} lie outside {size}", code="bad_range")
     if files.has(digest):
         return transfer_state(files, digest)
     if files.received(digest) > size:  # more than this payload holds: not its bytes
         files.drop_part(digest)
         raise InvalidInput(f"{digest[:12]}: what was held is dropped", code="offset_mismatch")
+    if offset < 0 or offset + len(data) > size:
+        raise InvalidInput(f"bytes {offset}+{len(data)} lie outside {size}", code="bad_range")
     try:
         held = files.receive(digest, offset, data)
         if held == size:

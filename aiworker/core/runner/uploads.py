@@ -81,6 +81,8 @@ def _send(
         while True:
             if cancel.is_set():
                 raise Stopped("the runner was stopped")
+            if time.monotonic() > give_up:
+                raise ServerUnavailable(f"{ref.name} was not received in time")
             try:
                 if state is None:
                     state = controller.artifact_state(pair, token, ref.sha256)
