@@ -95,7 +95,7 @@ def _refusals(
     # a `ci` identity was configured).
     ours = {access.logins[access.status_role()], access.logins["worker"]}
     statuses = reviewer.combined_status(repo.owner, repo.name, str(head)).statuses
-    if not ours_passed(statuses, {*ours}):
+    if not ours_passed(statuses, ours):
         by = " or ".join(sorted(ours))
         reasons.append(f"no successful '{CI_CONTEXT}' status by {by} on {head}")
     if not decision.authorized:

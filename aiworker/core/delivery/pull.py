@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ def load_delivery(db: Database, task_id: int, state: str) -> Delivery:
     return Delivery(task, repo, publication.pr_number)
 
 
-def ours_passed(statuses: list[CommitStatus], ours: set[str | None]) -> bool:
+def ours_passed(statuses: list[CommitStatus], ours: Collection[str | None]) -> bool:
     """Whether one of OURS posted a success in aiworker's CI context among STATUSES: only
     our own CI's word counts, as anyone with Write can post a status in its context."""
     return any(

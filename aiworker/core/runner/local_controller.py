@@ -66,17 +66,20 @@ class LocalController:
         return {"status": status, "delivery": delivery}
 
     def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]:
-        try:
-            lease_holds(self.db, pair, token)
-        except LeaseLost as exc:
-            raise LeaseGone(str(exc)) from None
+        self._lease_holds(pair, token)
         return transfer_state(self.files, digest)
 
     def send_chunk(
         self, pair: tuple[int, int], token: str, digest: str, at: tuple[int, int], data: bytes
     ) -> dict[str, Any]:
-        self.artifact_state(pair, token, digest)
+        self._lease_holds(pair, token)
         return receive_chunk(self.files, digest, at[0], at[1], data)
+
+    def _lease_holds(self, pair: tuple[int, int], token: str) -> None:
+        try:
+            lease_holds(self.db, pair, token)
+        except LeaseLost as exc:
+            raise LeaseGone(str(exc)) from None
 
     def release(self, pair: tuple[int, int], token: str) -> None:
         release(self.db, pair, token)
