@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 from aiworker.cli import main
 from tests.forge_fixtures import forge  # noqa: F401 - shared fixture
 from tests.helpers import Result, run_process  # noqa: F401 - re-exported for the tests
+from tests.pg_fixtures import configure_database, postgres, postgres_url  # noqa: F401
 from tests.provider_clis import bin_dir  # noqa: F401 - shared fixture
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,20 @@ def upgraded(cli, state_dir: Path) -> Path:
     result = cli("db", "upgrade")
     assert result.exit_code == 0, result
     return state_dir / "aiworker.db"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, cli, state_dir: Path, tmp_path: Path, monkeypatch) -> str:
+    """An upgraded store on each engine, named to the CLI by its configuration; returns
+    its URL. The store's tests take it to run unchanged on SQLite and PostgreSQL."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        configure_database(url, tmp_path / "postgresql.toml", monkeypatch)
+    else:
+        url = f"sqlite:///{state_dir / 'aiworker.db'}"
+    result = cli("db", "upgrade")
+    assert result.exit_code == 0, result
+    return url
 
 
 # Imported last: these fixtures use the helpers above.

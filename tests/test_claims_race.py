@@ -1,4 +1,5 @@
-"""Eight real processes race to claim the same 200 tasks through compare-and-update."""
+"""Eight real processes race to claim the same 200 tasks through compare-and-update, on
+SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def race(url: str, tmp_path: Path, processes: int, mode: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("mode", ["optimistic", "next"])
-def test_every_task_is_claimed_exactly_once(upgraded, tmp_path, mode):
-    url = f"sqlite:///{upgraded}"
+def test_every_task_is_claimed_exactly_once(store_url, tmp_path, mode):
+    url = store_url
     db = Database(url)
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")

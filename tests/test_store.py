@@ -1,4 +1,6 @@
-"""The store: migrations, connection pragmas, fail-closed schema checks, compare-and-update."""
+"""The store: migrations, connection pragmas, fail-closed schema checks, compare-and-update.
+
+Tests that take `store_url` run on SQLite and on a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
 from aiworker.store.driver import DriverConnection, DriverStatement
-from aiworker.store.engine import Database
+from aiworker.store.engine import WRITE_LOCK_KEY, Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
 from aiworker.store.tasks import claim, claim_next, compare_and_update
+from tests.pg_fixtures import configure_database, rows
 
 
 def sqlite_cli(db: Path, sql: str) -> str:
@@ -59,8 +62,8 @@ def test_known_revisions_match_the_migration_scripts():
     assert scripts.get_current_head() == HEAD_REVISION
 
 
-def test_models_match_migrated_schema(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_models_match_migrated_schema(store_url):
+    db = Database(store_url)
     with db.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     db.dispose()
@@ -90,32 +93,54 @@ def test_write_sessions_take_the_write_lock_at_begin(upgraded):
     db.dispose()
 
 
-def test_newer_schema_fails_closed(cli, upgraded):
-    sqlite_cli(upgraded, "update alembic_version set version_num = '9999_future'")
+def test_postgresql_write_sessions_hold_the_write_lock_until_they_end(postgres_url):
+    """What BEGIN IMMEDIATE is on SQLite: one writer at a time, here on any host."""
+    store_url = postgres_url
+    db = Database(store_url)
+    probe = f"SELECT pg_try_advisory_xact_lock({WRITE_LOCK_KEY})"
+    with db.write() as session:
+        session.execute(text("select 1"))
+        assert rows(store_url, probe) == [(False,)]
+    with db.transaction() as connection:
+        connection.execute(text("select 1"))
+        assert rows(store_url, probe) == [(False,)]
+    assert rows(store_url, probe) == [(True,)]
+    with db.read() as session:  # readers take nothing
+        session.execute(text("select 1"))
+        assert rows(store_url, probe) == [(True,)]
+    db.dispose()
+
+
+def test_newer_schema_fails_closed(cli, store_url):
+    rows(store_url, "update alembic_version set version_num = '9999_future'")
     for args in (("status",), ("db", "upgrade"), ("db", "current")):
         result = cli(*args)
         assert result.exit_code == 2, (args, result)
         assert "9999_future" in result.stderr
         assert HEAD_REVISION in result.stderr
-    assert sqlite_cli(upgraded, "select version_num from alembic_version") == "9999_future"
+    assert rows(store_url, "select version_num from alembic_version") == [("9999_future",)]
 
 
-def test_uninitialised_database_is_refused(cli):
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_uninitialised_database_is_refused(cli, engine, request, tmp_path, monkeypatch):
+    if engine == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        configure_database(url, tmp_path / "postgresql.toml", monkeypatch)
     result = cli("--json", "status")
     assert result.exit_code == 2, result
     assert result.json()["error"]["code"] == "schema_mismatch"
     assert "db upgrade" in result.json()["error"]["message"]
 
 
-def test_foreign_keys_are_enforced(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
-    with pytest.raises(Exception, match="FOREIGN KEY"), db.write() as session:
+def test_foreign_keys_are_enforced(store_url):
+    db = Database(store_url)
+    with pytest.raises(Exception, match="(?i)foreign key"), db.write() as session:
         create_task(session, repository_id=999, kind="issue", issue_number=1)
     db.dispose()
 
 
-def test_compare_and_update_refuses_a_stale_version(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_compare_and_update_refuses_a_stale_version(store_url):
+    db = Database(store_url)
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
         task = create_task(session, repo.id, "issue", issue_number=7, title="fix it")
@@ -136,8 +161,8 @@ def test_compare_and_update_refuses_a_stale_version(upgraded):
     db.dispose()
 
 
-def test_claim_records_slot_holder_and_event(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_claim_records_slot_holder_and_event(store_url):
+    db = Database(store_url)
     with db.write() as session:
         repo = ensure_repository(session, 1, "team", "app")
         task = create_task(session, repo.id, "issue", issue_number=8)
@@ -168,8 +193,8 @@ def seed_plan(db: Database) -> dict[str, int]:
     return ids
 
 
-def test_claim_next_takes_the_oldest_task_of_the_given_kinds(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_claim_next_takes_the_oldest_task_of_the_given_kinds(store_url):
+    db = Database(store_url)
     ids = seed_plan(db)
     assert claim_next(db, 1, "h1", ["feature"]) == ids["feature"]
     assert claim_next(db, 2, "h2", ["feature", "issue"]) == ids["issue"]
@@ -188,8 +213,8 @@ def test_claim_next_takes_the_oldest_task_of_the_given_kinds(upgraded):
     db.dispose()
 
 
-def test_a_plan_advances_one_milestone_at_a_time(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_a_plan_advances_one_milestone_at_a_time(store_url):
+    db = Database(store_url)
     ids = seed_plan(db)
     # Nothing of a plan that does not run its milestones (awaiting approval again) starts.
     for state in ("awaiting_plan_approval", "milestones"):
@@ -212,8 +237,8 @@ def test_a_plan_advances_one_milestone_at_a_time(upgraded):
     db.dispose()
 
 
-def test_claim_next_refuses_unknown_kinds(upgraded):
-    db = Database(f"sqlite:///{upgraded}")
+def test_claim_next_refuses_unknown_kinds(store_url):
+    db = Database(store_url)
     seed_plan(db)
     with pytest.raises(ValueError, match="unknown task kinds"):
         claim_next(db, 1, "h1", ["bugfix"])
@@ -222,10 +247,10 @@ def test_claim_next_refuses_unknown_kinds(upgraded):
     db.dispose()
 
 
-def test_driver_statements_store_what_sqlalchemy_reads_back(upgraded):
+def test_driver_statements_store_what_sqlalchemy_reads_back(store_url):
     """Values bound on the driver go through SQLAlchemy's own processors: JSON and UTC time
     read back through the ORM exactly as written."""
-    db = Database(f"sqlite:///{upgraded}")
+    db = Database(store_url)
     written = datetime(2026, 11, 30, 3, 4, 5, 0, tzinfo=UTC)  # no microseconds: no shortcut
     statement = DriverStatement(
         insert(tables.events),

@@ -1,4 +1,4 @@
-"""Worker jobs and their leases on a real SQLite file: claims are idempotent by request key,
+"""Worker jobs and their leases on a real SQLite file and a real PostgreSQL server: claims are idempotent by request key,
 a lease is proof for heartbeat and finish, an expired lease is claimed again with its
 attempt count raised, a finished job stays finished, and several processes claiming at
 once each get distinct jobs."""
@@ -15,7 +15,7 @@ import pytest
 
 from aiworker.store.engine import Database
 from aiworker.store.worker_jobs import LeaseLost, claim, enqueue, finish, heartbeat
-from tests.test_implement import query
+from tests.pg_fixtures import rows
 
 LONG = timedelta(seconds=60)
 # Long enough that the next statement runs within it even on two busy cores.
@@ -23,8 +23,8 @@ SHORT = timedelta(seconds=1)
 
 
 @pytest.fixture
-def db(upgraded):
-    database = Database(f"sqlite:///{upgraded}")
+def db(store_url):
+    database = Database(store_url)
     yield database
     database.dispose()
 
@@ -79,7 +79,7 @@ def test_the_lease_is_proof_for_heartbeat_and_finish(db):
     )
     with pytest.raises(LeaseLost):
         heartbeat(db, index, lease.token, LONG)
-    assert query(db.engine.url.database, "select state from worker_jobs") == [("succeeded",)]
+    assert rows(db.url, "select state from worker_jobs") == [("succeeded",)]
 
 
 def test_an_expired_lease_is_claimed_again_and_the_old_proof_is_refused(db):
@@ -103,9 +103,9 @@ def test_a_job_whose_every_lease_expired_ends_failed(db):
         assert lease.attempt == attempt
         time.sleep(1.2)
     assert take(db, key="k3", max_attempts=2) is None
-    [(state, result)] = query(db.engine.url.database, "select state, result from worker_jobs")
+    [(state, result)] = rows(db.url, "select state, result from worker_jobs")
     assert state == "failed"
-    assert "the lease expired on each of 2 attempts" in result
+    assert "the lease expired on each of 2 attempts" in str(result)  # JSON: text or a dict
 
 
 WORKER = textwrap.dedent(
@@ -134,12 +134,12 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_several_processes_claim_distinct_jobs_each_exactly_once(db, upgraded):
+def test_several_processes_claim_distinct_jobs_each_exactly_once(db, store_url):
     for n in range(150):
         enqueue(db, 1 + n % 3, {"n": n})
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, f"sqlite:///{upgraded}", f"runner-{w}"],
+            [sys.executable, "-c", WORKER, store_url, f"runner-{w}"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -152,10 +152,10 @@ def test_several_processes_claim_distinct_jobs_each_exactly_once(db, upgraded):
         done += out.split()
     assert len(done) == 150
     assert len(set(done)) == 150
-    assert query(
-        upgraded, "select count(*), min(attempt_count), max(attempt_count) from worker_jobs"
+    assert rows(
+        store_url, "select count(*), min(attempt_count), max(attempt_count) from worker_jobs"
     ) == [(150, 1, 1)]
-    assert query(upgraded, "select distinct state from worker_jobs") == [("succeeded",)]
+    assert rows(store_url, "select distinct state from worker_jobs") == [("succeeded",)]
 
 
 def test_every_transition_of_a_job_is_an_event(db):

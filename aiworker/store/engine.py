@@ -1,9 +1,15 @@
-"""Engine and session setup.
+"""Engine and session setup: the one place that knows which engine the store runs on.
 
 SQLite runs in WAL mode with synchronous=FULL and foreign keys on; the busy
 timeout is the first statement on every connection. Write transactions start
 with BEGIN IMMEDIATE so that two writers never both read and then collide on
 upgrade to a write lock.
+
+PostgreSQL (psycopg 3) gives write transactions the same guarantee with a
+transaction-scoped advisory lock taken as their first statement: every
+read-then-write in store/ runs as it does on SQLite, one writer at a time, on any
+number of hosts. Claims are the exception on both engines' hot path: one statement
+that skips rows another claimer holds (FOR UPDATE SKIP LOCKED), outside that lock.
 """
 
 from __future__ import annotations
@@ -38,6 +44,18 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+# The advisory lock every PostgreSQL write transaction takes first ("aiw" "write").
+WRITE_LOCK_KEY = 0x616977_7772697465
+
+
+def driver_url(url: str) -> str:
+    """URL with its driver named: psycopg 3 for postgresql:// (the one we ship)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
 def sqlite_path(url: str) -> Path | None:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or url == prefix or ":memory:" in url:
@@ -63,9 +81,16 @@ def _on_begin(connection: Connection) -> None:
     connection.exec_driver_sql(f"BEGIN {mode}")
 
 
+def _on_postgresql_begin(connection: Connection) -> None:
+    if connection.get_execution_options().get("serialised"):
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+
 def make_engine(url: str) -> Engine:
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=True)
+        engine = create_engine(driver_url(url), pool_pre_ping=True)
+        event.listen(engine, "begin", _on_postgresql_begin)
+        return engine
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -131,7 +156,7 @@ def explained(url: str, exc: BaseException) -> AiworkerError | None:
 
 
 class Database:
-    """One database: read sessions and BEGIN IMMEDIATE write sessions. A database that
+    """One database: read sessions and serialised write sessions. A database that
     cannot be used as it is (read-only, locked past the busy timeout, damaged) raises an
     error naming it and what to do, not the driver's own."""
 
@@ -140,7 +165,9 @@ class Database:
         self.engine = make_engine(url)
         self.sqlite = is_sqlite(url)
         self.write_engine = (
-            self.engine.execution_options(sqlite_begin="IMMEDIATE") if self.sqlite else self.engine
+            self.engine.execution_options(sqlite_begin="IMMEDIATE")
+            if self.sqlite
+            else self.engine.execution_options(serialised=True)
         )
         self._driver = threading.local()
         self._driver_connections: list[PoolProxiedConnection] = []
@@ -178,7 +205,8 @@ class Database:
 
         The connection stays checked out (one per thread) until dispose(): a pool round
         trip between two claims leaves the write lock free long enough for a waiting
-        process to take it, and then this one sleeps in SQLite's busy handler.
+        process to take it, and then this one sleeps in SQLite's busy handler. On
+        PostgreSQL it takes no lock: a claim is one statement that skips held rows.
         """
         with self._explained():
             pooled = getattr(self._driver, "pooled", None)

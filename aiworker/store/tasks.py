@@ -209,8 +209,8 @@ def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
     runs its milestones (not while it awaits approval again, nor once it ended). OF_KINDS:
     only a task of the kinds bound as kind_0..kind_3 whose parent has no other milestone
     in flight (states bound as in_flight_0..): a plan advances one milestone at a time.
-    The caller holds the write lock (BEGIN IMMEDIATE), so selecting and updating in one
-    statement cannot race.
+    One statement, so selecting and updating cannot race: on SQLite under the write lock
+    (BEGIN IMMEDIATE), on PostgreSQL by skipping rows other claimers hold.
     """
     candidate = tasks.alias("candidate")
     plan = tasks.alias("plan")
@@ -232,7 +232,15 @@ def _claim_oldest_statement(of_kinds: bool) -> DriverStatement:
             candidate.c.kind.in_([bindparam(f"kind_{n}") for n in range(len(TASK_KINDS))]),
             candidate.c.parent_id.is_(None) | candidate.c.parent_id.not_in(busy_parent),
         ]
-    oldest = select(candidate.c.id).where(*conditions).order_by(candidate.c.id).limit(1)
+    # On PostgreSQL a row another claimer has just taken is locked until it commits:
+    # skip it (SQLite renders no FOR UPDATE; its write lock already serialises claims).
+    oldest = (
+        select(candidate.c.id)
+        .where(*conditions)
+        .order_by(candidate.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True, of=candidate)
+    )
     statement = (
         update(tasks)
         .where(tasks.c.id == oldest.scalar_subquery(), tasks.c.claim_slot.is_(None))
