@@ -132,7 +132,7 @@ def rows(url: str, sql: str, **params: object) -> list[tuple]:
     """SQL's rows on the store at URL, whichever engine it is."""
     from sqlalchemy import create_engine, text
 
-    from aiworker.store.engine import driver_url
+    from aiworker.store.postgresql import driver_url
 
     engine = create_engine(driver_url(url))
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import subprocess
@@ -9,6 +10,9 @@ import sys
 import time
 
 import pytest
+
+from tests.helpers import run_process
+from tests.pg_fixtures import BIN, configure_database, rows
 
 WRITER = """
 import sys, time
@@ -88,3 +92,53 @@ def test_backup_without_database_is_refused(cli, tmp_path):
     assert result.exit_code == 2, result
     assert "db upgrade" in result.stderr
     assert not (tmp_path / "b.db").exists()
+
+
+def test_postgresql_backup_is_a_checked_dump_of_a_database_being_written(
+    cli, postgres, postgres_url, tmp_path, monkeypatch
+):
+    """pg_dump's custom format while another process commits: whole transactions only,
+    checked by pg_restore, private, and the password in neither output nor argv."""
+    configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
+    assert cli("db", "upgrade").exit_code == 0
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, postgres_url], stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline().strip() == b"ready"
+        time.sleep(0.5)
+        target = tmp_path / "store.dump"
+        result = run_process("--json", "-v", "db", "backup", "--to", str(target))
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    assert result.exit_code == 0, result
+    assert result.json()["bytes"] == target.stat().st_size
+    assert result.json()["source"].startswith(f"PostgreSQL at 127.0.0.1:{postgres.port}/")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert target.read_bytes()[:5] == b"PGDMP"
+    assert postgres.password not in result.output
+    # Restored into a new database, it holds whole transactions: 20 events per commit.
+    restored = postgres.create_database()
+    subprocess.run(
+        [str(BIN / "pg_restore"), "-h", postgres.host, "-p", str(postgres.port), "-U",
+         postgres.user, "-d", restored, "--no-owner", str(target)],
+        env={**os.environ, "PGPASSWORD": postgres.password}, check=True, timeout=60,
+    )  # fmt: skip
+    [(count,)] = rows(postgres.url(restored), "select count(*) from events")
+    assert count > 0
+    assert count % 20 == 0, count
+    again = cli("db", "backup", "--to", str(target))
+    assert again.exit_code == 2
+    assert "already exists" in again.stderr
+
+
+def test_postgresql_backup_of_a_stopped_server_fails_and_keeps_nothing(
+    cli, postgres_url, tmp_path, monkeypatch
+):
+    configure_database(postgres_url.replace(postgres_url.split(":")[3].split("/")[0], "1"),
+                       tmp_path / "pg.toml", monkeypatch)  # fmt: skip
+    result = cli("db", "backup", "--to", str(tmp_path / "store.dump"))
+    assert result.exit_code == 75, result
+    assert "PostgreSQL at 127.0.0.1:1/" in result.stderr
+    assert "refuses connections" in result.stderr
+    assert list(tmp_path.glob("*dump*")) == []

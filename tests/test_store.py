@@ -5,8 +5,11 @@ Tests that take `store_url` run on SQLite and on a real PostgreSQL server."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import sqlite3
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,8 +24,9 @@ from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
 from aiworker.store.driver import DriverConnection, DriverStatement
-from aiworker.store.engine import WRITE_LOCK_KEY, Database
+from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
+from aiworker.store.postgresql import WRITE_LOCK_KEY
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
 from aiworker.store.tasks import claim, claim_next, compare_and_update
@@ -134,7 +138,7 @@ def test_uninitialised_database_is_refused(cli, engine, request, tmp_path, monke
 
 def test_foreign_keys_are_enforced(store_url):
     db = Database(store_url)
-    with pytest.raises(Exception, match="(?i)foreign key"), db.write() as session:
+    with pytest.raises(Exception, match=r"(?i)foreign key"), db.write() as session:
         create_task(session, repository_id=999, kind="issue", issue_number=1)
     db.dispose()
 
@@ -342,3 +346,32 @@ def test_driver_statements_bind_by_name_where_the_driver_wants_names(upgraded):
         assert oldest.execute(named, {}).fetchall() == [("probe-named",)]
     finally:
         raw.close()
+
+
+def test_two_hosts_upgrading_one_postgresql_database_take_turns(postgres_url, tmp_path):
+    """Two `db upgrade` processes start together on an empty database: one migrates, the
+    other waits for it and finds the schema at head."""
+    config = tmp_path / "pg.toml"
+    config.write_text(f'[database]\nurl = "{postgres_url}"\n')
+    env = {**os.environ, "AIWORKER_CONFIG": str(config)}
+    argv = [sys.executable, "-m", "aiworker", "--json", "--state-dir"]
+    upgrades = [
+        subprocess.Popen(
+            [*argv, str(tmp_path / f"host{n}"), "db", "upgrade"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (1, 2)
+    ]
+    reports = []
+    for upgrade in upgrades:
+        out, err = upgrade.communicate(timeout=120)
+        assert upgrade.returncode == 0, err
+        reports.append(json.loads(out))
+    assert sorted((r["before"] or "", r["current"]) for r in reports) == [
+        ("", HEAD_REVISION),
+        (HEAD_REVISION, HEAD_REVISION),
+    ]
+    assert rows(postgres_url, "select version_num from alembic_version") == [(HEAD_REVISION,)]

@@ -1,7 +1,7 @@
-"""Worker jobs and their leases on a real SQLite file and a real PostgreSQL server: claims are idempotent by request key,
-a lease is proof for heartbeat and finish, an expired lease is claimed again with its
-attempt count raised, a finished job stays finished, and several processes claiming at
-once each get distinct jobs."""
+"""Worker jobs and their leases on a real SQLite file and a real PostgreSQL server: claims
+are idempotent by request key, a lease is proof for heartbeat and finish, an expired lease
+is claimed again with its attempt count raised, a finished job stays finished, and several
+processes claiming at once each get distinct jobs."""
 
 from __future__ import annotations
 

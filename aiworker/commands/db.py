@@ -60,7 +60,8 @@ def backup(
     ] = None,
 ) -> None:
     """Write a consistent snapshot of the live database to a new 0600 file, and with
-    --with-artifacts the artifact store's payloads it names, for `aiworker restore`."""
+    --with-artifacts the artifact store's payloads it names, for `aiworker restore`. On
+    PostgreSQL the snapshot is pg_dump's custom format, checked with `pg_restore --list`."""
     from aiworker.core.maintenance.database import backup_database
 
     inv: Invocation = ctx.obj

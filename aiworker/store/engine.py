@@ -18,6 +18,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ def driver_url(url: str) -> str:
     return url
 
 
+def is_postgresql(url: str) -> bool:
+    return url.startswith(("postgresql", "postgres://"))
+
+
 def sqlite_path(url: str) -> Path | None:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or url == prefix or ":memory:" in url:
@@ -81,16 +86,11 @@ def _on_begin(connection: Connection) -> None:
     connection.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _on_postgresql_begin(connection: Connection) -> None:
-    if connection.get_execution_options().get("serialised"):
-        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
-
-
 def make_engine(url: str) -> Engine:
     if not is_sqlite(url):
-        engine = create_engine(driver_url(url), pool_pre_ping=True)
-        event.listen(engine, "begin", _on_postgresql_begin)
-        return engine
+        from aiworker.store import postgresql
+
+        return postgresql.make_engine(url)
     path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -143,6 +143,10 @@ def _full(path: Path) -> bool:
 
 def explained(url: str, exc: BaseException) -> AiworkerError | None:
     """EXC (a driver's operational error) as an error naming the database and the fix."""
+    if not is_sqlite(url):
+        from aiworker.store import postgresql
+
+        return postgresql.explained(url, exc)
     text = str(getattr(exc, "orig", exc)).lower()
     path = sqlite_path(url)
     where = str(path or "the database")
@@ -173,7 +177,8 @@ class Database:
         self._driver_connections: list[PoolProxiedConnection] = []
 
     @contextlib.contextmanager
-    def _explained(self) -> Iterator[None]:
+    def explaining(self) -> Iterator[None]:
+        """Driver failures inside as errors naming the database and what to do."""
         try:
             yield
         except (OperationalError, sqlite3.OperationalError) as exc:
@@ -186,7 +191,7 @@ class Database:
     def write(self) -> Iterator[Session]:
         """A session whose transaction holds the write lock from its first statement."""
         with (
-            self._explained(),
+            self.explaining(),
             Session(self.write_engine, expire_on_commit=False) as session,
             session.begin(),
         ):
@@ -195,7 +200,7 @@ class Database:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A bare connection in a write transaction: the lean path for hot statements."""
-        with self._explained(), self.write_engine.begin() as connection:
+        with self.explaining(), self.write_engine.begin() as connection:
             yield connection
 
     @contextlib.contextmanager
@@ -208,7 +213,7 @@ class Database:
         process to take it, and then this one sleeps in SQLite's busy handler. On
         PostgreSQL it takes no lock: a claim is one statement that skips held rows.
         """
-        with self._explained():
+        with self.explaining():
             pooled = getattr(self._driver, "pooled", None)
             if pooled is None:
                 pooled = self._driver.pooled = self.engine.raw_connection()
@@ -230,17 +235,35 @@ class Database:
     @contextlib.contextmanager
     def read_connection(self) -> Iterator[Connection]:
         """A bare connection in a read transaction: no ORM on the way."""
-        with self._explained(), self.engine.begin() as connection:
+        with self.explaining(), self.engine.begin() as connection:
             yield connection
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
         with (
-            self._explained(),
+            self.explaining(),
             Session(self.engine, expire_on_commit=False) as session,
             session.begin(),
         ):
             yield session
+
+    def server(self) -> tuple[str, float]:
+        """The engine and its version ("PostgreSQL 15.14 at host:port/db", "SQLite 3.40.1"),
+        and the median of three round trips of a trivial query, in milliseconds."""
+        with self.explaining(), self.engine.connect() as connection:
+            trips = []
+            for _ in range(3):
+                started = time.perf_counter()
+                connection.exec_driver_sql("SELECT 1").scalar()
+                trips.append((time.perf_counter() - started) * 1000)
+            if self.sqlite:
+                name = f"SQLite {sqlite3.sqlite_version}"
+            else:
+                from aiworker.store import postgresql
+
+                version = postgresql.server_version(connection)
+                name = postgresql.where(self.url).replace("PostgreSQL", f"PostgreSQL {version}")
+        return name, sorted(trips)[1]
 
     def dispose(self) -> None:
         for pooled in self._driver_connections:

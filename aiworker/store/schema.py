@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from aiworker.errors import SchemaMismatch, StateUnusable
@@ -29,11 +30,15 @@ HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 
 def current_revision(db: Database) -> str | None:
-    with db.engine.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
-        row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
-        return None if row is None else str(row[0])
+    with db.explaining(), db.engine.connect() as conn:
+        return _revision(conn)
+
+
+def _revision(conn: Connection) -> str | None:
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
+    return None if row is None else str(row[0])
 
 
 def ensure_not_newer(revision: str | None) -> None:
@@ -119,11 +124,13 @@ def upgrade(db: Database) -> tuple[str | None, str]:
     from alembic import command
     from alembic.config import Config
 
-    before = current_revision(db)
-    ensure_not_newer(before)
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
-    with db.write_engine.begin() as conn:
+    # One write transaction: two hosts upgrading one PostgreSQL database take turns on the
+    # write lock, and the second finds the first one's work done.
+    with db.explaining(), db.write_engine.begin() as conn:
+        before = _revision(conn)
+        ensure_not_newer(before)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
     return before, HEAD_REVISION

@@ -14,7 +14,7 @@ from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, snapshot_digests, snapshot_revision
-from aiworker.store.engine import sqlite_path
+from aiworker.store.engine import is_postgresql, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def database_revision(env: Environment) -> RevisionReport:
 
 @dataclass
 class BackupReport(Report):
-    source: Path
+    source: Path | str  # the SQLite file, or the PostgreSQL server and database
     target: Path
     bytes: int
     revision: str | None
@@ -103,7 +103,7 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
         _new_directory(artifacts, "--with-artifacts")
     source = sqlite_path(env.database_url)
     if source is None:
-        raise InvalidInput("db backup supports SQLite databases only; use pg_dump for PostgreSQL")
+        return _dump_postgresql(env, target, artifacts)
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
     revision = database_revision(env).current
@@ -130,6 +130,22 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
             if lock.held:
                 lock.release()
     return report
+
+
+def _dump_postgresql(env: Environment, target: Path, artifacts: Path | None) -> BackupReport:
+    from aiworker.store.postgresql import dump, where
+
+    if not is_postgresql(env.database_url):
+        raise InvalidInput("db backup needs a SQLite file or a PostgreSQL database")
+    if artifacts is not None:
+        raise InvalidInput(
+            "--with-artifacts pairs payloads with a SQLite snapshot for `aiworker restore`; "
+            f"on PostgreSQL copy {env.state_dir / 'artifacts'} beside the dump"
+        )
+    revision = database_revision(env).current
+    size = dump(env.database_url, target)
+    log.info("dumped %s to %s (%d bytes)", where(env.database_url), target, size)
+    return BackupReport(where(env.database_url), target, size, revision)
 
 
 MANIFEST = "manifest.json"  # written last: a folder without it is no finished backup

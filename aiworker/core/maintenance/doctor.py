@@ -155,6 +155,10 @@ def _check_state_dir(state_dir: Path) -> Check:
     return Check("state-dir", "ok", f"{state_dir} (mode {mode:04o})")
 
 
+# A database farther away than this slows every tick: a claim is a few round trips.
+SLOW_ROUND_TRIP_MS = 25
+
+
 def _check_database(env: Environment) -> Check:
     path = sqlite_path(env.database_url)
     if path is not None and not path.exists():
@@ -163,6 +167,7 @@ def _check_database(env: Environment) -> Check:
         db = env.open_database(require_current=False)
         try:
             revision = current_revision(db)
+            engine, round_trip_ms = db.server()
         finally:
             db.dispose()
         ensure_not_newer(revision)
@@ -170,9 +175,19 @@ def _check_database(env: Environment) -> Check:
         return Check("database", "fail", exc.message)
     except Exception as exc:
         return Check("database", "fail", f"cannot open: {type(exc).__name__}")
+    where = f"{engine}, round trip {round_trip_ms:.1f} ms"
     if revision != HEAD_REVISION:
-        return Check("database", "fail", f"at revision {revision}; run `aiworker db upgrade`")
-    return Check("database", "ok", f"schema at {revision}")
+        return Check(
+            "database", "fail", f"{where}: at revision {revision}; run `aiworker db upgrade`"
+        )
+    if round_trip_ms > SLOW_ROUND_TRIP_MS:
+        return Check(
+            "database",
+            "warn",
+            f"{where} (over {SLOW_ROUND_TRIP_MS} ms: every claim and step pays several); "
+            f"schema at {revision}",
+        )
+    return Check("database", "ok", f"{where}; schema at {revision}")
 
 
 def _check_git() -> Check:

@@ -1,0 +1,157 @@
+"""What is particular to PostgreSQL: the driver, the write lock, the server's failures
+explained, and backups through pg_dump. Nothing above store/ imports this."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection, make_url
+
+from aiworker.errors import AiworkerError, ConfigInvalid, LockHeld, StateUnusable, Unavailable
+from aiworker.runtime.atomic import fsync_directory
+
+# The advisory lock every write transaction takes first ("aiwwrite"): transaction-scoped,
+# freed by COMMIT or ROLLBACK, and by the server when a client dies. Migrations run in one
+# write transaction, so two hosts upgrading at once take turns.
+WRITE_LOCK_KEY = 0x6169_7777_7269_7465
+# How long a connection attempt may take before the server counts as unreachable, and
+# how long a statement waits for a lock (SQLite's busy timeout is the same 30 s).
+CONNECT_TIMEOUT_S = 10
+LOCK_TIMEOUT_MS = 30_000
+
+
+def driver_url(url: str) -> str:
+    """URL with its driver named: psycopg 3 for postgresql:// (the driver we ship)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _on_begin(connection: Connection) -> None:
+    if connection.get_execution_options().get("serialised"):
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine whose connections held with execution option `serialised` take the write
+    lock as their transaction's first statement."""
+    parsed = make_url(driver_url(url))
+    connect_args: dict[str, Any] = {"options": f"-c lock_timeout={LOCK_TIMEOUT_MS}"}
+    if "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+def where(url: str) -> str:
+    """The server and database URL names, without user or password."""
+    parsed = make_url(driver_url(url))
+    return f"PostgreSQL at {parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database}"
+
+
+# What the server or libpq says, and what to tell the operator: exit 2 where they must act
+# (the URL, the role, the database), 75 where waiting for the server helps.
+FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
+    (
+        "password authentication failed",
+        ConfigInvalid,
+        "refused the login: check database.url's user and password",
+    ),
+    ('role "', ConfigInvalid, "has no such role: check database.url's user"),
+    (
+        "does not exist",
+        StateUnusable,
+        "has no such database: create it (see the README's PostgreSQL section)",
+    ),
+    ("connection refused", Unavailable, "refuses connections: is the server running there?"),
+    ("timeout expired", Unavailable, "did not answer in time"),
+    ("could not translate host name", ConfigInvalid, "names a host that does not resolve"),
+    ("the database system is", Unavailable, "is starting up or shutting down; try again"),
+    ("server closed the connection", Unavailable, "closed the connection; try again"),
+    ("terminating connection", Unavailable, "ended the connection; try again"),
+    ("no space left on device", Unavailable, "cannot write: its disk is full"),
+    (
+        "lock timeout",
+        LockHeld,
+        f"kept a lock held by another writer for more than {LOCK_TIMEOUT_MS // 1000} s; "
+        "try again, and if it lasts find the holder (pg_stat_activity)",
+    ),
+)
+
+
+def explained(url: str, exc: BaseException) -> AiworkerError | None:
+    text = str(getattr(exc, "orig", exc)).lower()
+    for needle, kind, advice in FAILURES:
+        if needle in text:
+            return kind(f"{where(url)} {advice}")
+    return None
+
+
+def server_version(connection: Connection) -> str:
+    return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]
+
+
+def _client(name: str) -> str:
+    """Debian installs the client programs per major version; the wrapper picks one."""
+    found = shutil.which(name)
+    if found is None:
+        raise Unavailable(f"{name} is not installed (Debian: apt-get install postgresql-client)")
+    return found
+
+
+def _libpq_environment(url: str) -> tuple[list[str], dict[str, str]]:
+    """pg_dump's connection arguments, the password through the environment (never argv)."""
+    parsed = make_url(driver_url(url))
+    env = {**os.environ, "PGCONNECT_TIMEOUT": str(CONNECT_TIMEOUT_S)}
+    if parsed.password:
+        env["PGPASSWORD"] = str(parsed.password)
+    args = [
+        f"--host={parsed.host or 'localhost'}",
+        f"--port={parsed.port or 5432}",
+        f"--dbname={parsed.database}",
+    ]
+    if parsed.username:
+        args.append(f"--username={parsed.username}")
+    return args, env
+
+
+def dump(url: str, target: Path) -> int:
+    """pg_dump the database at URL to TARGET (which must not exist) in custom format, built
+    beside it, checked with `pg_restore --list`, then linked into place; returns its size."""
+    args, env = _libpq_environment(url)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        os.chmod(tmp, 0o600)
+        done = subprocess.run(
+            [_client("pg_dump"), "--format=custom", "--no-password", f"--file={tmp}", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise Unavailable(f"pg_dump of {where(url)} failed: {done.stderr.strip()[-400:]}")
+        listed = subprocess.run(
+            [_client("pg_restore"), "--list", str(tmp)], capture_output=True, text=True, check=False
+        )
+        if listed.returncode != 0 or "TABLE DATA public tasks" not in listed.stdout:
+            raise Unavailable(f"pg_restore cannot read the dump of {where(url)}; nothing kept")
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.link(tmp, target)
+        fsync_directory(target.parent)
+        return target.stat().st_size
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
