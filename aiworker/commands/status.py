@@ -30,7 +30,8 @@ def status(
             console.print(fold(line), markup=False)
         for provider, why in report["isolation"].items():
             console.print(fold(f"Provider {provider} cannot run: {why}"), markup=False)
-        slots = table("slot", "busy", "holder pid", "task", "task state", title="Slots")
+        title = f"Slots of controller {report['controller']}"
+        slots = table("slot", "busy", "holder pid", "task", "task state", title=title)
         for slot in report["slots"]:
             slots.add_row(
                 str(slot["slot"]),
@@ -40,6 +41,14 @@ def status(
                 slot["task_state"] or "-",
             )
         console.print(slots)
+        others = [c for c in report["controllers"] if c["id"] != report["controller"]]
+        if others:
+            hosts = table("controller", "last seen", "claims", title="Other controllers")
+            for other in others:
+                age = other["seen_age_s"]
+                held = ", ".join(f"task {c['task']} on slot {c['slot']}" for c in other["claims"])
+                hosts.add_row(other["id"], "never" if age is None else f"{age} s ago", held or "-")
+            console.print(hosts)
         kept = report["artifacts"]
         console.print(
             f"Artifacts: {kept['payloads']} payloads, {kept['bytes'] / 2**20:.1f} MiB; the "

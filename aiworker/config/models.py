@@ -205,6 +205,16 @@ class Database(Strict):
         return value
 
 
+class Controller(Strict):
+    """This host among the controllers that share one (PostgreSQL) database."""
+
+    # None means the host name. Claims and attempts record it; status shows it.
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")] | None = None
+    # Seconds another controller waits after this one's last sign of life (every tick and
+    # every running job renews it) before it recovers this one's claims and attempts.
+    lease: Annotated[int, Field(ge=10, le=86_400)] = 300
+
+
 class Labels(Strict):
     """Label names that mark work; configurable per installation."""
 
@@ -329,6 +339,7 @@ class Config(Strict):
     # None inherits reserve_percent.
     weekly_reserve_percent: Annotated[float, Field(ge=0, lt=100)] | None = None
     database: Database = Database()
+    controller: Controller = Controller()
     labels: Labels = Labels()
     planning: Planning = Planning()
     scheduler: Scheduler = Scheduler()

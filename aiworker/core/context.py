@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,11 @@ class Environment:
         from aiworker.store.engine import default_url
 
         return self.loaded.config.database.url or default_url(self.state_dir)
+
+    @property
+    def controller_id(self) -> str:
+        """This host among the controllers sharing the database (controller.id)."""
+        return self.loaded.config.controller.id or socket.gethostname()
 
     @property
     def locks(self) -> LockDir:
@@ -69,7 +75,8 @@ class Environment:
             self.ensure_state_dir()
         if path is not None and path.exists():
             probe_file(path)
-        db = Database(self.database_url)
+        controller = self.loaded.config.controller
+        db = Database(self.database_url, host=self.controller_id, lease_s=controller.lease)
         if require_current:
             try:
                 ensure_current(db)
@@ -90,6 +97,33 @@ def hold_job_lock(env: Environment, name: str) -> FileLock | None:
     if not lock.try_acquire():
         holder = lock.holder_pid()
         raise LockHeld(f"lock {name!r} is held by pid {holder}; that job is still running")
+    return lock
+
+
+def hold_task_lock(
+    env: Environment, db: Database, task_id: int, state: str, version: int
+) -> FileLock | None:
+    """hold_job_lock for task-TASK_ID's step, for every controller sharing the database:
+    the lock is also held there (another host may run the same step), and the task must
+    still be at STATE and VERSION once it is held (a step that finished meanwhile moved
+    it on). Returns what hold_job_lock returns."""
+    from aiworker.store.tasks import task_state
+
+    name = f"task-{task_id}"
+    lock = hold_job_lock(env, name)
+    try:
+        if not db.hold(name):
+            raise LockHeld(f"a step of task {task_id} is running on another controller")
+        with db.read_connection() as connection:
+            now = task_state(connection, task_id)
+        if now != (state, version):
+            found = "gone" if now is None else f"{now[0]} at version {now[1]}"
+            raise LockHeld(f"task {task_id} moved on ({found}) before its step began")
+    except BaseException:
+        db.release(name)
+        if lock is not None:
+            lock.release()
+        raise
     return lock
 
 

@@ -22,6 +22,7 @@ def start_attempt(
     settings: dict[str, Any],
     *,
     pid: int | None = None,
+    host: str | None = None,
 ) -> int:
     """Record the settings used now, so later edits never rewrite history; the attempt
     is charged to the task's budget for PHASE in the same transaction."""
@@ -33,6 +34,7 @@ def start_attempt(
         effort=effort,
         settings=settings,
         pid=pid,
+        host=host,
     )
     session.add(attempt)
     session.flush()

@@ -164,8 +164,13 @@ class Database:
     cannot be used as it is (read-only, locked past the busy timeout, damaged) raises an
     error naming it and what to do, not the driver's own."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, host: str | None = None, lease_s: float = 300) -> None:
         self.url = url
+        # The controller (controller.id) this process acts for: claims and attempts record
+        # it, and its jobs renew its sign of life every quarter of LEASE_S. None: a tool or
+        # test that acts for no controller.
+        self.host = host
+        self.lease_s = lease_s
         self.engine = make_engine(url)
         self.sqlite = is_sqlite(url)
         self.write_engine = (
@@ -175,6 +180,7 @@ class Database:
         )
         self._driver = threading.local()
         self._driver_connections: list[PoolProxiedConnection] = []
+        self._held: dict[str, PoolProxiedConnection] = {}
 
     @contextlib.contextmanager
     def explaining(self) -> Iterator[None]:
@@ -204,9 +210,11 @@ class Database:
             yield connection
 
     @contextlib.contextmanager
-    def driver_transaction(self) -> Iterator[DriverConnection]:
+    def driver_transaction(self, *, one_statement: bool = False) -> Iterator[DriverConnection]:
         """The DB-API connection in a write transaction, for DriverStatements only: the
         claim path, where SQLAlchemy's transaction object costs more than the claim.
+        ONE_STATEMENT: the caller runs exactly one statement, which on PostgreSQL then
+        is its own transaction (autocommit: no BEGIN and COMMIT round trips).
 
         The connection stays checked out (one per thread) until dispose(): a pool round
         trip between two claims leaves the write lock free long enough for a waiting
@@ -223,6 +231,7 @@ class Database:
                 dbapi.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
             else:
                 dbapi.rollback()  # type: ignore[union-attr]  # start clean; the driver begins
+                dbapi.autocommit = one_statement  # type: ignore[union-attr]
             try:
                 yield DriverConnection(dbapi, self.engine.dialect)
                 dbapi.commit()  # type: ignore[union-attr]
@@ -265,7 +274,30 @@ class Database:
                 name = postgresql.where(self.url).replace("PostgreSQL", f"PostgreSQL {version}")
         return name, sorted(trips)[1]
 
+    def hold(self, name: str, wait_s: float = 0) -> bool:
+        """Hold lock NAME for every controller sharing this database, until release(NAME)
+        or dispose(); False when another holds it (after WAIT_S). On PostgreSQL a session
+        lock on a connection of its own, which the server frees when this process or its
+        host goes away; SQLite serves one host, where the caller's file lock is the lock."""
+        if self.sqlite or name in self._held:
+            return True
+        from aiworker.store import postgresql
+
+        with self.explaining():
+            connection = postgresql.try_hold(self.engine, name, wait_s)
+        if connection is None:
+            return False
+        self._held[name] = connection
+        return True
+
+    def release(self, name: str) -> None:
+        held = self._held.pop(name, None)
+        if held is not None:
+            held.invalidate()  # closed, not pooled: closing is what frees the lock
+
     def dispose(self) -> None:
+        for name in list(self._held):
+            self.release(name)
         for pooled in self._driver_connections:
             pooled.close()
         self._driver_connections.clear()

@@ -67,6 +67,7 @@ class Task(Base):
         head_commit: Mapped[str | None]
         claim_slot: Mapped[int | None]
         claim_token: Mapped[str | None]
+        claim_host: Mapped[str | None]
         claimed_at: Mapped[datetime | None]
         created_at: Mapped[datetime]
         updated_at: Mapped[datetime]
@@ -92,6 +93,7 @@ class Attempt(Base):
         log_path: Mapped[str | None]
         reason: Mapped[str | None]
         pid: Mapped[int | None]
+        host: Mapped[str | None]
         workspace_path: Mapped[str | None]
 
 

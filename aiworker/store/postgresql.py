@@ -4,10 +4,12 @@ explained, and backups through pg_dump. Nothing above store/ imports this."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,10 @@ WRITE_LOCK_KEY = 0x6169_7777_7269_7465
 # how long a statement waits for a lock (SQLite's busy timeout is the same 30 s).
 CONNECT_TIMEOUT_S = 10
 LOCK_TIMEOUT_MS = 30_000
+KEEPALIVES = ("tcp_keepalives_idle=20", "tcp_keepalives_interval=5", "tcp_keepalives_count=4")
+# The namespace of the named locks held across controllers (pg_try_advisory_lock(int, int):
+# a key space apart from the write lock's bigint).
+NAMED_LOCKS = 0x61697721
 
 
 def driver_url(url: str) -> str:
@@ -44,7 +50,10 @@ def make_engine(url: str) -> Engine:
     """An engine whose connections held with execution option `serialised` take the write
     lock as their transaction's first statement."""
     parsed = make_url(driver_url(url))
-    connect_args: dict[str, Any] = {"options": f"-c lock_timeout={LOCK_TIMEOUT_MS}"}
+    # The server's keepalives notice a host that vanished within a minute, and free what
+    # its sessions held (the write lock mid-transaction, a step's lock).
+    options = [f"lock_timeout={LOCK_TIMEOUT_MS}", *KEEPALIVES]
+    connect_args: dict[str, Any] = {"options": " ".join(f"-c {o}" for o in options)}
     if "connect_timeout" not in parsed.query:
         connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
     engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
@@ -93,6 +102,35 @@ def explained(url: str, exc: BaseException) -> AiworkerError | None:
     for needle, kind, advice in FAILURES:
         if needle in text:
             return kind(f"{where(url)} {advice}")
+    return None
+
+
+def lock_key(name: str) -> int:
+    """NAME as the second key of a named lock (a signed 32-bit integer)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), signed=True)
+
+
+def try_hold(engine: Engine, name: str, wait_s: float) -> Any | None:
+    """A connection of its own holding the named lock NAME (try again for WAIT_S), or None
+    when another session holds it: the lock lasts until that connection closes."""
+    connection = engine.raw_connection()
+    try:
+        dbapi = connection.dbapi_connection
+        dbapi.autocommit = True  # type: ignore[union-attr]
+        deadline = time.monotonic() + wait_s
+        while True:
+            row = dbapi.execute(  # type: ignore[union-attr]
+                "SELECT pg_try_advisory_lock(%s, %s)", (NAMED_LOCKS, lock_key(name))
+            ).fetchone()
+            if row[0]:
+                return connection
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    except BaseException:
+        connection.invalidate()
+        raise
+    connection.close()
     return None
 
 

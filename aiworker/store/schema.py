@@ -25,6 +25,7 @@ KNOWN_REVISIONS = (
     "0003_plans",
     "0004_worker_leases",
     "0005_artifacts",
+    "0006_controllers",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 
@@ -82,6 +83,8 @@ repositories = Table(
     UniqueConstraint("owner", "name"),
 )
 
+WAITING = text("claim_slot IS NULL AND state IN ('ready', 'repairing')")
+
 tasks = Table(
     "tasks",
     metadata,
@@ -98,6 +101,7 @@ tasks = Table(
     Column("head_commit", String(64)),
     Column("claim_slot", Integer),
     Column("claim_token", String(64)),
+    Column("claim_host", String(128)),  # the controller.id whose slot holds the claim
     _at("claimed_at", required=False),
     _at("created_at"),
     _at("updated_at"),
@@ -107,6 +111,18 @@ tasks = Table(
     Index("ix_tasks_state_id", "state", "id"),
     Index("ix_tasks_claim_slot", "claim_slot"),
     Index("ix_tasks_parent_id", "parent_id"),
+    # The claim's candidates in id order, without walking past the claimed ones.
+    Index("ix_tasks_waiting", "id", sqlite_where=WAITING, postgresql_where=WAITING),
+)
+
+# Each controller host sharing the database: its last sign of life. Another host's claims
+# are recovered only once it has been silent for longer than the controller lease.
+controllers = Table(
+    "controllers",
+    metadata,
+    Column("id", String(128), primary_key=True),  # controller.id
+    _at("seen_at"),
+    _at("started_at"),
 )
 
 attempts = Table(
@@ -129,6 +145,7 @@ attempts = Table(
     # Why it ended as it did, the process that ran it, and where its files are (or were).
     Column("reason", Text),
     Column("pid", Integer),
+    Column("host", String(128)),  # the controller.id whose process runs it (pid is there)
     Column("workspace_path", Text),
     Index("ix_attempts_open", "finished_at"),
 )

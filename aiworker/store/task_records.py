@@ -71,9 +71,23 @@ def ready_tasks(session: Session, limit: int = 50) -> Sequence[Task]:
     ).all()
 
 
-def claims_by_slot(session: Session) -> dict[int, Task]:
+def claims_by_slot(session: Session, host: str | None) -> dict[int, Task]:
+    """HOST's claims by slot (with those recorded before hosts were)."""
     rows = session.scalars(select(Task).where(Task.claim_slot.is_not(None))).all()
-    return {t.claim_slot: t for t in rows if t.claim_slot is not None}
+    return {
+        t.claim_slot: t for t in rows if t.claim_slot is not None and t.claim_host in (None, host)
+    }
+
+
+def claims_by_host(session: Session) -> dict[str, list[Task]]:
+    """Every claim that names its controller, by controller."""
+    rows = session.scalars(
+        select(Task).where(Task.claim_slot.is_not(None), Task.claim_host.is_not(None))
+    ).all()
+    found: dict[str, list[Task]] = {}
+    for task in rows:
+        found.setdefault(str(task.claim_host), []).append(task)
+    return found
 
 
 def latest_event(session: Session, kind: str) -> Event | None:

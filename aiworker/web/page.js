@@ -78,6 +78,9 @@ async function refreshStatus() {
   if (sch.poll_error) { polls.className = "alert"; polls.append("Polls failing: " + sch.poll_failures + " in a row, the last ", when(sch.poll_error_at), ": " + sch.poll_error); }
   const body = $("slots").tBodies[0]; body.replaceChildren();
   for (const slot of s.slots) body.appendChild(row([slot.slot, slot.busy ? "yes" : "no", slot.holder_pid, slot.task_id, slot.task_state ? state(slot.task_state) : null]));
+  $("slots").caption.textContent = "Slots of controller " + s.controller;
+  const hosts = $("controllers").tBodies[0]; hosts.replaceChildren();
+  for (const c of s.controllers) hosts.appendChild(row([c.id + (c.id === s.controller ? " (this one)" : ""), c.seen_at ? when(c.seen_at) : "never", c.claims.map((k) => "task " + k.task + " on slot " + k.slot + " (" + k.state + ")").join(", ") || null]));
   $("counts").textContent = Object.entries(s.tasks).filter(([, n]) => n > 0).map(([name, n]) => name + ": " + n).join(", ") + " (" + s.total_tasks + " in all)";
   const filter = $("state-filter");
   if (filter.options.length === 1) for (const name of Object.keys(s.tasks)) { const o = document.createElement("option"); o.value = o.textContent = name; filter.appendChild(o); }

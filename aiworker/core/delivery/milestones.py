@@ -18,7 +18,7 @@ running its milestones. It reads the issue's timeline each time:
 from __future__ import annotations
 
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment, hold_task_lock
 from aiworker.core.delivery.plan_approval import (
     Plan,
     PlanStepReport,
@@ -65,7 +65,7 @@ def advance_plan(env: Environment, task_id: int) -> PlanStepReport:
             raise Conflict(
                 f"task {task_id} is a {task.kind} task {task.state}, not a plan in progress"
             )
-        lock = hold_job_lock(env, f"task-{task_id}")
+        lock = hold_task_lock(env, db, task.id, task.state, task.version)
         try:
             report = _step(env, db, task, repo)
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment, hold_task_lock
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.errors import Conflict
@@ -36,7 +36,7 @@ def step_guard(
 ) -> PhaseGuard:
     """A started guard for STEP of TASK (which stays in its current state on a failure
     while the budget lasts). ON_FAILURE runs first (CI posts its terminal status)."""
-    lock = hold_job_lock(env, f"task-{task.id}")
+    lock = hold_task_lock(env, db, task.id, task.state, task.version)
     state, version = task.state, task.version
 
     def recover(reason: str) -> None:

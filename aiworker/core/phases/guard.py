@@ -21,6 +21,7 @@ from aiworker.errors import EXIT_UNAVAILABLE, AiworkerError
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
+from aiworker.store.controllers import Heartbeat
 from aiworker.store.engine import Database
 from aiworker.store.tasks import append_event
 
@@ -86,6 +87,7 @@ class PhaseGuard:
         self.finished = False
         self.spent = False  # a provider ran: inference was spent, so nothing is refunded
         self._signals = signals_raise()
+        self._heartbeat = Heartbeat(db)
 
     def start(
         self,
@@ -105,6 +107,7 @@ class PhaseGuard:
                 effort,
                 dict(settings),
                 pid=os.getpid(),
+                host=self.db.host,
             )
             append_event(
                 session,
@@ -163,6 +166,7 @@ class PhaseGuard:
 
     def __enter__(self) -> PhaseGuard:
         self._signals.__enter__()
+        self._heartbeat.__enter__()  # other controllers see this host alive while it runs
         return self
 
     def __exit__(
@@ -182,6 +186,7 @@ class PhaseGuard:
                 self.finish("error", "the phase ended without recording an outcome")
                 self._teardown()
         finally:
+            self._heartbeat.__exit__()
             for sig in ignored:
                 signal.signal(sig, signal.SIG_DFL)
             self._signals.__exit__(None, None, None)

@@ -21,7 +21,7 @@ from typing import Any
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment, hold_task_lock
 from aiworker.core.delivery.pull import Delivery, load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
@@ -164,8 +164,8 @@ def review(env: Environment, task_id: int) -> ReviewReport:
     db = env.open_database()
     try:
         delivery = load_delivery(db, task_id, S.AWAITING_REVIEW)
-        lock = hold_job_lock(env, f"task-{task_id}")
         task = delivery.task
+        lock = hold_task_lock(env, db, task.id, task.state, task.version)
         head = task.head_commit
         assert head is not None
         report = ReviewReport(task.id, delivery.pr, state=S.AWAITING_REVIEW)

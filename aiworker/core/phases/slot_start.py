@@ -37,10 +37,13 @@ def load_on_slot(
             raise InvalidInput(f"no task {task_id}")
         repo = session.get(Repository, task.repository_id)
         assert repo is not None
+    host_differs = task.claim_host not in (None, db.host)
     if task.state != state or task.claim_slot != slot or kind not in (None, task.kind):
         raise Conflict(
             f"task {task_id} is {task.state} on slot {task.claim_slot}, not {what} on slot {slot}"
         )
+    if host_differs:
+        raise Conflict(f"task {task_id} is claimed on controller {task.claim_host}'s slot {slot}")
     return task, repo
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
 from aiworker.errors import EXIT_OK, EXIT_UNAVAILABLE, InvalidInput
+from aiworker.store.claims import claim_next
 from aiworker.store.engine import Database
-from aiworker.store.tasks import claim_next
 
 DISCOVERY_WAIT_SECONDS = 30.0
 
@@ -83,7 +83,7 @@ def claim_once(env: Environment, slot: int | None) -> ClaimReport:
 
 def _slot_taken(db: Database, slot: int) -> bool:
     """A claim still in its grace period keeps its slot: nothing else is claimed there."""
-    from aiworker.store.tasks import claimed_on
+    from aiworker.store.claims import claimed_on
 
     with db.read_connection() as connection:
-        return claimed_on(connection, slot) is not None
+        return claimed_on(connection, slot, db.host) is not None

@@ -25,7 +25,7 @@ def stop_slot_job(env: Environment, slot: int) -> dict[str, Any]:
     db = env.open_database()
     try:
         with db.read() as session:
-            task = claims_by_slot(session).get(slot)
+            task = claims_by_slot(session, db.host).get(slot)
             claim = (task.id, task.claim_token) if task is not None else None
     finally:
         db.dispose()

@@ -31,8 +31,9 @@ from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.logfiles import Rotation
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached, tee_output
+from aiworker.store.claims import claimed_on
 from aiworker.store.engine import Database
-from aiworker.store.tasks import claimed_on, kind_and_state, task_state, tasks_in_states
+from aiworker.store.tasks import kind_and_state, task_state, tasks_in_states
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,7 +100,7 @@ def run_slot(env: Environment, slot: int) -> None:
     lock = env.locks.slot(slot)
     if not lock.try_acquire():
         raise Unavailable(f"slot {slot} is already running a job")
-    claimed = _read(env, lambda connection: claimed_on(connection, slot))
+    claimed = _read(env, lambda connection: claimed_on(connection, slot, env.controller_id))
     if claimed is None:
         lock.release()
         raise Unavailable(f"nothing is claimed on slot {slot}")

@@ -11,7 +11,9 @@ from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.maintenance.retention import store_summary
 from aiworker.core.report import Report
 from aiworker.core.scheduling.state import SchedulerState
-from aiworker.store.task_records import claims_by_slot, latest_event
+from aiworker.store.controllers import last_seen
+from aiworker.store.engine import Session
+from aiworker.store.task_records import claims_by_host, claims_by_slot, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
 
 CHECK_EVENT = "scheduler.check"
@@ -39,6 +41,10 @@ class StatusReport(Report):
     scheduler: dict[str, Any] = field(default_factory=dict)
     # The artifact store: payloads, bytes, and what the next retention pass removes.
     artifacts: dict[str, int] = field(default_factory=dict)
+    # This host, and every controller sharing the database with its last sign of life
+    # and the claims it holds.
+    controller: str = ""
+    controllers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +57,8 @@ class StatusReport(Report):
             "poll_failures": self.poll_failures,
             "isolation": self.isolation,
             "artifacts": self.artifacts,
+            "controller": self.controller,
+            "controllers": self.controllers,
         }
 
 
@@ -59,9 +67,10 @@ def collect_status(env: Environment) -> StatusReport:
     try:
         with db.read() as session:
             counts = count_by_state(session)
-            claims = claims_by_slot(session)
+            claims = claims_by_slot(session, db.host)
             check = latest_event(session, CHECK_EVENT)
             last_check = check.created_at if check else None
+            controllers = _controllers(session, datetime.now(UTC))
         artifacts = store_summary(env, db)
     finally:
         db.dispose()
@@ -92,7 +101,26 @@ def collect_status(env: Environment) -> StatusReport:
         isolation,
         summary,
         artifacts,
+        env.controller_id,
+        controllers,
     )
+
+
+def _controllers(session: Session, now: datetime) -> list[dict[str, Any]]:
+    """Each controller seen (or holding a claim), its last sign of life and its claims."""
+    seen = last_seen(session.connection())
+    held = claims_by_host(session)
+    return [
+        {
+            "id": host,
+            "seen_at": seen[host].isoformat() if host in seen else None,
+            "seen_age_s": int((now - seen[host]).total_seconds()) if host in seen else None,
+            "claims": [
+                {"task": t.id, "slot": t.claim_slot, "state": t.state} for t in held.get(host, [])
+            ],
+        }
+        for host in sorted(set(seen) | set(held))
+    ]
 
 
 def scheduler_summary(state: SchedulerState, interval: int, now: datetime) -> dict[str, Any]:

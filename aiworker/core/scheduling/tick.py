@@ -33,16 +33,12 @@ from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.errors import AiworkerError, LockHeld, Unavailable
 from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.locks import FileLock
+from aiworker.store.claims import active_claims, claimed_on
+from aiworker.store.controllers import renew
 from aiworker.store.deadlines import work_started_before
 from aiworker.store.engine import Database
 from aiworker.store.tables import WORKER_JOB_EVENTS
-from aiworker.store.tasks import (
-    active_claims,
-    append_event,
-    claimed_on,
-    has_open_attempts,
-    prune_events,
-)
+from aiworker.store.tasks import append_event, has_open_attempts, prune_events
 
 if TYPE_CHECKING:
     from aiworker.core.intake.discovery import PollReport
@@ -79,7 +75,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
             if starting:
                 for slot, lock in own:
                     with db.read_connection() as connection:
-                        if claimed_on(connection, slot) is not None:
+                        if claimed_on(connection, slot, db.host) is not None:
                             continue  # a fresh claim made by hand keeps its slot
                     claim = claim_for_slot(env, db, slot, kinds)
                     if claim is not None:
@@ -94,6 +90,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.transaction() as connection:
+            renew(connection, env.controller_id)
             append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
             _prune(connection, config.housekeeping)
     finally:

@@ -18,7 +18,12 @@ from aiworker.store.attempts import attempts_of
 from aiworker.store.budgets import used
 from aiworker.store.engine import Database
 
-RELEASE: dict[str, Any] = {"claim_slot": None, "claim_token": None, "claimed_at": None}
+RELEASE: dict[str, Any] = {
+    "claim_slot": None,
+    "claim_token": None,
+    "claim_host": None,
+    "claimed_at": None,
+}
 
 
 def limit(env: Environment, phase: str) -> int:

@@ -113,6 +113,7 @@ def show_task(env: Environment, task_id: int) -> TaskShowReport:
                 else {
                     "slot": task.claim_slot,
                     "holder": task.claim_token,
+                    "host": task.claim_host,
                     "claimed_at": _when(task.claimed_at),
                 },
                 budgets=_budgets(env, budgets_of(session, task.id)),

@@ -33,10 +33,12 @@ from aiworker.runtime.processes import runs_with_arguments
 from aiworker.runtime.reaper import signal_all, tagged_processes
 from aiworker.secrets import redact
 from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
+from aiworker.store.claims import active_claims
 from aiworker.store.cleanup import record_cleanup
+from aiworker.store.controllers import last_seen, silent_since
 from aiworker.store.engine import Database
 from aiworker.store.task_records import last_task_event, task_row
-from aiworker.store.tasks import active_claims, append_event
+from aiworker.store.tasks import append_event
 
 log = logging.getLogger(__name__)
 HANDOVER_GRACE = timedelta(seconds=60)
@@ -90,12 +92,20 @@ def job_alive(pid: int | None, task_id: int) -> bool:
 
 
 def _abandon(
-    env: Environment, db: Database, task_id: int, phases: tuple[str, ...] | None, phase: str
+    env: Environment,
+    db: Database,
+    task_id: int,
+    phases: tuple[str, ...] | None,
+    phase: str,
+    silent: str | None = None,
 ) -> str:
     """Close the task's open attempts (of PHASES) as abandoned and remove what they left.
     A job that died before it recorded an attempt gets one recorded for it (as PHASE),
-    so that its death counts against the budget like any other."""
-    reason = "the job's process died: " + diagnostic(env, db, task_id)
+    so that its death counts against the budget like any other. SILENT: the job ran on
+    another controller, silent past its lease (says since when); what it left is on that
+    host, and nothing here is signalled or removed."""
+    died = silent or "the job's process died"
+    reason = f"{died}: " + diagnostic(env, db, task_id)
     with db.write() as session:
         attempts = [
             (a.id, a.phase, a.workspace_path, dict(a.settings))
@@ -115,18 +125,31 @@ def _abandon(
                     task_id=task_id,
                     data={"attempt": attempt_id, "phase": closed_phase, "reason": reason},
                 )
-        # The provider's processes outlive a killed phase; they carry the attempt's tag.
-        signal_all(
-            tagged_processes(
-                f"AIWORKER_ATTEMPT_ID={env.attempt_tag(closed_phase, attempt_id)}".encode()
-            ),
-            signal.SIGKILL,
-        )
-        if workspace:
-            _remove_workspace(db, task_id, Path(workspace))
+        if silent is None:
+            _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)
         if closed_phase == "ci":
             _terminal_ci_status(env, db, task_id, str(settings.get("head") or ""), reason)
     return reason
+
+
+def _clear_local(
+    env: Environment,
+    db: Database,
+    task_id: int,
+    closed_phase: str,
+    attempt_id: int,
+    workspace: str | None,
+) -> None:
+    """Kill what a dead job on this host left running, and remove its workspace."""
+    # The provider's processes outlive a killed phase; they carry the attempt's tag.
+    signal_all(
+        tagged_processes(
+            f"AIWORKER_ATTEMPT_ID={env.attempt_tag(closed_phase, attempt_id)}".encode()
+        ),
+        signal.SIGKILL,
+    )
+    if workspace:
+        _remove_workspace(db, task_id, Path(workspace))
 
 
 def _remove_workspace(db: Database, task_id: int, root: Path) -> None:
@@ -169,25 +192,24 @@ def recover_slots(
     recovered = []
     with db.read_connection() as connection:
         claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
+        seen = last_seen(connection) if any(not _ours(db, r.host) for r in claims) else {}
     for row in claims:
-        if row.slot not in own_slots and env.locks.slot(row.slot).is_locked():
-            continue
-        launched = launched_pid(row.token)
-        fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
-        unstarted = row.state in UNSTARTED and launched is None
-        if unstarted and fresh:
-            continue
-        with db.read() as session:
-            pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
-        if any(job_alive(pid, row.id) for pid in pids):
-            continue
+        unstarted = row.state in UNSTARTED and launched_pid(row.token) is None
+        if _ours(db, row.host):
+            if not _dead_here(env, db, row, own_slots, now):
+                continue
+            silent = None
+        else:
+            silent = _silent(db, seen, row.host, now)
+            if silent is None:
+                continue  # that controller still renews: its claim is its own business
         if unstarted:
             # A hand claim nobody took up: given back, nothing was spent. (A job the tick
             # started that died before it began counts below, like any other death.)
-            recovered.append(_release(db, row, UNSTARTED[TaskState(row.state)]))
+            recovered.append(_release(db, row, UNSTARTED[TaskState(row.state)], silent))
             continue
         phase = _phase_of(row.state)
-        reason = _abandon(env, db, row.id, None, phase)
+        reason = _abandon(env, db, row.id, None, phase, silent)
         state = land_after_failure(
             env,
             db,
@@ -203,6 +225,38 @@ def recover_slots(
     return recovered
 
 
+def _ours(db: Database, host: str | None) -> bool:
+    """A claim or attempt of this controller (None: recorded before hosts were)."""
+    return host is None or host == db.host
+
+
+def _silent(db: Database, seen: dict[str, datetime], host: str, now: datetime) -> str | None:
+    """Why HOST's claims and attempts are given up (it fell silent for longer than the
+    lease), or None while it still renews."""
+    lease = timedelta(seconds=db.lease_s)
+    since = silent_since(seen, host, lease, now)
+    if since is None:
+        return None
+    when = "never seen" if since.year == 1 else f"silent since {since.isoformat()}"
+    return f"controller {host} is gone ({when}; lease {int(db.lease_s)} s)"
+
+
+def _dead_here(
+    env: Environment, db: Database, row: Any, own_slots: list[int], now: datetime
+) -> bool:
+    """Whether a claim on one of this host's slots belongs to a dead job: its slot lock
+    is free, it is past its hand-over grace or was started, and no process of it runs."""
+    if row.slot not in own_slots and env.locks.slot(row.slot).is_locked():
+        return False
+    launched = launched_pid(row.token)
+    fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
+    if row.state in UNSTARTED and launched is None and fresh:
+        return False
+    with db.read() as session:
+        pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
+    return not any(job_alive(pid, row.id) for pid in pids)
+
+
 def launched_pid(token: str | None) -> int | None:
     """The pid a tick recorded in the claim when it started the job (launcher.py)."""
     _, sep, pid = (token or "").rpartition("-pid")
@@ -213,9 +267,9 @@ def _phase_of(state: str) -> str:
     return {"planning": "planning", "repairing": "repair"}.get(state, "implementation")
 
 
-def _release(db: Database, row: Any, to_state: TaskState) -> Recovered:
+def _release(db: Database, row: Any, to_state: TaskState, silent: str | None) -> Recovered:
     task_id = int(row.id)
-    reason = f"slot {row.slot} lock free: holder {row.token} is gone"
+    reason = silent or f"slot {row.slot} lock free: holder {row.token} is gone"
     try:
         with db.write() as session:
             advance(
@@ -240,19 +294,30 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
     recovery does not see it). A step whose task is still where the step started is
     retried within its budget; one that had already moved its task is only closed."""
     recovered = []
+    now = datetime.now(UTC)
     with db.read() as session:
         dead: dict[int, list[str]] = {}
+        away: dict[int, str] = {}  # task: why its attempts' controller counts as gone
+        seen = last_seen(session.connection())
         for attempt in open_attempts(session):
-            if not job_alive(attempt.pid, attempt.task_id):
-                dead.setdefault(attempt.task_id, []).append(attempt.phase)
+            if _ours(db, attempt.host):
+                if job_alive(attempt.pid, attempt.task_id):
+                    continue
+            else:
+                silent = _silent(db, seen, str(attempt.host), now)
+                if silent is None:
+                    continue
+                away[attempt.task_id] = silent
+            dead.setdefault(attempt.task_id, []).append(attempt.phase)
         tasks = {task_id: task_row(session, task_id) for task_id in dead}
     for task_id, phases in sorted(dead.items()):
         task = tasks[task_id]
-        if task is None or env.locks.lock(f"task-{task_id}").is_locked():
+        locked = task_id not in away and env.locks.lock(f"task-{task_id}").is_locked()
+        if task is None or locked:
             continue
         if task.state in HOLDS_SLOT and task.claim_slot is not None:
             continue  # its slot's recovery handles it
-        reason = _abandon(env, db, task_id, tuple(phases), phases[0])
+        reason = _abandon(env, db, task_id, tuple(phases), phases[0], away.get(task_id))
         state = None
         step = phases[0]
         if STEP_STARTS.get(step) == task.state:

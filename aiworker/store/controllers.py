@@ -1,0 +1,81 @@
+"""Controllers sharing one database: each one's last sign of life.
+
+Every tick and every running job renews its controller's row. Another controller
+recovers a host's claims and attempts only once that host has been silent for longer
+than the lease: never while it still renews, whatever its locks (which live on its own
+disk) would say.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Connection
+
+from aiworker.store.engine import Database
+from aiworker.store.tables import controllers, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def renew(connection: Connection, host: str, now: datetime | None = None) -> None:
+    """Record that HOST is alive now (its first renewal also records when it started), in
+    the caller's write transaction: under the write lock, update-then-insert cannot race."""
+    now = now or utcnow()
+    changed = connection.execute(
+        update(controllers).where(controllers.c.id == host).values(seen_at=now)
+    )
+    if changed.rowcount == 0:
+        connection.execute(insert(controllers).values(id=host, seen_at=now, started_at=now))
+
+
+def last_seen(connection: Connection) -> dict[str, datetime]:
+    """Each controller's last sign of life."""
+    rows = connection.execute(select(controllers.c.id, controllers.c.seen_at))
+    return {str(host): seen for host, seen in rows}
+
+
+def silent_since(
+    seen: dict[str, datetime], host: str, lease: timedelta, now: datetime
+) -> datetime | None:
+    """When HOST fell silent, if it has been silent for longer than LEASE (never seen at
+    all counts as silent since the epoch); None while it is within its lease."""
+    at = seen.get(host)
+    if at is not None and now - at <= lease:
+        return None
+    return at or datetime.min.replace(tzinfo=now.tzinfo)
+
+
+class Heartbeat:
+    """While a job runs, renew its controller every quarter of the lease, from a daemon
+    thread; a renewal that fails (the database away for a moment) is logged and tried
+    again at the next beat. Does nothing for a database opened for no controller."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        if self.db.host is not None:
+            self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        host = self.db.host
+        assert host is not None
+        while not self._stop.wait(self.db.lease_s / 4):
+            try:
+                with self.db.transaction() as connection:
+                    renew(connection, host)
+            except Exception as exc:
+                log.warning("controller %s: sign of life not recorded: %s", host, exc)
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
