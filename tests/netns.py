@@ -26,6 +26,10 @@ class Network:
         self.gateway = f"{self.subnet}.1"
         self.namespaces = [f"aw{self.tag}r{n}" for n in range(1, hosts + 1)]
         ip("link", "add", self.bridge, "type", "bridge")
+        # A bridge takes its lowest port's address unless given one: cutting that port
+        # would change the gateway's address under every other host's ARP cache.
+        mac = secrets.token_bytes(5)
+        ip("link", "set", self.bridge, "address", "02:" + ":".join(f"{b:02x}" for b in mac))
         ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
         for n, namespace in enumerate(self.namespaces, 1):

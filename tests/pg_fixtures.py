@@ -74,6 +74,11 @@ class PostgresServer:
     def start(self) -> None:
         self.pg_ctl("-l", str(self.folder / "server.log"), "start")
 
+    def restart(self) -> None:
+        """Stop (ending every session at once) and start again; the log keeps the pipe
+        free, or pg_ctl would wait for the server it started."""
+        self.pg_ctl("-l", str(self.folder / "server.log"), "-m", "fast", "restart")
+
 
 def start_server(listen: str = "127.0.0.1") -> PostgresServer:
     """initdb a cluster into a new folder and start it, listening on LISTEN (a comma

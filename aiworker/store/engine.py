@@ -226,6 +226,10 @@ class Database:
             if pooled is None:
                 pooled = self._driver.pooled = self.engine.raw_connection()
                 self._driver_connections.append(pooled)
+                if not self.sqlite:
+                    from aiworker.store import postgresql
+
+                    postgresql.plan_once(pooled.dbapi_connection)
             dbapi = pooled.dbapi_connection
             if self.sqlite:
                 dbapi.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
@@ -299,7 +303,10 @@ class Database:
         for name in list(self._held):
             self.release(name)
         for pooled in self._driver_connections:
-            pooled.close()
+            if self.sqlite:
+                pooled.close()
+            else:  # closed, not pooled: its session settings are the claims' own
+                pooled.invalidate()
         self._driver_connections.clear()
         self._driver = threading.local()
         self.engine.dispose()

@@ -134,6 +134,15 @@ def try_hold(engine: Engine, name: str, wait_s: float) -> Any | None:
     return None
 
 
+def plan_once(dbapi: Any) -> None:
+    """Set up the claims' own connection: its few fixed statements are prepared at their
+    first run and planned once (a claim's planning otherwise costs as much as the claim:
+    0.7 of 1.4 ms measured here)."""
+    dbapi.prepare_threshold = 0
+    dbapi.execute("SET plan_cache_mode = force_generic_plan")
+    dbapi.commit()
+
+
 def server_version(connection: Connection) -> str:
     return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]
 

@@ -200,7 +200,7 @@ def recover_slots(
                 continue
             silent = None
         else:
-            silent = _silent(db, seen, row.host, now)
+            silent = _silent(db, seen, row.host, now, row.claimed_at)
             if silent is None:
                 continue  # that controller still renews: its claim is its own business
         if unstarted:
@@ -230,10 +230,15 @@ def _ours(db: Database, host: str | None) -> bool:
     return host is None or host == db.host
 
 
-def _silent(db: Database, seen: dict[str, datetime], host: str, now: datetime) -> str | None:
+def _silent(
+    db: Database, seen: dict[str, datetime], host: str, now: datetime, since: datetime | None
+) -> str | None:
     """Why HOST's claims and attempts are given up (it fell silent for longer than the
-    lease), or None while it still renews."""
+    lease), or None while it still renews. SINCE: when the claim or attempt was made, a
+    sign of life too."""
     lease = timedelta(seconds=db.lease_s)
+    if since is not None and now - since <= lease:
+        return None
     since = silent_since(seen, host, lease, now)
     if since is None:
         return None
@@ -304,7 +309,7 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
                 if job_alive(attempt.pid, attempt.task_id):
                     continue
             else:
-                silent = _silent(db, seen, str(attempt.host), now)
+                silent = _silent(db, seen, str(attempt.host), now, attempt.started_at)
                 if silent is None:
                     continue
                 away[attempt.task_id] = silent
