@@ -19,6 +19,8 @@ from aiworker.demo_plan import run_plan_scenario
 from aiworker.runtime.processes import run_command, spawn_detached
 
 DEMO = Path(".demo").absolute()
+# An empty PostgreSQL database to run the demo on instead of SQLite (postgresql://...).
+DATABASE_ENV = "AIWORKER_DEMO_DATABASE_URL"
 ROLES = {
     "planner": "planner-bot",
     "worker": "worker-bot",
@@ -86,7 +88,7 @@ def wait_for_state(state: str, timeout: float = 120) -> None:
     from aiworker.store.tasks import task_state
 
     # Read the store directly: a CLI process per look would cost more than the jobs.
-    db = Database(default_url(DEMO / "state"))
+    db = Database(os.environ.get(DATABASE_ENV) or default_url(DEMO / "state"))
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -156,6 +158,31 @@ def start_forge() -> tuple[int, str]:
     raise SystemExit("the sandbox forge did not start; see .demo/forge.log")
 
 
+def configure(url: str, tokens: dict[str, str]) -> str | None:
+    """Write the demo's configuration; returns the PostgreSQL URL it uses, if any."""
+    step("Write the configuration with `config set` (tokens live in 0600 files)")
+    aiworker("config", "set", "forge.url", url)
+    (DEMO / "tokens").mkdir(mode=0o700)
+    for role, login in ROLES.items():
+        path = DEMO / "tokens" / f"{role}.token"
+        path.write_text(tokens[login] + "\n")
+        os.chmod(path, 0o600)
+        aiworker("config", "set", f"forge.identities.{role}.token_file", str(path))
+    aiworker("config", "set", "repositories", '[{index = 1, owner = "team", name = "app"}]')
+    aiworker("config", "set", "shares", "2")
+    scenario = DEMO / "scenario.json"
+    scenario.write_text(json.dumps(SCENARIO, indent=2))
+    aiworker("config", "set", "providers", '["script"]')
+    aiworker("config", "set", "provider_options.script.scenario", str(scenario))
+    say("the script provider replays .demo/scenario.json instead of calling a model")
+    database = os.environ.get(DATABASE_ENV)
+    if database:
+        aiworker("config", "set", "database.url", database)
+        say("the store is the PostgreSQL database $AIWORKER_DEMO_DATABASE_URL names")
+    say(aiworker("config", "validate"))
+    return database
+
+
 def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir()
@@ -167,26 +194,15 @@ def main() -> None:
     pid, url = start_forge()
     say(f"sandbox forge serving at {url} (pid {pid})")
     try:
-        step("Write the configuration with `config set` (tokens live in 0600 files)")
-        aiworker("config", "set", "forge.url", url)
-        (DEMO / "tokens").mkdir(mode=0o700)
-        for role, login in ROLES.items():
-            path = DEMO / "tokens" / f"{role}.token"
-            path.write_text(tokens[login] + "\n")
-            os.chmod(path, 0o600)
-            aiworker("config", "set", f"forge.identities.{role}.token_file", str(path))
-        aiworker("config", "set", "repositories", '[{index = 1, owner = "team", name = "app"}]')
-        aiworker("config", "set", "shares", "2")
-        scenario = DEMO / "scenario.json"
-        scenario.write_text(json.dumps(SCENARIO, indent=2))
-        aiworker("config", "set", "providers", '["script"]')
-        aiworker("config", "set", "provider_options.script.scenario", str(scenario))
-        say("the script provider replays .demo/scenario.json instead of calling a model")
-        say(aiworker("config", "validate"))
+        database = configure(url, tokens)
 
         step("Create the database and migrate it; back it up while it is live")
         say(aiworker("db", "upgrade"))
-        say(aiworker("db", "backup", "--to", str(DEMO / "backup.db")))
+        say(
+            aiworker(
+                "db", "backup", "--to", str(DEMO / ("backup.dump" if database else "backup.db"))
+            )
+        )
 
         step(
             "Poll: issue #1 is assigned to worker-bot by alice (write), so it becomes a task; "
@@ -215,7 +231,10 @@ def main() -> None:
         step("Status and doctor")
         say(aiworker("status"))
         say(aiworker("doctor"))
-        restore_round_trip()
+        if database:
+            say("(the restore round trip is SQLite's; PostgreSQL restores with pg_restore)")
+        else:
+            restore_round_trip()
     finally:
         os.kill(pid, signal.SIGINT)
     say(

@@ -5,6 +5,7 @@ merge, each step printed as the task records it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,7 +98,7 @@ def follow(
     from aiworker.store.engine import Database, default_url
     from aiworker.store.task_records import children_of, events_of, task_row
 
-    db = Database(default_url(state_dir))
+    db = Database(os.environ.get("AIWORKER_DEMO_DATABASE_URL") or default_url(state_dir))
     seen = SEEN
     started = time.monotonic()
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,11 @@ import pytest
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path):
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_demo_runs_end_to_end(tmp_path, engine, request):
+    env = dict(os.environ)
+    if engine == "postgresql":  # the same demo, its store a PostgreSQL database
+        env["AIWORKER_DEMO_DATABASE_URL"] = request.getfixturevalue("postgres_url")
     done = subprocess.run(
         [sys.executable, "-m", "aiworker.demo"],
         cwd=tmp_path,
@@ -17,6 +22,7 @@ def test_demo_runs_end_to_end(tmp_path):
         text=True,
         timeout=300,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "polled 1 repositories (1 full); tasks: created 1" in done.stdout
@@ -26,7 +32,8 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "merged=True" in done.stdout
     assert "status aiworker / ci: success" in done.stdout
     assert "review by reviewer-bot: APPROVED" in done.stdout
-    assert (tmp_path / ".demo" / "backup.db").exists()
+    backup = "backup.dump" if engine == "postgresql" else "backup.db"
+    assert (tmp_path / ".demo" / backup).exists()
     # The second scenario: a plan through approval, two milestones, a repair, one merge.
     out = done.stdout
     assert "awaiting_plan_approval (ignored: commented /aiworker approve by reader (read))" in out

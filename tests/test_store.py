@@ -376,3 +376,25 @@ def test_two_hosts_upgrading_one_postgresql_database_take_turns(postgres_url, tm
         (HEAD_REVISION, HEAD_REVISION),
     ]
     assert rows(postgres_url, "select version_num from alembic_version") == [(HEAD_REVISION,)]
+
+
+def test_a_readings_source_of_any_length_is_stored(store_url):
+    """A script provider's source names its scenario's path, longer than 64 characters in
+    a deep directory: PostgreSQL refuses what exceeds a VARCHAR, SQLite never did."""
+    from aiworker.store.observations import record_observation
+
+    db = Database(store_url)
+    source = "scenario /" + "deep/" * 40 + "scenario.json"
+    with db.write() as session:
+        record_observation(
+            session,
+            provider="script",
+            window="run",
+            used_percent=None,
+            resets_at=None,
+            valid=True,
+            source=source,
+            reason="",
+        )
+    assert rows(store_url, "select source from provider_observations") == [(source,)]
+    db.dispose()

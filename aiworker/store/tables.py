@@ -160,7 +160,9 @@ provider_observations = Table(
     _at("resets_at", required=False),
     _at("observed_at"),
     Column("valid", Boolean, nullable=False),
-    Column("source", String(64), nullable=False),
+    # Where the reading came from (a file, a command, the script's scenario path): any
+    # length, which PostgreSQL enforces where SQLite never did.
+    Column("source", Text, nullable=False),
     Column("reason", Text),
     Index("ix_provider_observations_latest", "provider", "observed_at"),
 )
