@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from aiworker.store.schema import HEAD_REVISION
 from tests.helpers import configure
 
 
@@ -190,3 +191,36 @@ def test_an_overdue_tick_fails_doctor(cli, upgraded, minimal_config, state_dir):
     recent = datetime.now(UTC).isoformat()
     (state_dir / "scheduler.json").write_text(json.dumps({"last_check": recent}))
     assert cli("--json", "doctor").exit_code == 0
+
+
+def test_the_database_check_names_the_engine_its_version_and_the_round_trip(
+    cli, store_url, postgres, tmp_path, monkeypatch
+):
+    if store_url.startswith("sqlite"):  # (the PostgreSQL store comes with a configuration)
+        (tmp_path / "minimal.toml").write_text("shares = 1\n")
+        monkeypatch.setenv("AIWORKER_CONFIG", str(tmp_path / "minimal.toml"))
+    result = cli("--json", "doctor")
+    database = checks_by_name(result)["database"]
+    assert database["status"] == "ok", database
+    assert " round trip " in database["detail"]
+    assert database["detail"].endswith("schema at " + HEAD_REVISION)
+    if store_url.startswith("postgresql"):
+        assert database["detail"].startswith("PostgreSQL 15.")
+        assert f"at 127.0.0.1:{postgres.port}/" in database["detail"]
+        assert postgres.password not in result.output
+        # The server away: the check fails saying where and why, and the rest still run.
+        away = store_url.replace(f":{postgres.port}/", ":1/")
+        (tmp_path / "away.toml").write_text(f'[database]\nurl = "{away}"\n')
+        monkeypatch.setenv("AIWORKER_CONFIG", str(tmp_path / "away.toml"))
+        result = cli("--json", "doctor")
+        assert result.exit_code == 1
+        database = checks_by_name(result)["database"]
+        assert database["status"] == "fail"
+        assert database["detail"] == (
+            "PostgreSQL at 127.0.0.1:1/"
+            + store_url.rsplit("/", 1)[1]
+            + " refuses connections: is the server running there?"
+        )
+        assert checks_by_name(result)["git"]["status"] == "ok"
+    else:
+        assert database["detail"].startswith("SQLite 3.")

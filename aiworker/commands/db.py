@@ -71,3 +71,22 @@ def backup(
         kept = report["artifacts"]
         line += f"; {kept['payloads']} payloads ({kept['bytes']} bytes) to {kept['dir']}"
     emit(inv.json, report, lambda c: c.print(line, markup=False))
+
+
+@app.command("copy")
+def copy(
+    ctx: typer.Context,
+    to: Annotated[
+        str,
+        typer.Option("--to", help="URL of an empty database (postgresql://... or sqlite:///...)."),
+    ],
+) -> None:
+    """Copy the whole store into an empty database, migrated first, while no work runs:
+    how an installation moves from SQLite to PostgreSQL (then set database.url to it)."""
+    from aiworker.core.maintenance.database import copy_database
+
+    inv: Invocation = ctx.obj
+    report = copy_database(inv.environment(), to).to_json()
+    total = sum(report["rows"].values())
+    line = f"copied {total} rows of {len(report['rows'])} tables to {report['target']}"
+    emit(inv.json, report, lambda c: c.print(line, markup=False))

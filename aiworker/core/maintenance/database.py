@@ -174,3 +174,58 @@ def _copy_artifacts(env: Environment, snapshot: Path, folder: Path) -> dict[str,
     manifest = {"snapshot": str(snapshot), "revision": snapshot_revision(snapshot), **summary}
     write_private_file(folder / MANIFEST, json.dumps(manifest, indent=2).encode())
     return summary
+
+
+@dataclass
+class CopyReport(Report):
+    source: str
+    target: str
+    revision: str
+    rows: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": redact_url_password(self.source),
+            "target": redact_url_password(self.target),
+            "revision": self.revision,
+            "rows": self.rows,
+        }
+
+
+def copy_database(env: Environment, to_url: str) -> CopyReport:
+    """Copy the whole store to the empty database at TO_URL (created or migrated to this
+    version's schema first), under maintenance.lock and only while no work runs: how an
+    installation moves from SQLite to PostgreSQL (then point database.url at it)."""
+    from aiworker.config.models import Database as DatabaseSettings
+    from aiworker.store.copy import copy_rows, occupied
+    from aiworker.store.engine import Database
+    from aiworker.store.tasks import has_open_attempts
+
+    try:
+        DatabaseSettings(url=to_url)
+    except ValueError:
+        raise InvalidInput("--to must be a sqlite:// or postgresql:// URL") from None
+    if to_url == env.database_url:
+        raise InvalidInput("--to names the database in use; name another one")
+    maintenance = env.locks.lock("maintenance")
+    if not maintenance.try_acquire():
+        raise LockHeld("another maintenance operation holds maintenance.lock; try later")
+    source, target = env.open_database(), Database(to_url)
+    try:
+        with source.read_connection() as connection:
+            if has_open_attempts(connection):
+                raise LockHeld(
+                    "work is running (open attempts): pause the scheduler, let the jobs "
+                    "finish, then copy"
+                )
+        upgrade(target)
+        full = occupied(target)
+        if full:
+            raise InvalidInput(f"--to is not empty ({', '.join(full)} hold rows); name a new one")
+        rows = copy_rows(source, target)
+    finally:
+        target.dispose()
+        source.dispose()
+        maintenance.release()
+    log.info("copied %s to %s", redact_url_password(env.database_url), redact_url_password(to_url))
+    return CopyReport(env.database_url, to_url, HEAD_REVISION, rows)

@@ -1,0 +1,76 @@
+"""`db copy --to URL`: moving an installation's store from SQLite to PostgreSQL."""
+
+from __future__ import annotations
+
+from aiworker.store.attempts import start_attempt
+from aiworker.store.engine import Database
+from aiworker.store.tables import metadata
+from aiworker.store.task_records import create_task, ensure_repository
+from tests.pg_fixtures import configure_database, rows
+
+
+def seed(url: str) -> dict[str, int]:
+    """A plan with two milestones, issues, an attempt that ended: rows in most tables."""
+    db = Database(url)
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        plan = create_task(session, repo.id, "plan", issue_number=1, state="milestones")
+        for _ in range(2):
+            create_task(session, repo.id, "milestone", parent_id=plan.id)
+        for number in range(2, 40):
+            create_task(session, repo.id, "issue", issue_number=number, title="ü " * 50)
+        attempt = start_attempt(session, plan.id, "planning", "script", None, None, {"a": [1]})
+    from aiworker.store.attempts import finish_attempt
+
+    with db.write() as session:
+        finish_attempt(session, attempt, "succeeded", reason="")
+    db.dispose()
+    return {"plan": plan.id}
+
+
+def table_counts(url: str) -> dict[str, int]:
+    return {
+        t.name: rows(url, f"select count(*) from {t.name}")[0][0] for t in metadata.sorted_tables
+    }
+
+
+def test_a_sqlite_store_moves_to_postgresql_whole(
+    cli, upgraded, postgres_url, tmp_path, monkeypatch
+):
+    sqlite_url = f"sqlite:///{upgraded}"
+    seed(sqlite_url)
+    before = cli("--json", "status").json()["tasks"]
+    result = cli("--json", "db", "copy", "--to", postgres_url)
+    assert result.exit_code == 0, result
+    password = postgres_url.split(":")[2].split("@")[0]
+    assert password not in result.output
+    assert result.json()["rows"]["tasks"] == 41
+    assert table_counts(postgres_url) == table_counts(sqlite_url)
+    assert rows(postgres_url, "select title from tasks where issue_number = 9") == [("ü " * 50,)]
+    # The copy is the installation now: the same tasks, and new rows continue the ids.
+    configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
+    assert cli("--json", "status").json()["tasks"] == before
+    db = Database(postgres_url)
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        assert create_task(session, repo.id, "issue", issue_number=99).id == 42
+    db.dispose()
+
+
+def test_a_copy_refuses_a_database_in_use_or_running_work(cli, upgraded, postgres_url, tmp_path):
+    seed(f"sqlite:///{upgraded}")
+    assert cli("db", "copy", "--to", postgres_url).exit_code == 0
+    again = cli("db", "copy", "--to", postgres_url)
+    assert again.exit_code == 2
+    assert "is not empty" in again.stderr
+    bad = cli("db", "copy", "--to", "mysql://somewhere/db")
+    assert bad.exit_code == 2
+    assert "--to must be" in bad.stderr
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        start_attempt(session, 1, "planning", "script", None, None, {})
+    db.dispose()
+    busy = cli("db", "copy", "--to", f"sqlite:///{tmp_path / 'other.db'}")
+    assert busy.exit_code == 75
+    assert "work is running" in busy.stderr
+    assert not (tmp_path / "other.db").exists()  # refused before anything was written
