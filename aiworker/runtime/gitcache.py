@@ -138,6 +138,19 @@ class GitCache:
         with self._locked(index):
             self._must(index, "update-ref", "-d", ref)
 
+    def ensure(self, index: int, url: str, token: str | None, *commits: str) -> None:
+        """Fetch repository INDEX unless this cache already has every one of COMMITS: a
+        step on another controller than the one that worked on the task finds its pushed
+        commits here too."""
+        if self.path(index).exists():
+            try:
+                for commit in commits:
+                    self.resolve(index, commit)
+                return
+            except GitCacheError:
+                pass
+        self.fetch(index, url, token)
+
     def resolve(self, index: int, ref: str) -> str:
         full = self._must(index, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
         if not FULL_HASH.match(full):

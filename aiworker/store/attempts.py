@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.budgets import charge, refund
@@ -115,3 +115,22 @@ def record_attempt_use(session: Session, attempt_id: int, use: dict[str, Any]) -
     attempt = session.get(Attempt, attempt_id)
     if attempt is not None:
         attempt.settings = {**attempt.settings, "route_use": use}
+
+
+def work_hosts(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
+    """For each of TASK_IDS, the controller whose implementation or repair attempt ran
+    last: that host's git cache and artifact store hold the task's unpublished commits."""
+    latest = (
+        select(Attempt.task_id, func.max(Attempt.id).label("id"))
+        .where(
+            Attempt.task_id.in_(list(task_ids)),
+            Attempt.phase.in_(["implementation", "repair"]),
+            Attempt.host.is_not(None),
+        )
+        .group_by(Attempt.task_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Attempt.task_id, Attempt.host).join(latest, Attempt.id == latest.c.id)
+    )
+    return {int(task): str(host) for task, host in rows}

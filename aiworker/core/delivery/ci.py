@@ -32,6 +32,7 @@ from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK
 from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.gitcache import GitCache
 
 
 @dataclass
@@ -93,7 +94,12 @@ def dispatch_ci(env: Environment, task_id: int) -> CiReport:
 
         with step_guard(env, db, task, "ci", {"head": head}, terminal_error) as guard:
             access = ForgeAccess(env.loaded)
-            pull_at_head(access.required("worker"), delivery)
+            worker = access.required("worker")
+            pull_at_head(worker, delivery)
+            clone_url = worker.repository(repo.owner, repo.name).clone_url
+            GitCache(env.state_dir).ensure(
+                repo.index, clone_url, access.token("worker"), head, base
+            )
             poster = access.status_writer()
             poster.create_status(
                 repo.owner,

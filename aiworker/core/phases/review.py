@@ -101,6 +101,8 @@ def _decide(
     ref = f"refs/aiworker/review/task-{task.id}"
     issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
     cache = GitCache(env.state_dir)
+    clone_url = reviewer.repository(repo.owner, repo.name).clone_url
+    cache.ensure(repo.index, clone_url, ForgeAccess(env.loaded).token("reviewer"), head)
     bundle = cache.bundle_commit(
         repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
     )

@@ -1,0 +1,112 @@
+"""Two controllers deliver through one PostgreSQL database and one forge: each has its own
+state directory (so no file lock of one is seen by the other) and runs real ticks at the
+same moments; only the database's locks keep them apart. The task's commits are on the
+host that implemented it until published, so only that host publishes it; from there
+both race for CI, review and merge: one PR, one status of each kind, one review, one
+merge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+import requests
+
+from aiworker.runtime.processes import process_alive
+from aiworker.store.engine import Database
+from aiworker.store.schema import upgrade
+from tests.delivery_fixtures import write_scenario
+from tests.helpers import configure, run_process
+from tests.pg_fixtures import rows
+from tests.test_delivery import REVIEW_OK
+from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
+
+pytestmark = pytest.mark.slow
+
+
+def tick(config, state) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "aiworker", "--json", "--config", str(config)]
+    return subprocess.Popen(
+        [*argv, "--state-dir", str(state), "scheduler", "tick"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ticks_at_once(hosts) -> list[dict]:
+    """One tick on every host at the same moment; waits for the jobs they started."""
+    procs = [tick(config, state) for config, state in hosts]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 75), err
+        reports.append(json.loads(out))
+    pids = [j["pid"] for r in reports for j in r.get("started", []) + r.get("delivering", [])]
+    deadline = time.monotonic() + 120
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return reports
+
+
+def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, monkeypatch, cli):
+    db = Database(postgres_url)
+    upgrade(db)
+    db.dispose()
+    config_a = configure(tmp_path, forge, monkeypatch)
+    write_scenario(
+        tmp_path / "scenario.json",
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={"review": REVIEW_OK},
+    )
+    shared = f'\n[database]\nurl = "{postgres_url}"\n[scheduler]\nfollow_up = false\n'
+    config_a.write_text(SCRIPT_ONLY + config_a.read_text() + shared)
+    config_b = tmp_path / "host-b.toml"
+    config_b.write_text(config_a.read_text() + '[controller]\nid = "host-b"\n')
+    config_a.write_text(config_a.read_text() + '[controller]\nid = "host-a"\n')
+    state_a, state_b = tmp_path / "host-a", tmp_path / "host-b"
+    a, b = (config_a, state_a), (config_b, state_b)
+    assert cli("--state-dir", str(state_a), "poll").exit_code == 0
+    # Host A takes the task on its slot and implements it: the commits are A's alone.
+    first = ticks_at_once([a])[0]
+    [job] = first["started"]
+    task = job["task"]
+    assert rows(postgres_url, "select state from tasks") == [("implemented",)]
+    # B's tick leaves the publish to A, whose tick is due; then both race for the rest.
+    assert ticks_at_once([b])[0]["delivering"] == []
+    for _ in range(12):
+        ticks_at_once([a, b])
+        if rows(postgres_url, "select state from tasks") == [("done",)]:
+            break
+    assert rows(postgres_url, "select state from tasks") == [("done",)]
+    worker = forge.client("worker-bot")
+    [pull] = worker.pulls("team", "app", state="all")
+    assert pull.merged
+    head = pull.head.sha
+    listed = requests.get(
+        f"{forge.url}/api/v1/repos/team/app/statuses/{head}",
+        headers={"Authorization": f"token {forge.tokens['worker-bot']}"},
+        timeout=30,
+    )
+    statuses = Counter((s["context"], s["status"]) for s in listed.json())
+    assert statuses == {("aiworker / ci", "pending"): 1, ("aiworker / ci", "success"): 1}
+    reviews = worker.reviews("team", "app", pull.number)
+    assert [(r.state, r.user.login) for r in reviews] == [("APPROVED", "reviewer-bot")]
+    comments = [c.body for c in worker.comments("team", "app", task)]
+    assert len(comments) == len(set(comments))
+    steps = rows(
+        postgres_url,
+        "select phase, host, outcome from attempts where task_id = :task order by id",
+        task=task,
+    )
+    assert [p for p, _, o in steps if o == "succeeded"] == [
+        "implementation", "publish", "ci", "review", "merge"
+    ]  # fmt: skip
+    assert steps[0][1] == "host-a"  # implemented there, and
+    assert [h for p, h, _ in steps if p == "publish"] == ["host-a"]  # published there
+    assert run_process("--json", "--state-dir", str(state_b), "status").exit_code == 0
