@@ -45,18 +45,6 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-# The advisory lock every PostgreSQL write transaction takes first ("aiw" "write").
-WRITE_LOCK_KEY = 0x616977_7772697465
-
-
-def driver_url(url: str) -> str:
-    """URL with its driver named: psycopg 3 for postgresql:// (the one we ship)."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
 def is_postgresql(url: str) -> bool:
     return url.startswith(("postgresql", "postgres://"))
 
@@ -278,9 +266,9 @@ class Database:
                 name = postgresql.where(self.url).replace("PostgreSQL", f"PostgreSQL {version}")
         return name, sorted(trips)[1]
 
-    def hold(self, name: str, wait_s: float = 0) -> bool:
+    def hold(self, name: str) -> bool:
         """Hold lock NAME for every controller sharing this database, until release(NAME)
-        or dispose(); False when another holds it (after WAIT_S). On PostgreSQL a session
+        or dispose(); False when another holds it. On PostgreSQL a session
         lock on a connection of its own, which the server frees when this process or its
         host goes away; SQLite serves one host, where the caller's file lock is the lock."""
         if self.sqlite or name in self._held:
@@ -288,7 +276,7 @@ class Database:
         from aiworker.store import postgresql
 
         with self.explaining():
-            connection = postgresql.try_hold(self.engine, name, wait_s)
+            connection = postgresql.try_hold(self.engine, name)
         if connection is None:
             return False
         self._held[name] = connection

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -110,27 +109,24 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), signed=True)
 
 
-def try_hold(engine: Engine, name: str, wait_s: float) -> Any | None:
-    """A connection of its own holding the named lock NAME (try again for WAIT_S), or None
-    when another session holds it: the lock lasts until that connection closes."""
+def try_hold(engine: Engine, name: str) -> Any | None:
+    """A connection of its own holding the named lock NAME, or None when another session
+    holds it: the lock lasts until that connection closes."""
     connection = engine.raw_connection()
     try:
         dbapi = connection.dbapi_connection
         dbapi.autocommit = True  # type: ignore[union-attr]
-        deadline = time.monotonic() + wait_s
-        while True:
-            row = dbapi.execute(  # type: ignore[union-attr]
-                "SELECT pg_try_advisory_lock(%s, %s)", (NAMED_LOCKS, lock_key(name))
-            ).fetchone()
-            if row[0]:
-                return connection
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
+        row = dbapi.execute(  # type: ignore[union-attr]
+            "SELECT pg_try_advisory_lock(%s, %s)", (NAMED_LOCKS, lock_key(name))
+        ).fetchone()
+        if row[0]:
+            return connection
     except BaseException:
         connection.invalidate()
         raise
-    connection.close()
+    # Discarded, not pooled: in autocommit, a write transaction on it would take the write
+    # lock and lose it with that very statement.
+    connection.invalidate()
     return None
 
 

@@ -118,7 +118,8 @@ def _abandon(
             ]
     for attempt_id, closed_phase, workspace, settings in attempts:
         with db.write() as session:
-            if finish_attempt(session, attempt_id, "abandoned", reason=reason):
+            closed = finish_attempt(session, attempt_id, "abandoned", reason=reason)
+            if closed:
                 append_event(
                     session,
                     "attempt.abandoned",
@@ -127,7 +128,8 @@ def _abandon(
                 )
         if silent is None:
             _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)
-        if closed_phase == "ci":
+        if closed and closed_phase == "ci":
+            # Only the one that closed it (two controllers may recover it at once).
             _terminal_ci_status(env, db, task_id, str(settings.get("head") or ""), reason)
     return reason
 
