@@ -40,7 +40,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "aiworker db backup --to /var/backups/aiworker.db",
         "aiworker db backup --to /var/backups/aiworker.db --with-artifacts /var/backups/artifacts",
     ),
-    "db copy": ("aiworker db copy --to postgresql://aiworker:SECRET@db.example.org/aiworker",),
+    "db copy": ("aiworker db copy --to postgresql://aiworker@db.example.org/aiworker",),
     "restore": (
         "aiworker restore --from /var/backups/aiworker.db --artifacts /var/backups/artifacts",
     ),

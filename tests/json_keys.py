@@ -36,6 +36,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "db upgrade": frozenset({"database", "before", "current", "head", "up_to_date"}),
     "db current": frozenset({"database", "before", "current", "head", "up_to_date"}),
     "db backup": frozenset({"source", "target", "bytes", "revision", "artifacts"}),
+    "db copy": frozenset({"source", "target", "revision", "rows"}),
     "scheduler tick": frozenset(
         {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
         | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}

@@ -98,7 +98,7 @@ def test_postgresql_backup_is_a_checked_dump_of_a_database_being_written(
     cli, postgres, postgres_url, tmp_path, monkeypatch
 ):
     """pg_dump's custom format while another process commits: whole transactions only,
-    checked by pg_restore, private, and the password in neither output nor argv."""
+    checked by pg_restore, private, and the password not in what the command prints."""
     configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
     assert cli("db", "upgrade").exit_code == 0
     writer = subprocess.Popen([sys.executable, "-c", WRITER, postgres_url], stdout=subprocess.PIPE)

@@ -45,7 +45,7 @@ class Controllers:
         for host in HOSTS:
             config = tmp_path / f"{host}.toml"
             config.write_text(
-                f'shares = 3\n[database]\nurl = "{self.url}"\n'
+                f'shares = 3\ncheck_interval = 10\n[database]\nurl = "{self.url}"\n'
                 f'[controller]\nid = "{host}"\nlease = {lease}\n'
                 "[scheduler.phase_commands]\n"
                 f"implement = [{json.dumps(sys.executable)}, {json.dumps(str(RECORDER))}]\n"
@@ -210,6 +210,7 @@ def test_a_database_restart_mid_tick_loses_and_doubles_nothing(controllers):
         assert time.monotonic() < deadline, "the ticks never reached the database"
         time.sleep(0.1)
     controllers.server.restart()
+    blocker.close()  # its session ended with the restart
     for _, proc in ticks:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 75, (out, err)

@@ -71,7 +71,8 @@ def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, mo
     config_a.write_text(config_a.read_text() + '[controller]\nid = "host-a"\n')
     state_a, state_b = tmp_path / "host-a", tmp_path / "host-b"
     a, b = (config_a, state_a), (config_b, state_b)
-    assert cli("--state-dir", str(state_a), "poll").exit_code == 0
+    polled = run_process("--config", str(config_a), "--state-dir", str(state_a), "poll")
+    assert polled.exit_code == 0, polled
     # Host A takes the task on its slot and implements it: the commits are A's alone.
     first = ticks_at_once([a])[0]
     [job] = first["started"]

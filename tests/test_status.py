@@ -5,10 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from aiworker.store.claims import claim
 from aiworker.store.engine import Database
 from aiworker.store.task_records import create_task, ensure_repository
-from aiworker.store.tasks import append_event
+from aiworker.store.tasks import append_event, claim
 
 
 def test_status_counts_tasks_and_shows_slots(cli, upgraded, tmp_path, state_dir):

@@ -23,14 +23,14 @@ from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
-from aiworker.store.claims import claim, claim_next
+from aiworker.store.claims import claim_next
 from aiworker.store.driver import DriverConnection, DriverStatement
 from aiworker.store.engine import Database
 from aiworker.store.models import Base, Event, Task
 from aiworker.store.postgresql import WRITE_LOCK_KEY
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
-from aiworker.store.tasks import compare_and_update
+from aiworker.store.tasks import claim, compare_and_update
 from tests.pg_fixtures import configure_database, rows
 
 

@@ -364,6 +364,12 @@ class Config(Strict):
             raise ValueError("providers: each provider may appear once")
         if self.repositories and self.forge is None:
             raise ValueError("forge: required when repositories are configured")
+        if self.controller.lease <= self.check_interval:
+            # An idle controller renews only when it ticks: it would look gone between.
+            raise ValueError(
+                f"controller.lease ({self.controller.lease} s) must be longer than "
+                f"check_interval ({self.check_interval} s)"
+            )
         return self
 
     @property

@@ -114,6 +114,11 @@ def hold_task_lock(
     try:
         if not db.hold(name):
             raise LockHeld(f"a step of task {task_id} is running on another controller")
+        # A step elsewhere whose lock the database lost (it restarted) still runs while its
+        # controller renews: its open attempt says so.
+        elsewhere = _running_elsewhere(db, task_id)
+        if elsewhere is not None:
+            raise LockHeld(f"a step of task {task_id} is running on controller {elsewhere}")
         with db.read_connection() as connection:
             now = task_state(connection, task_id)
         if now != (state, version):
@@ -125,6 +130,22 @@ def hold_task_lock(
             lock.release()
         raise
     return lock
+
+
+def _running_elsewhere(db: Database, task_id: int) -> str | None:
+    """Another controller that has an open attempt of TASK_ID and still renews."""
+    from datetime import timedelta
+
+    from aiworker.store.attempts import open_attempts
+    from aiworker.store.controllers import last_seen, silent_since
+    from aiworker.store.tables import utcnow
+
+    with db.read() as session:
+        hosts = {a.host for a in open_attempts(session, task_id) if a.host not in (None, db.host)}
+        seen = last_seen(session.connection()) if hosts else {}
+    lease, now = timedelta(seconds=db.lease_s), utcnow()
+    alive = [h for h in sorted(hosts) if h and silent_since(seen, h, lease, now) is None]
+    return alive[0] if alive else None
 
 
 def state_dir_mode(path: Path) -> int | None:

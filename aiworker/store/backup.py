@@ -9,7 +9,9 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import fsync_directory
+from aiworker.store.engine import is_postgresql
 
 
 def read_only_uri(path: Path) -> str:
@@ -96,3 +98,13 @@ def snapshot_revision(snapshot: Path) -> str | None:
         return None if row is None else str(row[0])
     finally:
         db.close()
+
+
+def dump_server(url: str, target: Path) -> tuple[str, int]:
+    """The server database at URL dumped to TARGET (new) with its own tool, checked:
+    (where it is, the dump's size). Only PostgreSQL is a server here."""
+    from aiworker.store import postgresql
+
+    if not is_postgresql(url):
+        raise InvalidInput("db backup needs a SQLite file or a PostgreSQL database")
+    return postgresql.where(url), postgresql.dump(url, target)

@@ -9,7 +9,6 @@ whose slot holds it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Insert, Update, bindparam, case, insert, literal, select, update
@@ -25,36 +24,9 @@ from aiworker.store.tasks import (
     INSERT_EVENT,
     TASK_KINDS,
     Executor,
-    Writer,
     append_event,
-    compare_and_update,
     connection_of,
 )
-
-
-def claim(
-    session: Writer,
-    task_id: int,
-    expected_version: int,
-    slot: int,
-    holder_token: str,
-    *,
-    now: datetime | None = None,
-) -> bool:
-    """Claim a ready task for SLOT; False when someone else changed it first."""
-    return compare_and_update(
-        session,
-        task_id,
-        expected_version,
-        "ready",
-        "claimed",
-        actor=f"slot-{slot}",
-        kind="task.claimed",
-        data={"slot": slot, "holder": holder_token},
-        claim_slot=slot,
-        claim_token=holder_token,
-        claimed_at=now or utcnow(),
-    )
 
 
 def _claim_oldest(of_kinds: bool) -> Update:

@@ -173,9 +173,11 @@ class Database:
     @contextlib.contextmanager
     def explaining(self) -> Iterator[None]:
         """Driver failures inside as errors naming the database and what to do."""
+        # The claim path runs on the driver's own cursor: its errors are the driver's.
+        driver = getattr(self.engine.dialect.loaded_dbapi, "OperationalError", OperationalError)
         try:
             yield
-        except (OperationalError, sqlite3.OperationalError) as exc:
+        except (OperationalError, sqlite3.OperationalError, driver) as exc:
             named = explained(self.url, exc)
             if named is None:
                 raise
@@ -229,8 +231,13 @@ class Database:
                 dbapi.commit()  # type: ignore[union-attr]
             except BaseException:
                 # Also when COMMIT itself fails: the kept connection must not stay in a
-                # transaction.
-                dbapi.rollback()  # type: ignore[union-attr]
+                # transaction. One the server dropped is replaced at the next claim.
+                if self.sqlite or not dbapi.closed:  # type: ignore[union-attr]
+                    dbapi.rollback()  # type: ignore[union-attr]
+                else:
+                    self._driver_connections.remove(pooled)
+                    self._driver.pooled = None
+                    pooled.invalidate()
                 raise
 
     @contextlib.contextmanager

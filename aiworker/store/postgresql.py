@@ -157,14 +157,9 @@ def _libpq_environment(url: str) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "PGCONNECT_TIMEOUT": str(CONNECT_TIMEOUT_S)}
     if parsed.password:
         env["PGPASSWORD"] = str(parsed.password)
-    args = [
-        f"--host={parsed.host or 'localhost'}",
-        f"--port={parsed.port or 5432}",
-        f"--dbname={parsed.database}",
-    ]
-    if parsed.username:
-        args.append(f"--username={parsed.username}")
-    return args, env
+    # The URL as the application uses it (a socket folder, sslmode, ...), less its password.
+    bare = parsed.set(drivername="postgresql", password=None)
+    return [f"--dbname={bare.render_as_string(hide_password=False)}"], env
 
 
 def dump(url: str, target: Path) -> int:

@@ -175,6 +175,31 @@ def compare_and_update(
     return True
 
 
+def claim(
+    session: Writer,
+    task_id: int,
+    expected_version: int,
+    slot: int,
+    holder_token: str,
+    *,
+    now: datetime | None = None,
+) -> bool:
+    """Claim a ready task for SLOT; False when someone else changed it first."""
+    return compare_and_update(
+        session,
+        task_id,
+        expected_version,
+        "ready",
+        "claimed",
+        actor=f"slot-{slot}",
+        kind="task.claimed",
+        data={"slot": slot, "holder": holder_token},
+        claim_slot=slot,
+        claim_token=holder_token,
+        claimed_at=now or utcnow(),
+    )
+
+
 def task_state(session: Writer, task_id: int) -> tuple[str, int] | None:
     """(state, version) of TASK_ID as this transaction sees it."""
     row = _STATE_OF.execute(_driver(session), {"task_id": task_id}).fetchone()

@@ -20,9 +20,10 @@ import os
 import sys
 import time
 
-from aiworker.store.claims import claim, claim_next
+from aiworker.store.claims import claim_next
 from aiworker.store.engine import Database
 from aiworker.store.task_records import ready_tasks
+from aiworker.store.tasks import claim
 
 
 def main() -> None:

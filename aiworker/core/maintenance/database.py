@@ -13,8 +13,8 @@ from aiworker.core.report import Report
 from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
-from aiworker.store.backup import backup_sqlite, snapshot_digests, snapshot_revision
-from aiworker.store.engine import is_postgresql, sqlite_path
+from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
+from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
         _new_directory(artifacts, "--with-artifacts")
     source = sqlite_path(env.database_url)
     if source is None:
-        return _dump_postgresql(env, target, artifacts)
+        return _dump_server(env, target, artifacts)
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
     revision = database_revision(env).current
@@ -132,20 +132,17 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     return report
 
 
-def _dump_postgresql(env: Environment, target: Path, artifacts: Path | None) -> BackupReport:
-    from aiworker.store.postgresql import dump, where
-
-    if not is_postgresql(env.database_url):
-        raise InvalidInput("db backup needs a SQLite file or a PostgreSQL database")
+def _dump_server(env: Environment, target: Path, artifacts: Path | None) -> BackupReport:
+    """A database on a server, dumped with the server's own tool."""
     if artifacts is not None:
         raise InvalidInput(
             "--with-artifacts pairs payloads with a SQLite snapshot for `aiworker restore`; "
-            f"on PostgreSQL copy {env.state_dir / 'artifacts'} beside the dump"
+            f"with a database server copy {env.state_dir / 'artifacts'} beside the dump"
         )
     revision = database_revision(env).current
-    size = dump(env.database_url, target)
-    log.info("dumped %s to %s (%d bytes)", where(env.database_url), target, size)
-    return BackupReport(where(env.database_url), target, size, revision)
+    source, size = dump_server(env.database_url, target)
+    log.info("dumped %s to %s (%d bytes)", source, target, size)
+    return BackupReport(source, target, size, revision)
 
 
 MANIFEST = "manifest.json"  # written last: a folder without it is no finished backup

@@ -64,6 +64,9 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     starting = not paused and report.poll_error is None and not _short_of_space(env, report)
     db = env.open_database()
     try:
+        # First, before any claim: the other controllers see this one alive.
+        with db.transaction() as connection:
+            renew(connection, env.controller_id)
         own = _free_slots(env, report)
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
@@ -90,8 +93,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.transaction() as connection:
-            # This host's sign of life for the others (a claim made here is one until then).
-            renew(connection, env.controller_id)
+            renew(connection, env.controller_id)  # and after what may have taken long
             append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
             _prune(connection, config.housekeeping)
     finally:
