@@ -100,54 +100,6 @@ def hold_job_lock(env: Environment, name: str) -> FileLock | None:
     return lock
 
 
-def hold_task_lock(
-    env: Environment, db: Database, task_id: int, state: str, version: int
-) -> FileLock | None:
-    """hold_job_lock for task-TASK_ID's step, for every controller sharing the database:
-    the lock is also held there (another host may run the same step), and the task must
-    still be at STATE and VERSION once it is held (a step that finished meanwhile moved
-    it on). Returns what hold_job_lock returns."""
-    from aiworker.store.tasks import task_state
-
-    name = f"task-{task_id}"
-    lock = hold_job_lock(env, name)
-    try:
-        if not db.hold(name):
-            raise LockHeld(f"a step of task {task_id} is running on another controller")
-        # A step elsewhere whose lock the database lost (it restarted) still runs while its
-        # controller renews: its open attempt says so.
-        elsewhere = _running_elsewhere(db, task_id)
-        if elsewhere is not None:
-            raise LockHeld(f"a step of task {task_id} is running on controller {elsewhere}")
-        with db.read_connection() as connection:
-            now = task_state(connection, task_id)
-        if now != (state, version):
-            found = "gone" if now is None else f"{now[0]} at version {now[1]}"
-            raise LockHeld(f"task {task_id} moved on ({found}) before its step began")
-    except BaseException:
-        db.release(name)
-        if lock is not None:
-            lock.release()
-        raise
-    return lock
-
-
-def _running_elsewhere(db: Database, task_id: int) -> str | None:
-    """Another controller that has an open attempt of TASK_ID and still renews."""
-    from datetime import timedelta
-
-    from aiworker.store.attempts import open_attempts
-    from aiworker.store.controllers import last_seen, silent_since
-    from aiworker.store.tables import utcnow
-
-    with db.read() as session:
-        hosts = {a.host for a in open_attempts(session, task_id) if a.host not in (None, db.host)}
-        seen = last_seen(session.connection()) if hosts else {}
-    lease, now = timedelta(seconds=db.lease_s), utcnow()
-    alive = [h for h in sorted(hosts) if h and silent_since(seen, h, lease, now) is None]
-    return alive[0] if alive else None
-
-
 def state_dir_mode(path: Path) -> int | None:
     try:
         return os.stat(path).st_mode & 0o777

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -14,6 +15,25 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def new_file(target: Path) -> Iterator[Path]:
+    """A private (0600) temporary file beside TARGET to build it in. When the block ends
+    without an error it is synced and linked into place as TARGET (which must not exist:
+    FileExistsError); it is removed either way, so TARGET is absent or complete."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.link(tmp, target)
+        fsync_directory(target.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> None:

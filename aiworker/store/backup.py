@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
 from aiworker.errors import InvalidInput
-from aiworker.runtime.atomic import fsync_directory
+from aiworker.runtime.atomic import new_file
 from aiworker.store.engine import is_postgresql
 
 
@@ -26,11 +23,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
     The copy is built in a private temp file beside TARGET and linked into
     place, so TARGET either does not exist or is complete. Returns its size.
     """
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        os.chmod(tmp, 0o600)
+    with new_file(target) as tmp:
         src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
         try:
             src.execute("PRAGMA busy_timeout = 30000")
@@ -45,14 +38,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
                 dst.close()
         finally:
             src.close()
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.link(tmp, target)
-        fsync_directory(target.parent)
-        return target.stat().st_size
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    return target.stat().st_size
 
 
 def snapshot_digests(snapshot: Path) -> set[str]:

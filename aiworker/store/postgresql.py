@@ -3,12 +3,10 @@ explained, and backups through pg_dump. Nothing above store/ imports this."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 
 from aiworker.errors import AiworkerError, ConfigInvalid, LockHeld, StateUnusable, Unavailable
-from aiworker.runtime.atomic import fsync_directory
+from aiworker.runtime.atomic import new_file
 
 # The advisory lock every write transaction takes first ("aiwwrite"): transaction-scoped,
 # freed by COMMIT or ROLLBACK, and by the server when a client dies. Migrations run in one
@@ -166,11 +164,7 @@ def dump(url: str, target: Path) -> int:
     """pg_dump the database at URL to TARGET (which must not exist) in custom format, built
     beside it, checked with `pg_restore --list`, then linked into place; returns its size."""
     args, env = _libpq_environment(url)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        os.chmod(tmp, 0o600)
+    with new_file(target) as tmp:
         done = subprocess.run(
             [_client("pg_dump"), "--format=custom", "--no-password", f"--file={tmp}", *args],
             env=env,
@@ -185,11 +179,4 @@ def dump(url: str, target: Path) -> int:
         )
         if listed.returncode != 0 or "TABLE DATA public tasks" not in listed.stdout:
             raise Unavailable(f"pg_restore cannot read the dump of {where(url)}; nothing kept")
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.link(tmp, target)
-        fsync_directory(target.parent)
-        return target.stat().st_size
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    return target.stat().st_size

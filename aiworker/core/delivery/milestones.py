@@ -18,7 +18,7 @@ running its milestones. It reads the issue's timeline each time:
 from __future__ import annotations
 
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment, hold_task_lock
+from aiworker.core.context import Environment
 from aiworker.core.delivery.plan_approval import (
     Plan,
     PlanStepReport,
@@ -34,6 +34,7 @@ from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.scheduling.launcher import follow_up_if_asked
+from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.milestones import (
     checks_of,

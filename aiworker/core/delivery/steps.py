@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from aiworker.core.context import Environment, hold_task_lock
+from aiworker.core.context import Environment
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
+from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database

@@ -21,7 +21,7 @@ from typing import Any
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment, hold_task_lock
+from aiworker.core.context import Environment
 from aiworker.core.delivery.pull import Delivery, load_delivery, move, pull_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.guests.backends import backend_for
@@ -39,6 +39,7 @@ from aiworker.core.phases.review_decisions import (
 from aiworker.core.report import Report
 from aiworker.core.scheduling.launcher import follow_up_if_asked
 from aiworker.core.tasks.budgets import budget_spent, land_after_failure
+from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.core.tasks.repairs import RepairRequest, request_repair
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE

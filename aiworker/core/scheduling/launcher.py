@@ -153,7 +153,9 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
     lock itself (starting an active unit again is a no-op)."""
     with db.read_connection() as connection:
         waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
-    elsewhere = _published_elsewhere(env, db, [t for t, state, _ in waiting if state == PUBLISH])
+    from aiworker.core.tasks.hosts import published_elsewhere
+
+    elsewhere = published_elsewhere(env, db, [t for t, state, _ in waiting if state == PUBLISH])
     units = env.loaded.config.scheduler.launcher == "systemd"
     started: list[dict[str, Any]] = []
     for task_id, state, kind in waiting:
@@ -182,28 +184,6 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
 # The step that needs the host where the work was done: its commits are not on the forge
 # yet, only in that controller's git cache and artifact store.
 PUBLISH = "implemented"
-
-
-def _published_elsewhere(env: Environment, db: Database, task_ids: list[int]) -> set[int]:
-    """Of TASK_IDS, those whose work another controller did and can still publish (it
-    renews its sign of life; one gone past its lease leaves them to any host)."""
-    if not task_ids:
-        return set()
-    from datetime import timedelta
-
-    from aiworker.store.attempts import work_hosts
-    from aiworker.store.controllers import last_seen, silent_since
-    from aiworker.store.tables import utcnow
-
-    with db.read() as session:
-        hosts = work_hosts(session, task_ids)
-        seen = last_seen(session.connection())
-    lease, now = timedelta(seconds=db.lease_s), utcnow()
-    return {
-        task
-        for task, host in hosts.items()
-        if host != env.controller_id and silent_since(seen, host, lease, now) is None
-    }
 
 
 def step_unit(task_id: int) -> str:

@@ -1,0 +1,133 @@
+"""Closing what a dead job left: its open attempts end `abandoned` with a diagnostic (the
+last recorded event and the tail of the task's log), what it left running on this host is
+killed and its workspace removed with the reason recorded, and a CI run's `pending`
+status gets its terminal `error`. Deciding which job is dead is recovery.py's part."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from aiworker.core.context import Environment
+from aiworker.core.scheduling.launcher import task_log
+from aiworker.core.tasks.states import TaskState
+from aiworker.runtime.attempts import remove_attempt
+from aiworker.runtime.reaper import signal_all, tagged_processes
+from aiworker.secrets import redact
+from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
+from aiworker.store.cleanup import record_cleanup
+from aiworker.store.engine import Database
+from aiworker.store.task_records import last_task_event
+from aiworker.store.tasks import append_event
+
+LOG_TAIL_BYTES = 2000
+
+
+def diagnostic(env: Environment, db: Database, task_id: int) -> str:
+    """What was last recorded for the task, and the tail of its log (secrets masked)."""
+    with db.read() as session:
+        event = last_task_event(session, task_id)
+    last = "nothing" if event is None else f"{event.kind} at {event.created_at.isoformat()}"
+    path = task_log(env, task_id)
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+            tail = handle.read().decode(errors="replace").strip()
+    except OSError:
+        tail = ""
+    text = f"last recorded: {last}" + (f"; log tail: {tail[-LOG_TAIL_BYTES:]}" if tail else "")
+    return redact(text)
+
+
+def abandon(
+    env: Environment,
+    db: Database,
+    task_id: int,
+    phases: tuple[str, ...] | None,
+    phase: str,
+    silent: str | None = None,
+) -> str:
+    """Close the task's open attempts (of PHASES) as abandoned and remove what they left.
+    A job that died before it recorded an attempt gets one recorded for it (as PHASE),
+    so that its death counts against the budget like any other. SILENT: the job ran on
+    another controller, silent past its lease (says since when); what it left is on that
+    host, and nothing here is signalled or removed."""
+    died = silent or "the job's process died"
+    reason = f"{died}: " + diagnostic(env, db, task_id)
+    with db.write() as session:
+        attempts = [
+            (a.id, a.phase, a.workspace_path, dict(a.settings))
+            for a in open_attempts(session, task_id)
+            if phases is None or a.phase in phases
+        ]
+        if not attempts:
+            attempts = [
+                (start_attempt(session, task_id, phase, None, None, None, {}), phase, None, {})
+            ]
+    for attempt_id, closed_phase, workspace, settings in attempts:
+        with db.write() as session:
+            closed = finish_attempt(session, attempt_id, "abandoned", reason=reason)
+            if closed:
+                append_event(
+                    session,
+                    "attempt.abandoned",
+                    task_id=task_id,
+                    data={"attempt": attempt_id, "phase": closed_phase, "reason": reason},
+                )
+        if silent is None:
+            _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)
+        if closed and closed_phase == "ci":
+            # Only the one that closed it (two controllers may recover it at once).
+            _terminal_ci_status(env, db, task_id, str(settings.get("head") or ""), reason)
+    return reason
+
+
+def _clear_local(
+    env: Environment,
+    db: Database,
+    task_id: int,
+    closed_phase: str,
+    attempt_id: int,
+    workspace: str | None,
+) -> None:
+    """Kill what a dead job on this host left running, and remove its workspace."""
+    # The provider's processes outlive a killed phase; they carry the attempt's tag.
+    signal_all(
+        tagged_processes(
+            f"AIWORKER_ATTEMPT_ID={env.attempt_tag(closed_phase, attempt_id)}".encode()
+        ),
+        signal.SIGKILL,
+    )
+    if workspace:
+        _remove_workspace(db, task_id, Path(workspace))
+
+
+def _remove_workspace(db: Database, task_id: int, root: Path) -> None:
+    if not root.exists():
+        return
+    removed = remove_attempt(root).removed
+    with db.write() as session:
+        record_cleanup(
+            session,
+            task_id,
+            str(root),
+            "removed" if removed else "kept",
+            "an abandoned attempt's workspace and private home"
+            if removed
+            else "could not be removed",
+            None,
+        )
+
+
+def _terminal_ci_status(
+    env: Environment, db: Database, task_id: int, head: str, reason: str
+) -> None:
+    from aiworker.core.delivery.ci import post_ci_error
+    from aiworker.core.delivery.pull import load_delivery
+    from aiworker.errors import AiworkerError
+
+    try:
+        post_ci_error(env, load_delivery(db, task_id, TaskState.AWAITING_CI), head, reason)
+    except AiworkerError as exc:
+        with db.write() as session:
+            append_event(session, "ci.status_failed", task_id=task_id, data={"reason": exc.message})

@@ -1,0 +1,87 @@
+"""Whose work it is when several controllers share the database: this controller's, or
+another's that still renews its sign of life (store/controllers.py). Only a controller
+silent for longer than its lease gives up its claims, attempts and unpublished work."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.errors import LockHeld
+from aiworker.runtime.locks import FileLock
+from aiworker.store.attempts import open_attempts, work_hosts
+from aiworker.store.controllers import last_seen, silent_since
+from aiworker.store.engine import Database
+from aiworker.store.tables import utcnow
+from aiworker.store.tasks import task_state
+
+
+def ours(db: Database, host: str | None) -> bool:
+    """A claim or attempt of this controller (None: recorded before hosts were)."""
+    return host is None or host == db.host
+
+
+def gone(
+    db: Database, seen: dict[str, datetime], host: str, now: datetime, since: datetime | None
+) -> str | None:
+    """Why HOST's work is given up (it fell silent for longer than the lease), or None
+    while it still renews. SINCE: when the claim or attempt was made, a sign of life too."""
+    lease = timedelta(seconds=db.lease_s)
+    if since is not None and now - since <= lease:
+        return None
+    silent = silent_since(seen, host, lease, now)
+    if silent is None:
+        return None
+    when = "never seen" if silent.year == 1 else f"silent since {silent.isoformat()}"
+    return f"controller {host} is gone ({when}; lease {int(db.lease_s)} s)"
+
+
+def _alive(db: Database, hosts: Iterable[str]) -> set[str]:
+    """Of HOSTS (other controllers), those that still renew."""
+    with db.read_connection() as connection:
+        seen = last_seen(connection)
+    now = utcnow()
+    return {host for host in hosts if gone(db, seen, host, now, None) is None}
+
+
+def published_elsewhere(env: Environment, db: Database, task_ids: list[int]) -> set[int]:
+    """Of TASK_IDS, those whose unpublished commits another live controller holds (the
+    host of their last implementation or repair); one gone leaves them to any host."""
+    if not task_ids:
+        return set()
+    with db.read() as session:
+        hosts = {t: h for t, h in work_hosts(session, task_ids).items() if h != env.controller_id}
+    alive = _alive(db, set(hosts.values())) if hosts else set()
+    return {task for task, host in hosts.items() if host in alive}
+
+
+def hold_task_lock(
+    env: Environment, db: Database, task_id: int, state: str, version: int
+) -> FileLock | None:
+    """hold_job_lock for task-TASK_ID's step, for every controller sharing the database:
+    the lock is also held there (another host may run the same step); no other live
+    controller may have an open attempt of the task (a step whose lock the database lost
+    in a restart still runs); and the task must still be at STATE and VERSION once held
+    (a step that finished meanwhile moved it on). Returns what hold_job_lock returns."""
+    name = f"task-{task_id}"
+    lock = hold_job_lock(env, name)
+    try:
+        if not db.hold(name):
+            raise LockHeld(f"a step of task {task_id} is running on another controller")
+        with db.read() as session:
+            hosts = {a.host for a in open_attempts(session, task_id) if not ours(db, a.host)}
+        running = sorted(_alive(db, {h for h in hosts if h})) if hosts else []
+        if running:
+            raise LockHeld(f"a step of task {task_id} is running on controller {running[0]}")
+        with db.read_connection() as connection:
+            now = task_state(connection, task_id)
+        if now != (state, version):
+            found = "gone" if now is None else f"{now[0]} at version {now[1]}"
+            raise LockHeld(f"task {task_id} moved on ({found}) before its step began")
+    except BaseException:
+        db.release(name)
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
