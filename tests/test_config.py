@@ -258,3 +258,21 @@ def test_two_concurrent_writers_cannot_both_win(tmp_path):
         run_process("--json", "--config", str(path), "config", "show").json()["revision"]
         == winner["revision"]
     )
+
+
+def test_controller_lease_follows_a_long_check_interval_unless_set(cli, tmp_path):
+    """An idle controller renews only when it ticks: without a lease of its own, a long
+    check interval lengthens the lease; a lease set shorter than the interval is refused."""
+    from aiworker.config.models import Config
+
+    assert Config(check_interval=60).controller_lease == 300
+    assert Config().controller_lease == 3 * Config().check_interval
+    assert Config(check_interval=600).controller_lease == 1800
+    assert Config(check_interval=600, controller={"lease": 900}).controller_lease == 900
+    config = tmp_path / "config.toml"
+    config.write_text("check_interval = 600\n")
+    assert cli("--config", str(config), "config", "validate").exit_code == 0
+    config.write_text("check_interval = 600\n[controller]\nlease = 300\n")
+    result = cli("--config", str(config), "config", "validate")
+    assert result.exit_code == 2, result
+    assert "controller.lease (300 s) must be longer than check_interval (600 s)" in result.stderr

@@ -205,14 +205,18 @@ class Database(Strict):
         return value
 
 
+DEFAULT_LEASE = 300
+
+
 class Controller(Strict):
     """This host among the controllers that share one (PostgreSQL) database."""
 
     # None means the host name. Claims and attempts record it; status shows it.
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")] | None = None
     # Seconds another controller waits after this one's last sign of life (every tick and
-    # every running job renews it) before it recovers this one's claims and attempts.
-    lease: Annotated[int, Field(ge=10, le=86_400)] = 300
+    # every running job renews it) before it recovers this one's claims and attempts. None
+    # means 300 s, or three check intervals when those are longer (Config.controller_lease).
+    lease: Annotated[int, Field(ge=10, le=86_400)] | None = None
 
 
 class Labels(Strict):
@@ -364,13 +368,20 @@ class Config(Strict):
             raise ValueError("providers: each provider may appear once")
         if self.repositories and self.forge is None:
             raise ValueError("forge: required when repositories are configured")
-        if self.controller.lease <= self.check_interval:
+        if self.controller.lease is not None and self.controller.lease <= self.check_interval:
             # An idle controller renews only when it ticks: it would look gone between.
             raise ValueError(
                 f"controller.lease ({self.controller.lease} s) must be longer than "
                 f"check_interval ({self.check_interval} s)"
             )
         return self
+
+    @property
+    def controller_lease(self) -> int:
+        """The lease as set, else one an idle controller's ticks renew in time."""
+        if self.controller.lease is not None:
+            return self.controller.lease
+        return max(DEFAULT_LEASE, 3 * self.check_interval)
 
     @property
     def effective_weekly_reserve(self) -> float:

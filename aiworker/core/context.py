@@ -75,8 +75,8 @@ class Environment:
             self.ensure_state_dir()
         if path is not None and path.exists():
             probe_file(path)
-        controller = self.loaded.config.controller
-        db = Database(self.database_url, host=self.controller_id, lease_s=controller.lease)
+        lease = self.loaded.config.controller_lease
+        db = Database(self.database_url, host=self.controller_id, lease_s=lease)
         if require_current:
             try:
                 ensure_current(db)
