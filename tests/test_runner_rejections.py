@@ -134,4 +134,98 @@ def test_schema_command(cli):
         assert schema["additionalProperties"] is False
     request_schema = cli("runner", "schema", "request").json()
     assert request_schema["properties"]["contract"]["const"] == "ait.runner.native-job.v3"
+    argv = request_schema["$defs"]["Command"]["properties"]["argv"]
+    assert argv["prefixItems"] == [{"const": "./ci/run"}]
+    assert argv["items"]["pattern"] == "^[^\x00]*$"
     assert cli("runner", "schema", "bogus").exit_code == 2
+
+
+def _remote(source):
+    return {"kind": "remote_snapshot", "repository_index": 1, "repository_name": "r"}
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "field", "says"),
+    [
+        (lambda d: d.update(timeout_ms=True), "invalid_field", "timeout_ms", "integer"),
+        (lambda d: d.update(timeout_ms="5000"), "invalid_field", "timeout_ms", "integer"),
+        (lambda d: d.update(timeout_ms=5000.0), "invalid_field", "timeout_ms", "integer"),
+        (
+            lambda d: d.update(timeout_ms=8 * 24 * 3600 * 1000),
+            "invalid_field",
+            "timeout_ms",
+            "at most",
+        ),
+        (lambda d: d.update(label="a\x00b"), "invalid_field", "label", "NUL"),
+        (lambda d: d.update(label=""), "invalid_field", "label", "at least 1"),
+        (
+            lambda d: d["command"].update(argv=["./ci/run", "a\x00"]),
+            "invalid_field",
+            "command.argv[1]",
+            "NUL",
+        ),
+        (
+            lambda d: d["command"].update(argv=["./ci/run.sh"]),
+            "invalid_field",
+            "command.argv[0]",
+            "./ci/run",
+        ),
+        (lambda d: d["command"].update(argv=[]), "invalid_field", "command.argv", "1 to 256"),
+        (
+            lambda d: d["command"].update(environment={"A": 1}),
+            "invalid_field",
+            "command.environment.A",
+            "string",
+        ),
+        (lambda d: d.update(command=["./ci/run"]), "invalid_field", "command", "object"),
+        (
+            lambda d: d["source"].update(kind="git"),
+            "invalid_field",
+            "source.kind",
+            "local_directory",
+        ),
+        (lambda d: d["source"].pop("kind"), "invalid_field", "source.kind", "required"),
+        (lambda d: d["source"].update(mode="copy"), "unknown_field", "source.mode", "unknown"),
+        (lambda d: d.update(source=_remote(d)), "missing_field", "source.snapshot_id", "required"),
+    ],
+)
+def test_a_refused_request_names_its_field_and_why(setup, tmp_path, change, code, field, says):
+    """The request is checked against its published JSON Schema: JSON's true is not an
+    integer, no string carries a NUL byte, and the error names the field."""
+    source, marker, attempts = setup
+    document = request(source)
+    change(document)
+    result = execute(document, source_root=tmp_path, attempt_root=attempts)
+    assert result.exit_code == 2, result
+    error = result.json()
+    assert (error["code"], error["field"]) == (code, field), error
+    assert error["message"].startswith(f"{field}: ") and says in error["message"], error
+    assert not marker.exists()
+
+
+def test_defaults_of_the_schema_reach_the_job(setup, tmp_path):
+    """A request without working_directory, environment or secret_environment runs with
+    the schema's defaults: the workspace itself, nothing added, nothing masked."""
+    source, marker, attempts = setup
+    parsed = parse_request(json.dumps(request(source)).encode())
+    assert parsed["command"] == {
+        "argv": ["./ci/run"],
+        "working_directory": ".",
+        "environment": {},
+        "secret_environment": [],
+    }
+
+
+def test_the_request_schema_says_no_more_than_is_checked(tmp_path):
+    """A keyword the runner's checker does not implement is refused when the schema is
+    loaded: the published contract cannot promise a check that is not made."""
+    from aiworker.contracts import jsonshape
+    from aiworker.contracts.native_job import REQUEST_SCHEMA_FILE
+
+    schema = json.loads(REQUEST_SCHEMA_FILE.read_text())
+    assert jsonshape.load(REQUEST_SCHEMA_FILE) == schema
+    schema["properties"]["label"]["format"] = "hostname"
+    changed = tmp_path / "schema.json"
+    changed.write_text(json.dumps(schema))
+    with pytest.raises(ValueError, match="format"):
+        jsonshape.load(changed)

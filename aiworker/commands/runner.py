@@ -35,12 +35,12 @@ def schema(
     ] = "request",
 ) -> None:
     """Print the JSON Schema of a runner contract."""
-    from aiworker.contracts.runner import SCHEMAS
+    from aiworker.contracts.runner import schema as contract_schema
     from aiworker.errors import InvalidInput
 
-    if name not in SCHEMAS:
+    if name not in SCHEMA_NAMES:
         raise InvalidInput(f"unknown schema {name!r}; choose one of {', '.join(SCHEMA_NAMES)}")
-    emit(True, SCHEMAS[name].model_json_schema())
+    emit(True, contract_schema(name))
 
 
 @app.command("execute")

@@ -1,76 +1,32 @@
-"""The runner's JSON contracts: job request, result and error."""
+"""The runner's JSON contracts as the controller checks them: result, error, delivery.
+The job request is defined by its JSON Schema (contracts/native_job.py), which a runner
+host checks without pydantic."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StrictInt, StringConstraints, field_validator
+from pydantic import Field, StrictInt, StringConstraints
 
 from aiworker.contracts.base import Contract
+from aiworker.contracts.native_job import (
+    DELIVERY_CONTRACT,
+    ENTRYPOINT_SELECTOR,
+    ERROR_CONTRACT,
+    MAX_REQUEST_BYTES,
+    REQUEST_CONTRACT,
+    RESULT_CONTRACT,
+    request_schema,
+)
 
-REQUEST_CONTRACT: Final = "ait.runner.native-job.v3"
-RESULT_CONTRACT: Final = "ait.runner.native-result.v1"
-ERROR_CONTRACT: Final = "ait.runner.error.v1"
-DELIVERY_CONTRACT: Final = "ait.runner.delivery.v1"
-ENTRYPOINT_SELECTOR = "./ci/run"
-MAX_REQUEST_BYTES = 1024 * 1024
-
-
-def _no_nul(value: str) -> str:
-    # A NUL byte cannot reach an argv, a path or an environment; refuse it here, by name.
-    if "\x00" in value:
-        raise ValueError("must not contain a NUL byte")
-    return value
-
-
-NoNul = AfterValidator(_no_nul)
-Label = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
-ShortText = Annotated[str, StringConstraints(max_length=4096), NoNul]
-PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096), NoNul]
-
-
-class LocalDirectorySource(Contract):
-    kind: Literal["local_directory"]
-    path: PathText
-
-
-class RemoteSnapshotSource(Contract):
-    kind: Literal["remote_snapshot"]
-    repository_index: Annotated[StrictInt, Field(ge=1)]
-    repository_name: Label
-    snapshot_id: Label
-    external: dict[str, ShortText] = {}
-
-
-Source = Annotated[LocalDirectorySource | RemoteSnapshotSource, Field(discriminator="kind")]
-
-
-class Command(Contract):
-    argv: Annotated[list[ShortText], Field(min_length=1, max_length=256)]
-    working_directory: PathText = "."
-    # Names and values are checked by the runner itself (runner/requests.py), with codes.
-    environment: Annotated[
-        dict[str, Annotated[str, StringConstraints(max_length=4096)]], Field(max_length=256)
-    ] = {}
-    # Names of environment variables whose values are masked in the kept tails.
-    secret_environment: Annotated[list[str], Field(max_length=256)] = []
-
-    @field_validator("argv")
-    @classmethod
-    def _selector(cls, argv: list[str]) -> list[str]:
-        if argv[0] != ENTRYPOINT_SELECTOR:
-            raise ValueError(f"argv[0] must be the logical selector {ENTRYPOINT_SELECTOR!r}")
-        return argv
-
-
-class JobRequest(Contract):
-    contract: Literal["ait.runner.native-job.v3"]
-    label: Label
-    source: Source
-    command: Command
-    # Integers, strictly, as the published schema says: no "5000", no true.
-    timeout_ms: Annotated[StrictInt, Field(ge=1, le=7 * 24 * 3600 * 1000)]
-    suite_id: Label
+__all__ = [
+    "DELIVERY_CONTRACT",
+    "ENTRYPOINT_SELECTOR",
+    "ERROR_CONTRACT",
+    "MAX_REQUEST_BYTES",
+    "REQUEST_CONTRACT",
+    "RESULT_CONTRACT",
+]
 
 
 Status = Literal["succeeded", "command_failed", "timed_out"]
@@ -180,13 +136,15 @@ class Delivery(Contract):
     accepted_at: str
 
 
-def _schemas() -> dict[str, type[Contract]]:
+def schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of the contract NAME ; KeyError for an unknown name."""
     from aiworker.contracts.agent import AgentResult
     from aiworker.contracts.continuation import Continuation
     from aiworker.contracts.snapshot import SnapshotManifest
 
-    return {
-        "request": JobRequest,
+    if name == "request":
+        return request_schema()
+    models: dict[str, type[Contract]] = {
         "result": JobResult,
         "error": RunnerError,
         "delivery": Delivery,
@@ -194,6 +152,4 @@ def _schemas() -> dict[str, type[Contract]]:
         "agent-result": AgentResult,
         "continuation": Continuation,
     }
-
-
-SCHEMAS: dict[str, type[Contract]] = _schemas()
+    return models[name].model_json_schema()

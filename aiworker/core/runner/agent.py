@@ -25,7 +25,7 @@ from typing import Any
 
 from aiworker import logs
 from aiworker.adapters.runner_api import LeaseGone, Rejected, ServerUnavailable
-from aiworker.contracts.runner import (
+from aiworker.contracts.native_job import (
     REQUEST_CONTRACT,
     JobRequest,
     Materialization,
@@ -123,15 +123,15 @@ def run_leased(
             result = run_attempt(
                 request,
                 options.settings,
-                _filler(controller, request.source, options.bounds, cancel, token),  # type: ignore[arg-type]
+                _filler(controller, _remote(request), options.bounds, cancel, token),
                 cancel=cancel,
                 keep=lambda logs: keep_logs(*sending, logs),
             )
-            ran_ms = result.duration_ms
+            ran_ms = result["duration_ms"]
             if cancel.is_set() and not keeper.lost.is_set():
                 raise RequestRejected("runner_stopped", "the runner was stopped during the job")
-            kind, status = "complete", str(result.status)
-            body: dict[str, Any] = {"result": result.document()}
+            kind, status = "complete", str(result["status"])
+            body: dict[str, Any] = {"result": result}
         except (RequestRejected, AiworkerError, OSError) as exc:
             # Whatever kept the job from running is its outcome, with the reason.
             code = getattr(exc, "code", None) or "runner_error"
@@ -159,20 +159,25 @@ def _lease_left(claimed: dict[str, Any]) -> float:
 
 
 def _check(request: JobRequest, pair: tuple[int, int]) -> JobRequest:
-    source = request.source
-    if not isinstance(source, RemoteSnapshotSource):
+    source = _remote(request)
+    if source["repository_index"] != pair[0]:
+        raise RequestRejected(
+            "repository_mismatch",
+            f"the request is for repository {source['repository_index']}, the job for {pair[0]}",
+            "source.repository_index",
+        )
+    return request
+
+
+def _remote(request: JobRequest) -> RemoteSnapshotSource:
+    source = request["source"]
+    if source["kind"] != "remote_snapshot":
         raise RequestRejected(
             "source_not_remote",
             "a fleet job must name a remote snapshot; a runner never runs a local tree",
             "source.kind",
         )
-    if source.repository_index != pair[0]:
-        raise RequestRejected(
-            "repository_mismatch",
-            f"the request is for repository {source.repository_index}, the job for {pair[0]}",
-            "source.repository_index",
-        )
-    return request
+    return source
 
 
 def deliver(
@@ -222,7 +227,7 @@ def _filler(
     lease: str,
 ) -> Callable[[Path, Path], Materialization]:
     locked: dict[str, tuple[int, str]] = {}
-    for path, ref in source.external.items():
+    for path, ref in source["external"].items():
         index, _, snapshot = ref.partition(":")
         if not index.isdigit() or not snapshot:
             raise RequestRejected(
@@ -243,9 +248,9 @@ def _filler(
                 )
 
             externals[path] = one
-        fetcher = controller.fetcher(source.repository_index, source.snapshot_id, lease)
+        fetcher = controller.fetcher(source["repository_index"], source["snapshot_id"], lease)
         written = materialise(
-            fetcher, source.snapshot_id, workspace, scratch / "main", bounds, externals
+            fetcher, source["snapshot_id"], workspace, scratch / "main", bounds, externals
         )
         if cancel.is_set():  # the lease went while the snapshot came: do not start it
             raise RequestRejected("runner_stopped", "the job was stopped before it started")

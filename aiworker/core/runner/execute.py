@@ -15,16 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiworker.contracts.runner import (
+from aiworker.contracts.native_job import (
+    RESULT_CONTRACT,
     ArtifactRef,
-    Cleanup,
-    Evidence,
     JobRequest,
-    JobResult,
     Materialization,
-    StreamEvidence,
-    SuiteRecord,
-    Termination,
 )
 from aiworker.core.runner.requests import RequestRejected, resolve_entrypoint, resolve_source
 from aiworker.runtime.attempts import (
@@ -71,12 +66,12 @@ def job_environment(
         "TMPDIR": str(home / "tmp"),
         "CI": "true",
     }
-    env.update(request.command.environment)
+    env.update(request["command"]["environment"])
     env.update(
         {
             "AIWORKER_ATTEMPT_ID": attempt_id,
             "AIWORKER_WORKSPACE": str(workspace),
-            "AIWORKER_SUITE_ID": request.suite_id,
+            "AIWORKER_SUITE_ID": request["suite_id"],
         }
     )
     return env
@@ -87,11 +82,11 @@ def execute_request(
     settings: RunnerSettings,
     on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
-) -> JobResult:
+) -> dict[str, Any]:
     """Run REQUEST, whose source is a local directory inside the source root (checked,
     with its entry point, before anything is copied)."""
     source = resolve_source(request, settings.source_root)
-    resolve_entrypoint(source, request.command.working_directory)
+    resolve_entrypoint(source, request["command"]["working_directory"])
 
     def fill(workspace: Path, _scratch: Path) -> Materialization:
         started = time.monotonic()
@@ -99,7 +94,14 @@ def execute_request(
             counts = copy_tree(source, workspace, settings.max_files, settings.max_bytes)
         except SourceTooLarge as exc:
             raise RequestRejected("source_too_large", str(exc), "source.path") from None
-        return Materialization(**vars(counts), duration_ms=int((time.monotonic() - started) * 1000))
+        return Materialization(
+            files=counts.files,
+            directories=counts.directories,
+            symlinks=counts.symlinks,
+            skipped_special=counts.skipped_special,
+            bytes=counts.bytes,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
 
     return run_attempt(request, settings, fill, on_event, cancel)
 
@@ -118,10 +120,10 @@ def run_attempt(
     on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
     keep: Keep | None = None,
-) -> JobResult:
+) -> dict[str, Any]:
     """One attempt: a fresh private directory, its workspace filled by FILL(workspace,
     scratch), the entry point checked there, ./ci/run run, its logs handed to KEEP, and
-    the directory removed."""
+    the directory removed. The result is an ait.runner.native-result.v1 document."""
     stale = sweep_stale_attempts(settings.attempt_root)
     if stale:
         log.info("removed %d attempt directories left by dead runners", stale)
@@ -129,20 +131,19 @@ def run_attempt(
     kept: list[ArtifactRef] = []
     try:
         materialization = fill(attempt.workspace, attempt.path / "scratch")
-        workdir, entry = resolve_entrypoint(attempt.workspace, request.command.working_directory)
+        command = request["command"]
+        workdir, entry = resolve_entrypoint(attempt.workspace, command["working_directory"])
         home = attempt.path / "home"
         (home / "tmp").mkdir(mode=0o700, parents=True)
         logs = attempt.path / "logs" if keep is not None and settings.log_bytes else None
         if logs is not None:
             logs.mkdir(mode=0o700)
         env = job_environment(request, attempt.attempt_id, attempt.workspace, home)
-        secrets = [
-            request.command.environment[n].encode() for n in request.command.secret_environment
-        ]
-        argv = [str(workdir / entry), *request.command.argv[1:]]
+        secrets = [command["environment"][n].encode() for n in command["secret_environment"]]
+        argv = [str(workdir / entry), *command["argv"][1:]]
         log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, workdir)
         limits = Limits(
-            timeout_s=request.timeout_ms / 1000,
+            timeout_s=request["timeout_ms"] / 1000,
             kill_grace_s=settings.kill_grace_s,
             drain_timeout_s=settings.drain_timeout_s,
             tail_bytes=settings.tail_bytes,
@@ -168,13 +169,13 @@ def run_attempt(
             kept = keep([(n, s.log) for n, s in streams if s.log is not None and s.truncated])
     finally:
         removal = remove_attempt(attempt.path)
-    cleanup = Cleanup(
-        removed=removal.removed,
-        attempt_path=str(attempt.path),
-        entries_removed=removal.entries,
-        duration_ms=removal.duration_ms,
-        error=removal.error,
-    )
+    cleanup = {
+        "removed": removal.removed,
+        "attempt_path": str(attempt.path),
+        "entries_removed": removal.entries,
+        "duration_ms": removal.duration_ms,
+        "error": removal.error,
+    }
     return build_result(request, attempt.attempt_id, outcome, materialization, cleanup, kept)
 
 
@@ -187,9 +188,12 @@ def build_result(
     attempt_id: str,
     outcome: Outcome,
     materialization: Materialization,
-    cleanup: Cleanup,
+    cleanup: dict[str, Any],
     artifacts: list[ArtifactRef] | None = None,
-) -> JobResult:
+) -> dict[str, Any]:
+    """The ait.runner.native-result.v1 document (checked by the controller that gets it,
+    contracts/runner.JobResult); without `artifacts` when there are none, so that a
+    controller predating the field reads it as before."""
     if outcome.timed_out:
         status = "timed_out"
     elif outcome.exit_code == 0 and outcome.spawn_error is None:
@@ -197,31 +201,33 @@ def build_result(
     else:
         status = "command_failed"
     tests = "pass" if status == "succeeded" else "fail"
-    return JobResult(
-        label=request.label,
-        suite_id=request.suite_id,
-        attempt_id=attempt_id,
-        status=status,
-        tests_status=tests,
-        exit_code=outcome.exit_code,
-        signal=outcome.signal,
-        spawn_error=outcome.spawn_error,
-        started_at=outcome.started_at.isoformat(),
-        finished_at=outcome.finished_at.isoformat(),
-        duration_ms=outcome.duration_ms,
-        suites=[
-            SuiteRecord(suite_id=request.suite_id, status=tests, duration_ms=outcome.duration_ms)
-        ],
-        materialization=materialization,
-        evidence=Evidence(
-            stdout=StreamEvidence.model_validate(outcome.stdout.as_contract()),
-            stderr=StreamEvidence.model_validate(outcome.stderr.as_contract()),
-        ),
-        termination=Termination(
-            signals_sent=outcome.signals_sent,
-            drain_timed_out=outcome.drain_timed_out,
-            leftover_processes_killed=outcome.leftover_processes_killed,
-        ),
-        cleanup=cleanup,
-        artifacts=artifacts or [],
-    )
+    suite = request["suite_id"]
+    result: dict[str, Any] = {
+        "contract": RESULT_CONTRACT,
+        "label": request["label"],
+        "suite_id": suite,
+        "attempt_id": attempt_id,
+        "status": status,
+        "tests_status": tests,
+        "exit_code": outcome.exit_code,
+        "signal": outcome.signal,
+        "spawn_error": outcome.spawn_error,
+        "started_at": outcome.started_at.isoformat(),
+        "finished_at": outcome.finished_at.isoformat(),
+        "duration_ms": outcome.duration_ms,
+        "suites": [{"suite_id": suite, "status": tests, "duration_ms": outcome.duration_ms}],
+        "materialization": dict(materialization),
+        "evidence": {
+            "stdout": outcome.stdout.as_contract(),
+            "stderr": outcome.stderr.as_contract(),
+        },
+        "termination": {
+            "signals_sent": list(outcome.signals_sent),
+            "drain_timed_out": outcome.drain_timed_out,
+            "leftover_processes_killed": outcome.leftover_processes_killed,
+        },
+        "cleanup": cleanup,
+    }
+    if artifacts:
+        result["artifacts"] = [dict(ref) for ref in artifacts]
+    return result

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from aiworker.contracts.runner import Materialization
+from aiworker.contracts.native_job import Materialization
 from aiworker.contracts.snapshot import SnapshotManifest
 from aiworker.core.runner.requests import RequestRejected
 from aiworker.runtime.gitobjects import (
@@ -96,7 +96,7 @@ def materialise(
         raise SnapshotRejected(
             "snapshot_tree_mismatch", f"the written tree is {written}, not {snapshot_id}"
         )
-    return counts.model_copy(update={"duration_ms": int((time.monotonic() - started) * 1000)})
+    return {**counts, "duration_ms": int((time.monotonic() - started) * 1000)}
 
 
 def _parse(raw: bytes, snapshot_id: str, bounds: Bounds) -> SnapshotManifest:
@@ -294,5 +294,7 @@ def _copy_blob(src: int, dst: int, offset: int, size: int, oid: str, path: str) 
 
 
 def _sum(a: Materialization, b: Materialization) -> Materialization:
-    fields = ("files", "directories", "symlinks", "skipped_special", "bytes")
-    return a.model_copy(update={k: getattr(a, k) + getattr(b, k) for k in fields})
+    total = a.copy()
+    for key in ("files", "directories", "symlinks", "skipped_special", "bytes"):
+        total[key] += b[key]
+    return total

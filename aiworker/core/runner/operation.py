@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from aiworker.contracts.runner import MAX_REQUEST_BYTES, RunnerError
+from aiworker.contracts.native_job import MAX_REQUEST_BYTES, error_document
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.core.runner.requests import RequestRejected, parse_request, resolve_source
 from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
@@ -67,7 +67,5 @@ def run_execute(
         )
         result = execute_request(request, settings)
     except RequestRejected as exc:
-        error = RunnerError(code=exc.code, message=exc.message, field=exc.field)
-        return error.model_dump(mode="json"), EXIT_INVALID
-    code = EXIT_OK if result.status == "succeeded" else EXIT_FAILED
-    return result.document(), code
+        return error_document(exc.code, exc.message, exc.field), EXIT_INVALID
+    return result, EXIT_OK if result["status"] == "succeeded" else EXIT_FAILED

@@ -11,15 +11,14 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from pydantic import ValidationError
-
-from aiworker.contracts.runner import (
+from aiworker.contracts.jsonshape import ShapeError
+from aiworker.contracts.native_job import (
     MAX_REQUEST_BYTES,
     REQUEST_CONTRACT,
     JobRequest,
-    LocalDirectorySource,
+    check_request,
 )
-from aiworker.errors import InvalidInput, key_path
+from aiworker.errors import InvalidInput
 
 RESERVED_PREFIX = "AIWORKER_"
 ENTRYPOINT_CANDIDATES = ("ci/run.sh", "ci/run")
@@ -51,30 +50,16 @@ def parse_request(raw: bytes) -> JobRequest:
             "contract",
         )
     try:
-        request = JobRequest.model_validate(document)
-    except ValidationError as exc:
-        raise _rejection(exc) from None
+        request = check_request(document)
+    except ShapeError as exc:
+        raise RequestRejected(exc.code, exc.message, exc.field) from None
     _check_environment(request)
-    _check_working_directory_text(request.command.working_directory)
+    _check_working_directory_text(request["command"]["working_directory"])
     return request
 
 
-def _rejection(exc: ValidationError) -> RequestRejected:
-    first = exc.errors(include_input=False, include_url=False)[0]
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
-    field = key_path(loc)
-    code = {"extra_forbidden": "unknown_field", "missing": "missing_field"}.get(
-        first["type"], "invalid_field"
-    )
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return RequestRejected(code, f"{field}: {message}", field)
-
-
-_UNION_TAGS = {"local_directory", "remote_snapshot"}
-
-
 def _check_environment(request: JobRequest) -> None:
-    environment = request.command.environment
+    environment = request["command"]["environment"]
     for name in environment:
         field = f"command.environment.{name}"
         if not name or "=" in name or "\0" in name:
@@ -94,7 +79,7 @@ def _check_environment(request: JobRequest) -> None:
             raise RequestRejected(
                 "environment_value_invalid", "environment values must not contain NUL"
             )
-    for name in request.command.secret_environment:
+    for name in request["command"]["secret_environment"]:
         if name not in environment:
             raise RequestRejected(
                 "secret_not_in_environment",
@@ -115,23 +100,25 @@ def _check_working_directory_text(text: str) -> None:
 
 def resolve_source(request: JobRequest, source_root: Path) -> Path:
     """The local source directory, which must lie inside SOURCE_ROOT."""
-    source = request.source
-    if not isinstance(source, LocalDirectorySource):
+    source = request["source"]
+    if source["kind"] != "local_directory":
         raise RequestRejected(
             "source_unavailable",
             "remote_snapshot sources are fetched by `runner run-job`, not `runner execute`",
             "source.kind",
         )
     root = source_root.resolve()
-    candidate = Path(source.path)
+    candidate = Path(source["path"])
     resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
     if resolved != root and root not in resolved.parents:
         raise RequestRejected(
-            "source_outside_root", f"source path {source.path!r} is outside {root}", "source.path"
+            "source_outside_root",
+            f"source path {source['path']!r} is outside {root}",
+            "source.path",
         )
     if not resolved.is_dir():
         raise RequestRejected(
-            "source_missing", f"source path {source.path!r} is not a directory", "source.path"
+            "source_missing", f"source path {source['path']!r} is not a directory", "source.path"
         )
     return resolved
 

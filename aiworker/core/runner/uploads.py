@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiworker.adapters.runner_api import CHUNK_BYTES, LeaseGone, ServerUnavailable
-from aiworker.contracts.runner import ArtifactRef
+from aiworker.contracts.native_job import ArtifactRef
 from aiworker.core.runner.controllers import Controller
 from aiworker.errors import AiworkerError, InvalidInput
 
@@ -82,29 +82,31 @@ def _send(
             if cancel.is_set():
                 raise Stopped("the runner was stopped")
             if time.monotonic() > give_up:
-                raise ServerUnavailable(f"{ref.name} was not received in time")
+                raise ServerUnavailable(f"{ref['name']} was not received in time")
             try:
                 if state is None:
-                    state = controller.artifact_state(pair, token, ref.sha256)
+                    state = controller.artifact_state(pair, token, ref["sha256"])
                     if state["received"]:
                         log.info(
                             "worker job %d/%d: %s goes on from byte %d of %d",
                             *pair,
-                            ref.name,
+                            ref["name"],
                             state["received"],
-                            ref.size,
+                            ref["size"],
                         )
                 if state["complete"]:
                     return
                 offset = int(state["received"])
                 handle.seek(offset)
                 chunk = handle.read(CHUNK_BYTES)
-                state = controller.send_chunk(pair, token, ref.sha256, (offset, ref.size), chunk)
+                state = controller.send_chunk(
+                    pair, token, ref["sha256"], (offset, ref["size"]), chunk
+                )
                 delay = 1.0
             except ServerUnavailable as exc:
                 if time.monotonic() + delay > give_up:
                     raise
-                log.info("worker job %d/%d: %s; %s goes on later", *pair, exc.message, ref.name)
+                log.info("worker job %d/%d: %s; %s goes on later", *pair, exc.message, ref["name"])
                 time.sleep(delay)
                 delay, state = min(delay * 2, BACKOFF_CAP_S), None
             except InvalidInput as exc:
