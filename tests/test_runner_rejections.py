@@ -199,14 +199,15 @@ def test_a_refused_request_names_its_field_and_why(setup, tmp_path, change, code
     assert result.exit_code == 2, result
     error = result.json()
     assert (error["code"], error["field"]) == (code, field), error
-    assert error["message"].startswith(f"{field}: ") and says in error["message"], error
+    assert error["message"].startswith(f"{field}: "), error
+    assert says in error["message"], error
     assert not marker.exists()
 
 
-def test_defaults_of_the_schema_reach_the_job(setup, tmp_path):
-    """A request without working_directory, environment or secret_environment runs with
-    the schema's defaults: the workspace itself, nothing added, nothing masked."""
-    source, marker, attempts = setup
+def test_defaults_of_the_schema_are_filled_in(setup):
+    """A request without working_directory, environment or secret_environment gets the
+    schema's defaults: the workspace itself, nothing added, nothing masked."""
+    source, _marker, _attempts = setup
     parsed = parse_request(json.dumps(request(source)).encode())
     assert parsed["command"] == {
         "argv": ["./ci/run"],
