@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -80,6 +81,12 @@ def open_attempts(session: Session, task_id: int | None = None) -> Sequence[Atte
     if task_id is not None:
         query = query.where(Attempt.task_id == task_id)
     return session.scalars(query.order_by(Attempt.id)).all()
+
+
+def attempted_since(session: Session, task_id: int, since: datetime) -> bool:
+    """Whether an attempt of TASK_ID started at or after SINCE."""
+    query = select(Attempt.id).where(Attempt.task_id == task_id, Attempt.started_at >= since)
+    return session.execute(query.limit(1)).first() is not None
 
 
 def attempts_of(session: Session, task_id: int) -> Sequence[Attempt]:

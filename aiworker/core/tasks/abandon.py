@@ -6,6 +6,7 @@ status gets its terminal `error`. Deciding which job is dead is recovery.py's pa
 from __future__ import annotations
 
 import signal
+from datetime import datetime
 from pathlib import Path
 
 from aiworker.core.context import Environment
@@ -14,7 +15,12 @@ from aiworker.core.tasks.states import TaskState
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.reaper import signal_all, tagged_processes
 from aiworker.secrets import redact
-from aiworker.store.attempts import finish_attempt, open_attempts, start_attempt
+from aiworker.store.attempts import (
+    attempted_since,
+    finish_attempt,
+    open_attempts,
+    start_attempt,
+)
 from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.task_records import last_task_event
@@ -46,12 +52,15 @@ def abandon(
     phases: tuple[str, ...] | None,
     phase: str,
     silent: str | None = None,
+    since: datetime | None = None,
 ) -> str:
     """Close the task's open attempts (of PHASES) as abandoned and remove what they left.
     A job that died before it recorded an attempt gets one recorded for it (as PHASE),
-    so that its death counts against the budget like any other. SILENT: the job ran on
-    another controller, silent past its lease (says since when); what it left is on that
-    host, and nothing here is signalled or removed."""
+    so that its death counts against the budget like any other; not when an attempt
+    started at or after SINCE (the claim's time) is already recorded: a second
+    controller recovering the same claim at the same time charges nothing again. SILENT:
+    the job ran on another controller, silent past its lease (says since when); what it
+    left is on that host, and nothing here is signalled or removed."""
     died = silent or "the job's process died"
     reason = f"{died}: " + diagnostic(env, db, task_id)
     with db.write() as session:
@@ -60,7 +69,7 @@ def abandon(
             for a in open_attempts(session, task_id)
             if phases is None or a.phase in phases
         ]
-        if not attempts:
+        if not attempts and not (since and attempted_since(session, task_id, since)):
             attempts = [
                 (start_attempt(session, task_id, phase, None, None, None, {}), phase, None, {})
             ]

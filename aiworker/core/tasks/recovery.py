@@ -97,7 +97,7 @@ def recover_slots(
             recovered.append(_release(db, row, UNSTARTED[TaskState(row.state)], silent))
             continue
         phase = _phase_of(row.state)
-        reason = abandon(env, db, row.id, None, phase, silent)
+        reason = abandon(env, db, row.id, None, phase, silent, row.claimed_at)
         state = land_after_failure(
             env,
             db,
