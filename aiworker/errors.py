@@ -53,6 +53,13 @@ class ConfigInvalid(InvalidInput):
         self.problems = problems or []
 
 
+class ControllerIdInUse(InvalidInput):
+    """Another installation renews this controller.id: both would take the other's work
+    for their own."""
+
+    code = "controller_id_in_use"
+
+
 class SchemaMismatch(InvalidInput):
     """The database schema is newer than this code, or not yet migrated."""
 

@@ -35,6 +35,17 @@ class Environment:
         return self.loaded.config.controller.id or socket.gethostname()
 
     @property
+    def controller_instance(self) -> str:
+        """Where this controller runs: two installations with one controller.id (cloned
+        hosts with one host name, two state directories) differ here."""
+        try:
+            machine = Path("/etc/machine-id").read_text(encoding="ascii").strip()[:12]
+        except (OSError, UnicodeDecodeError):
+            machine = "unknown"
+        where = self.state_dir.resolve()
+        return f"{socket.gethostname()}:{where} (machine {machine or 'unknown'})"
+
+    @property
     def locks(self) -> LockDir:
         return LockDir(self.state_dir)
 
@@ -76,7 +87,12 @@ class Environment:
         if path is not None and path.exists():
             probe_file(path)
         lease = self.loaded.config.controller_lease
-        db = Database(self.database_url, host=self.controller_id, lease_s=lease)
+        db = Database(
+            self.database_url,
+            host=self.controller_id,
+            lease_s=lease,
+            instance=self.controller_instance,
+        )
         if require_current:
             try:
                 ensure_current(db)

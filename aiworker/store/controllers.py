@@ -15,21 +15,42 @@ from datetime import datetime, timedelta
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
+from aiworker.errors import ControllerIdInUse
 from aiworker.store.engine import Database
 from aiworker.store.tables import controllers, utcnow
 
 log = logging.getLogger(__name__)
 
 
-def renew(connection: Connection, host: str, now: datetime | None = None) -> None:
-    """Record that HOST is alive now (its first renewal also records when it started), in
-    the caller's write transaction: under the write lock, update-then-insert cannot race."""
+def renew(
+    connection: Connection,
+    host: str,
+    instance: str | None = None,
+    lease: timedelta | None = None,
+    now: datetime | None = None,
+) -> None:
+    """Record that HOST, running as INSTANCE, is alive now (its first renewal also records
+    when it started), in the caller's write transaction: under the write lock,
+    read-then-write cannot race. With LEASE: refused (ControllerIdInUse) while another
+    instance renewed HOST within the lease; past it, this instance takes the id over (a
+    host whose state directory moved)."""
     now = now or utcnow()
-    changed = connection.execute(
-        update(controllers).where(controllers.c.id == host).values(seen_at=now)
-    )
-    if changed.rowcount == 0:
-        connection.execute(insert(controllers).values(id=host, seen_at=now, started_at=now))
+    row = connection.execute(
+        select(controllers.c.instance, controllers.c.seen_at).where(controllers.c.id == host)
+    ).first()
+    if row is None:
+        values = {"id": host, "seen_at": now, "started_at": now, "instance": instance}
+        connection.execute(insert(controllers).values(**values))
+        return
+    other, seen = row
+    if lease is not None and other not in (None, instance) and now - seen <= lease:
+        raise ControllerIdInUse(
+            f"controller id {host!r} is in use by another installation ({other}), which "
+            f"renewed it {max(0, int((now - seen).total_seconds()))} s ago; this one is "
+            f"{instance}. Give each controller its own controller.id in its configuration"
+        )
+    changed = {"seen_at": now} if instance is None else {"seen_at": now, "instance": instance}
+    connection.execute(update(controllers).where(controllers.c.id == host).values(**changed))
 
 
 def last_seen(connection: Connection) -> dict[str, datetime]:
@@ -71,7 +92,7 @@ class Heartbeat:
         while not self._stop.wait(self.db.lease_s / 4):
             try:
                 with self.db.transaction() as connection:
-                    renew(connection, host)
+                    renew(connection, host, self.db.instance)
             except Exception as exc:
                 log.warning("controller %s: sign of life not recorded: %s", host, exc)
 

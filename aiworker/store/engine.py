@@ -152,13 +152,17 @@ class Database:
     cannot be used as it is (read-only, locked past the busy timeout, damaged) raises an
     error naming it and what to do, not the driver's own."""
 
-    def __init__(self, url: str, host: str | None = None, lease_s: float = 300) -> None:
+    def __init__(
+        self, url: str, host: str | None = None, lease_s: float = 300, instance: str | None = None
+    ) -> None:
         self.url = url
         # The controller (controller.id) this process acts for: claims and attempts record
         # it, and its jobs renew its sign of life every quarter of LEASE_S. None: a tool or
-        # test that acts for no controller.
+        # test that acts for no controller. INSTANCE says where it runs (host, state
+        # directory, machine): two installations with one id are told apart by it.
         self.host = host
         self.lease_s = lease_s
+        self.instance = instance
         self.engine = make_engine(url)
         self.sqlite = is_sqlite(url)
         self.write_engine = (

@@ -26,6 +26,7 @@ KNOWN_REVISIONS = (
     "0004_worker_leases",
     "0005_artifacts",
     "0006_controllers",
+    "0007_controller_instance",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 

@@ -123,6 +123,9 @@ controllers = Table(
     Column("id", String(128), primary_key=True),  # controller.id
     _at("seen_at"),
     _at("started_at"),
+    # Where it runs (host, state directory, machine id): a second installation using the
+    # same id while this one renews is refused (store/controllers.renew).
+    Column("instance", Text, nullable=True),
 )
 
 attempts = Table(

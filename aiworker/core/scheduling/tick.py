@@ -66,7 +66,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     try:
         # First, before any claim: the other controllers see this one alive.
         with db.transaction() as connection:
-            renew(connection, env.controller_id)
+            renew(connection, env.controller_id, db.instance, timedelta(seconds=db.lease_s))
         own = _free_slots(env, report)
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])
@@ -93,7 +93,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
         now = datetime.now(UTC)
         report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
         with db.transaction() as connection:
-            renew(connection, env.controller_id)  # and after what may have taken long
+            renew(connection, env.controller_id, db.instance)  # after what may have taken long
             append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
             _prune(connection, config.housekeeping)
     finally:

@@ -1,20 +1,25 @@
-"""Recovering another controller's dead claim: charged once however many recover it."""
+"""Controllers on one database: one id per installation, and another's dead claim
+recovered and charged once however many recover it."""
 
 from __future__ import annotations
 
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from aiworker.config.loader import load_config
 from aiworker.core.context import Environment
 from aiworker.core.tasks.abandon import abandon
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.recovery import recover_slots
+from aiworker.errors import ControllerIdInUse
 from aiworker.store.attempts import attempts_of
 from aiworker.store.claims import claim_next
 from aiworker.store.controllers import renew
 from aiworker.store.engine import Database
 from aiworker.store.task_records import create_task, ensure_repository, task_row
+from tests.helpers import run_process
 
 
 def controller(tmp_path, url: str, host: str) -> tuple[Environment, Database]:
@@ -40,7 +45,7 @@ def test_two_controllers_recovering_one_dead_claim_charge_it_once(upgraded, tmp_
     with a.write() as session:
         task = task_row(session, task_id)
         advance(session, task_id, "claimed", task.version, "running", "started", actor="slot-1")
-        renew(session.connection(), "host-a", datetime.now(UTC) - timedelta(hours=1))
+        renew(session.connection(), "host-a", now=datetime.now(UTC) - timedelta(hours=1))
     a.dispose()
     with sqlite3.connect(upgraded) as raw:  # the claim is as old as A's silence
         raw.execute("update tasks set claimed_at = datetime('now', '-1 hour')")
@@ -58,3 +63,44 @@ def test_two_controllers_recovering_one_dead_claim_charge_it_once(upgraded, tmp_
         assert task_row(session, task_id).state == "ready"
     db_b.dispose()
     db_c.dispose()
+
+
+def test_a_second_installation_with_the_same_controller_id_is_refused(upgraded, tmp_path):
+    """Two state directories (as two cloned hosts with one host name would be) claiming
+    one controller.id on one database: the second's tick is refused, names the id and
+    both installations, and changes nothing; with its own id it runs."""
+    url = f"sqlite:///{upgraded}"
+    states = {}
+    for name, host in (("first", "ctl"), ("second", "ctl"), ("third", "ctl-2")):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'[database]\nurl = "{url}"\n[controller]\nid = "{host}"\n')
+        states[name] = ("--state-dir", str(tmp_path / name), "--config", str(config))
+    first = run_process(*states["first"], "--json", "scheduler", "tick")
+    assert first.exit_code == 0, first
+    before = sqlite3.connect(upgraded).execute("select * from controllers").fetchall()
+    second = run_process(*states["second"], "--json", "scheduler", "tick")
+    assert second.exit_code == 2, second
+    error = second.json()["error"]
+    assert error["code"] == "controller_id_in_use"
+    assert "controller id 'ctl' is in use by another installation" in error["message"]
+    assert str(tmp_path / "first") in error["message"]
+    assert str(tmp_path / "second") in error["message"]
+    assert "own controller.id" in error["message"]
+    assert sqlite3.connect(upgraded).execute("select * from controllers").fetchall() == before
+    assert run_process(*states["first"], "--json", "scheduler", "tick").exit_code == 0
+    assert run_process(*states["third"], "--json", "scheduler", "tick").exit_code == 0
+
+
+def test_an_id_left_silent_past_its_lease_is_taken_over(upgraded):
+    """A host whose state directory moved renews its id again once the old installation
+    has been silent for the lease."""
+    db = Database(f"sqlite:///{upgraded}")
+    lease = timedelta(minutes=10)
+    now = datetime.now(UTC)
+    with db.transaction() as connection:
+        renew(connection, "ctl", "host:/old (machine a)", lease, now - timedelta(minutes=11))
+    with db.transaction() as connection:
+        renew(connection, "ctl", "host:/new (machine a)", lease, now)
+    with db.transaction() as connection, pytest.raises(ControllerIdInUse):
+        renew(connection, "ctl", "host:/old (machine a)", lease, now)
+    db.dispose()
