@@ -20,7 +20,7 @@ def test_demo_runs_end_to_end(tmp_path, engine, request):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,  # 4-5 minutes on a loaded 2-core machine
         check=False,
         env=env,
     )
