@@ -81,19 +81,26 @@ def _cases(source):
     return [
         ("invalid_field", "command.argv[1]: must not contain a NUL byte", nul_argv),
         ("invalid_field", "source.path: must not contain a NUL byte", request(f"{source}\x00x")),
+        # A lone surrogate (JSON "\ud800") cannot reach an argv, a path or an environment.
+        ("invalid_field", "source.path: must be valid Unicode", request(f"{source}\ud800")),
         (
             "invalid_field",
-            "timeout_ms: Input should be a valid integer",
+            "command.environment.\udc80: must be valid Unicode",
+            request(source, command={"environment": {"\udc80": "x"}}),
+        ),
+        (
+            "invalid_field",
+            "timeout_ms: must be an integer",
             {**base, "timeout_ms": True},
         ),
         (
             "invalid_field",
-            "timeout_ms: Input should be a valid integer",
+            "timeout_ms: must be an integer",
             {**base, "timeout_ms": "5000"},
         ),
         (
             "invalid_field",
-            "timeout_ms: Input should be a valid integer",
+            "timeout_ms: must be an integer",
             {**base, "timeout_ms": 5e3},
         ),
     ]

@@ -54,7 +54,7 @@ def test_a_snapshot_is_the_exact_tree_of_the_commit(published):
     target = tmp / "out"
     target.mkdir()
     counts = materialise(Folder(folder), tree, target, tmp / "scratch")
-    assert (counts.files, counts.symlinks) == (5, 1)
+    assert (counts["files"], counts["symlinks"]) == (5, 1)
     assert (target / "big.bin").read_bytes() == bytes(range(256)) * 40_000
     assert (target / "ci/run").stat().st_mode & 0o111
     assert (target / "src/link").readlink().as_posix() == "../big.bin"
@@ -221,5 +221,5 @@ def test_a_locked_external_tree_is_written_from_its_own_snapshot(tmp_path):
         outer, app_tree, target, scratch / "main", externals={"vendor/lib": external}
     )
     assert (target / "vendor/lib/lib.py").read_text() == "x = 1\n"
-    assert counts.files == 2
+    assert counts["files"] == 2
     assert sorted(p.name for p in target.iterdir()) == ["ci", "vendor"]

@@ -63,6 +63,13 @@ def _known(node: Any, where: str) -> None:
     unknown = set(node) - ANNOTATIONS - CHECKED
     if unknown:
         raise ValueError(f"{where}: keywords not checked by jsonshape: {sorted(unknown)}")
+    beside = set(node) - ANNOTATIONS - {"$ref", "oneOf"}
+    if ("$ref" in node or "oneOf" in node) and beside:
+        raise ValueError(f"{where}: keywords beside $ref or oneOf are not checked: {beside}")
+    if "oneOf" in node and "discriminator" not in node:
+        raise ValueError(f"{where}: a oneOf is checked only by its discriminator")
+    if node.get("type", "object") not in TYPES:
+        raise ValueError(f"{where}: type {node['type']!r} is not checked by jsonshape")
     for key, value in node.items():
         if key in ("properties", "$defs"):
             for child in value.values():
@@ -120,24 +127,28 @@ class _Checker:
         return {"$ref": mapping[value[tag]]}
 
     def _object(self, schema: dict[str, Any], value: dict[str, Any], loc: Loc) -> dict[str, Any]:
+        """Declared fields first, in the schema's order (missing, then wrong), then the
+        fields it does not declare: the first problem reported is the first declared."""
         properties: dict[str, Any] = schema.get("properties", {})
+        required = set(schema.get("required", ()))
         extra = schema.get("additionalProperties", True)
         if len(value) > schema.get("maxProperties", len(value)):
             raise ShapeError("invalid_field", loc, f"at most {schema['maxProperties']} entries")
         out = {}
+        for key, child in properties.items():
+            if key in value:
+                out[key] = self.check(child, value[key], (*loc, key))
+            elif key in required:
+                raise ShapeError("missing_field", (*loc, key), "field required")
+            elif "default" in child:
+                out[key] = copy.deepcopy(child["default"])
         for key, item in value.items():
             if key in properties:
-                out[key] = self.check(properties[key], item, (*loc, key))
-            elif extra is False:
+                continue
+            _unicode(key, (*loc, key))
+            if extra is False:
                 raise ShapeError("unknown_field", (*loc, key), "unknown field")
-            else:
-                out[key] = self.check(extra, item, (*loc, key)) if isinstance(extra, dict) else item
-        for key in schema.get("required", ()):
-            if key not in value:
-                raise ShapeError("missing_field", (*loc, key), "field required")
-        for key, child in properties.items():
-            if key not in out and "default" in child:
-                out[key] = copy.deepcopy(child["default"])
+            out[key] = self.check(extra, item, (*loc, key)) if isinstance(extra, dict) else item
         return out
 
     def _array(self, schema: dict[str, Any], value: list[Any], loc: Loc) -> list[Any]:
@@ -162,7 +173,16 @@ def _article(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
+def _unicode(value: str, loc: Loc) -> None:
+    # JSON may escape a lone surrogate ("\ud800"); no argv, path or environment holds one.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ShapeError("invalid_field", loc, "must be valid Unicode") from None
+
+
 def _string(schema: dict[str, Any], value: str, loc: Loc) -> None:
+    _unicode(value, loc)
     if len(value) < schema.get("minLength", 0):
         raise ShapeError("invalid_field", loc, f"at least {schema['minLength']} characters")
     if len(value) > schema.get("maxLength", len(value)):
