@@ -16,7 +16,7 @@ from aiworker.core.tasks.recovery import recover_slots
 from aiworker.errors import ControllerIdInUse
 from aiworker.store.attempts import attempts_of
 from aiworker.store.claims import claim_next
-from aiworker.store.controllers import renew
+from aiworker.store.controllers import last_seen, renew, silent_since
 from aiworker.store.engine import Database
 from aiworker.store.task_records import create_task, ensure_repository, task_row
 from tests.helpers import run_process
@@ -103,4 +103,22 @@ def test_an_id_left_silent_past_its_lease_is_taken_over(upgraded):
         renew(connection, "ctl", "host:/new (machine a)", lease, now)
     with db.transaction() as connection, pytest.raises(ControllerIdInUse):
         renew(connection, "ctl", "host:/old (machine a)", lease, now)
+    db.dispose()
+
+
+def test_a_controller_is_judged_by_the_longer_of_both_leases(upgraded):
+    """A controller that ticks hourly renews within its own (longer) lease: another with a
+    10-minute lease does not count it gone after 20 minutes of silence, only after its
+    own lease has passed."""
+    db = Database(f"sqlite:///{upgraded}")
+    now = datetime.now(UTC)
+    with db.transaction() as connection:
+        renew(connection, "hourly", "k1 h:/a", timedelta(hours=3), now - timedelta(minutes=20))
+        renew(connection, "quick", "k2 h:/b", timedelta(minutes=10), now - timedelta(minutes=20))
+    with db.read_connection() as connection:
+        seen = last_seen(connection)
+    mine = timedelta(minutes=10)
+    assert silent_since(seen, "hourly", mine, now) is None
+    assert silent_since(seen, "quick", mine, now) == seen["quick"].at
+    assert silent_since(seen, "hourly", mine, now + timedelta(hours=3)) == seen["hourly"].at
     db.dispose()

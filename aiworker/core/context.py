@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiworker.config.loader import LoadedConfig
 from aiworker.errors import LockHeld, StateUnusable
+from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock, LockDir
 
 if TYPE_CHECKING:
@@ -36,14 +39,21 @@ class Environment:
 
     @property
     def controller_instance(self) -> str:
-        """Where this controller runs: two installations with one controller.id (cloned
-        hosts with one host name, two state directories) differ here."""
+        """Which installation this controller is, as 'KEY WHERE': a key made once in its
+        state directory joined with the machine id (compared: two installations using one
+        controller.id differ in it, a renamed host or a moved state directory keeps it),
+        then its host and state directory (shown)."""
+        path = self.ensure_state_dir() / "controller-instance"
+        if not path.exists():
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                write_private_file(path, secrets.token_hex(8).encode(), replace=False)
+        key = path.read_text(encoding="ascii").strip()
         try:
             machine = Path("/etc/machine-id").read_text(encoding="ascii").strip()[:12]
         except (OSError, UnicodeDecodeError):
-            machine = "unknown"
-        where = self.state_dir.resolve()
-        return f"{socket.gethostname()}:{where} (machine {machine or 'unknown'})"
+            machine = ""
+        where = f"{socket.gethostname()}:{self.state_dir.resolve()}"
+        return f"{key}.{machine or 'unknown'} {where}"
 
     @property
     def locks(self) -> LockDir:

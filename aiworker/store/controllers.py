@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
@@ -31,43 +32,71 @@ def renew(
 ) -> None:
     """Record that HOST, running as INSTANCE, is alive now (its first renewal also records
     when it started), in the caller's write transaction: under the write lock,
-    read-then-write cannot race. With LEASE: refused (ControllerIdInUse) while another
+    read-then-write cannot race. LEASE (this controller's) is recorded: others wait as
+    long before they count it gone. With LEASE: refused (ControllerIdInUse) while another
     instance renewed HOST within the lease; past it, this instance takes the id over (a
     host whose state directory moved)."""
     now = now or utcnow()
     row = connection.execute(
         select(controllers.c.instance, controllers.c.seen_at).where(controllers.c.id == host)
     ).first()
+    lease_s = None if lease is None else int(lease.total_seconds())
     if row is None:
         values = {"id": host, "seen_at": now, "started_at": now, "instance": instance}
-        connection.execute(insert(controllers).values(**values))
+        connection.execute(insert(controllers).values(**values, lease_s=lease_s))
         return
     other, seen = row
-    if lease is not None and other not in (None, instance) and now - seen <= lease:
-        raise ControllerIdInUse(
-            f"controller id {host!r} is in use by another installation ({other}), which "
-            f"renewed it {max(0, int((now - seen).total_seconds()))} s ago; this one is "
-            f"{instance}. Give each controller its own controller.id in its configuration"
-        )
-    changed = {"seen_at": now} if instance is None else {"seen_at": now, "instance": instance}
+    if other is not None and instance is not None and _key(other) != _key(instance):
+        if lease is None:
+            return  # a job's heartbeat: the id went to another installation meanwhile
+        if now - seen <= lease:
+            raise ControllerIdInUse(
+                f"controller id {host!r} is in use by another installation ({_shown(other)}),"
+                f" which renewed it {max(0, int((now - seen).total_seconds()))} s ago; this "
+                f"one is {_shown(instance)}. Give each controller its own controller.id in "
+                "its configuration"
+            )
+    changed: dict[str, Any] = {"seen_at": now}
+    if instance is not None:
+        changed["instance"] = instance
+    if lease_s is not None:
+        changed["lease_s"] = lease_s
     connection.execute(update(controllers).where(controllers.c.id == host).values(**changed))
 
 
-def last_seen(connection: Connection) -> dict[str, datetime]:
-    """Each controller's last sign of life."""
-    rows = connection.execute(select(controllers.c.id, controllers.c.seen_at))
-    return {str(host): seen for host, seen in rows}
+def _key(instance: str) -> str:
+    """An instance is 'KEY WHERE': the installation's key, compared, and where it runs."""
+    return instance.split(" ", 1)[0]
+
+
+def _shown(instance: str) -> str:
+    return instance.split(" ", 1)[-1]
+
+
+class Sighting(NamedTuple):
+    at: datetime  # its last sign of life
+    lease_s: int | None  # the lease it renews within (its own controller.lease)
+
+
+def last_seen(connection: Connection) -> dict[str, Sighting]:
+    """Each controller's last sign of life, and its own lease."""
+    columns = (controllers.c.id, controllers.c.seen_at, controllers.c.lease_s)
+    return {
+        str(host): Sighting(at, lease) for host, at, lease in connection.execute(select(*columns))
+    }
 
 
 def silent_since(
-    seen: dict[str, datetime], host: str, lease: timedelta, now: datetime
+    seen: dict[str, Sighting], host: str, lease: timedelta, now: datetime
 ) -> datetime | None:
-    """When HOST fell silent, if it has been silent for longer than LEASE (never seen at
-    all counts as silent since the epoch); None while it is within its lease."""
-    at = seen.get(host)
-    if at is not None and now - at <= lease:
-        return None
-    return at or datetime.min.replace(tzinfo=now.tzinfo)
+    """When HOST fell silent, if it has been silent for longer than LEASE or its own
+    lease, whichever is longer (a controller that ticks rarely renews rarely; never seen
+    at all counts as silent since the epoch); None while it is within its lease."""
+    sighting = seen.get(host)
+    if sighting is None:
+        return datetime.min.replace(tzinfo=now.tzinfo)
+    longest = max(lease, timedelta(seconds=sighting.lease_s or 0))
+    return None if now - sighting.at <= longest else sighting.at
 
 
 class Heartbeat:

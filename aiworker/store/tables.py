@@ -126,6 +126,8 @@ controllers = Table(
     # Where it runs (host, state directory, machine id): a second installation using the
     # same id while this one renews is refused (store/controllers.renew).
     Column("instance", Text, nullable=True),
+    # Its own controller.lease in seconds: another waits at least this long for it.
+    Column("lease_s", Integer, nullable=True),
 )
 
 attempts = Table(

@@ -113,8 +113,8 @@ def _controllers(session: Session, now: datetime) -> list[dict[str, Any]]:
     return [
         {
             "id": host,
-            "seen_at": seen[host].isoformat() if host in seen else None,
-            "seen_age_s": int((now - seen[host]).total_seconds()) if host in seen else None,
+            "seen_at": seen[host].at.isoformat() if host in seen else None,
+            "seen_age_s": int((now - seen[host].at).total_seconds()) if host in seen else None,
             "claims": [
                 {"task": t.id, "slot": t.claim_slot, "state": t.state} for t in held.get(host, [])
             ],

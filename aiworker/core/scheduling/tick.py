@@ -57,16 +57,17 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     _refuse_during_maintenance(env, paused)
     if not paused:
         refuse_direct_launch_in_a_service(config.scheduler.launcher)
-    if paused:
-        report.status = "paused"
-    elif poll_forge and config.forge is not None and config.repositories:
-        _poll(env, report)
-    starting = not paused and report.poll_error is None and not _short_of_space(env, report)
     db = env.open_database()
     try:
-        # First, before any claim: the other controllers see this one alive.
+        # First, before the poll and any claim: the other controllers see this one alive,
+        # and a second installation using this controller.id is refused having done nothing.
         with db.transaction() as connection:
             renew(connection, env.controller_id, db.instance, timedelta(seconds=db.lease_s))
+        if paused:
+            report.status = "paused"
+        elif poll_forge and config.forge is not None and config.repositories:
+            _poll(env, report)
+        starting = not paused and report.poll_error is None and not _short_of_space(env, report)
         own = _free_slots(env, report)
         try:
             report.recovered = _recover(env, db, [s for s, _ in own])

@@ -11,7 +11,7 @@ from aiworker.core.context import Environment, hold_job_lock
 from aiworker.errors import LockHeld
 from aiworker.runtime.locks import FileLock
 from aiworker.store.attempts import open_attempts, work_hosts
-from aiworker.store.controllers import last_seen, silent_since
+from aiworker.store.controllers import Sighting, last_seen, silent_since
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow
 from aiworker.store.tasks import task_state
@@ -23,7 +23,7 @@ def ours(db: Database, host: str | None) -> bool:
 
 
 def gone(
-    db: Database, seen: dict[str, datetime], host: str, now: datetime, since: datetime | None
+    db: Database, seen: dict[str, Sighting], host: str, now: datetime, since: datetime | None
 ) -> str | None:
     """Why HOST's work is given up (it fell silent for longer than the lease), or None
     while it still renews. SINCE: when the claim or attempt was made, a sign of life too."""
@@ -34,7 +34,9 @@ def gone(
     if silent is None:
         return None
     when = "never seen" if silent.year == 1 else f"silent since {silent.isoformat()}"
-    return f"controller {host} is gone ({when}; lease {int(db.lease_s)} s)"
+    sighting = seen.get(host)
+    waited = max(int(db.lease_s), (sighting and sighting.lease_s) or 0)
+    return f"controller {host} is gone ({when}; lease {waited} s)"
 
 
 def _alive(db: Database, hosts: Iterable[str]) -> set[str]:
