@@ -43,11 +43,16 @@ class Environment:
         state directory joined with the machine id (compared: two installations using one
         controller.id differ in it, a renamed host or a moved state directory keeps it),
         then its host and state directory (shown)."""
-        path = self.ensure_state_dir() / "controller-instance"
-        if not path.exists():
+        path = self.state_dir / "controller-instance"
+        # Made by the first command that may write here (the tick makes its state
+        # directory first); a reader of a state directory it may not write has none.
+        if not path.exists() and os.access(self.state_dir, os.W_OK):
             with contextlib.suppress(FileExistsError):  # another process made it first
                 write_private_file(path, secrets.token_hex(8).encode(), replace=False)
-        key = path.read_text(encoding="ascii").strip()
+        try:
+            key = path.read_text(encoding="ascii").strip() or "none"
+        except (OSError, UnicodeDecodeError):
+            key = "none"
         try:
             machine = Path("/etc/machine-id").read_text(encoding="ascii").strip()[:12]
         except (OSError, UnicodeDecodeError):

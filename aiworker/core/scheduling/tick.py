@@ -57,6 +57,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     _refuse_during_maintenance(env, paused)
     if not paused:
         refuse_direct_launch_in_a_service(config.scheduler.launcher)
+    env.ensure_state_dir()  # before the database: the installation's key is made there
     db = env.open_database()
     try:
         # First, before the poll and any claim: the other controllers see this one alive,
