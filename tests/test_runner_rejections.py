@@ -140,8 +140,8 @@ def test_schema_command(cli):
     assert cli("runner", "schema", "bogus").exit_code == 2
 
 
-def _remote(source):
-    return {"kind": "remote_snapshot", "repository_index": 1, "repository_name": "r"}
+# A remote snapshot source without its snapshot_id.
+REMOTE = {"kind": "remote_snapshot", "repository_index": 1, "repository_name": "r"}
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,12 @@ def _remote(source):
         ),
         (lambda d: d["source"].pop("kind"), "invalid_field", "source.kind", "required"),
         (lambda d: d["source"].update(mode="copy"), "unknown_field", "source.mode", "unknown"),
-        (lambda d: d.update(source=_remote(d)), "missing_field", "source.snapshot_id", "required"),
+        (
+            lambda d: d.update(source=dict(REMOTE)),
+            "missing_field",
+            "source.snapshot_id",
+            "required",
+        ),
     ],
 )
 def test_a_refused_request_names_its_field_and_why(setup, tmp_path, change, code, field, says):

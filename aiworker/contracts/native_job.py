@@ -9,6 +9,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal, TypedDict
 
+from aiworker.contracts import jsonshape
+
 REQUEST_CONTRACT: Final = "ait.runner.native-job.v3"
 RESULT_CONTRACT: Final = "ait.runner.native-result.v1"
 ERROR_CONTRACT: Final = "ait.runner.error.v1"
@@ -71,15 +73,11 @@ class ArtifactRef(TypedDict):
 
 @cache
 def request_schema() -> dict[str, Any]:
-    from aiworker.contracts import jsonshape
-
     return jsonshape.load(REQUEST_SCHEMA_FILE)
 
 
 def check_request(document: Any) -> JobRequest:
     """DOCUMENT as a job request with its defaults; jsonshape.ShapeError otherwise."""
-    from aiworker.contracts import jsonshape
-
     request: JobRequest = jsonshape.validate(request_schema(), document)
     return request
 

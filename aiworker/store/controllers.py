@@ -42,8 +42,11 @@ def renew(
     ).first()
     lease_s = None if lease is None else int(lease.total_seconds())
     if row is None:
-        values = {"id": host, "seen_at": now, "started_at": now, "instance": instance}
-        connection.execute(insert(controllers).values(**values, lease_s=lease_s))
+        connection.execute(
+            insert(controllers).values(
+                id=host, seen_at=now, started_at=now, instance=instance, lease_s=lease_s
+            )
+        )
         return
     other, seen = row
     if other is not None and instance is not None and _key(other) != _key(instance):
@@ -95,8 +98,13 @@ def silent_since(
     sighting = seen.get(host)
     if sighting is None:
         return datetime.min.replace(tzinfo=now.tzinfo)
-    longest = max(lease, timedelta(seconds=sighting.lease_s or 0))
-    return None if now - sighting.at <= longest else sighting.at
+    return None if now - sighting.at <= lease_of(seen, host, lease) else sighting.at
+
+
+def lease_of(seen: dict[str, Sighting], host: str, lease: timedelta) -> timedelta:
+    """How long HOST may stay silent: LEASE (the observer's) or its own, the longer."""
+    sighting = seen.get(host)
+    return max(lease, timedelta(seconds=(sighting and sighting.lease_s) or 0))
 
 
 class Heartbeat:

@@ -11,7 +11,7 @@ from aiworker.core.context import Environment, hold_job_lock
 from aiworker.errors import LockHeld
 from aiworker.runtime.locks import FileLock
 from aiworker.store.attempts import open_attempts, work_hosts
-from aiworker.store.controllers import Sighting, last_seen, silent_since
+from aiworker.store.controllers import Sighting, last_seen, lease_of, silent_since
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow
 from aiworker.store.tasks import task_state
@@ -34,8 +34,7 @@ def gone(
     if silent is None:
         return None
     when = "never seen" if silent.year == 1 else f"silent since {silent.isoformat()}"
-    sighting = seen.get(host)
-    waited = max(int(db.lease_s), (sighting and sighting.lease_s) or 0)
+    waited = int(lease_of(seen, host, lease).total_seconds())
     return f"controller {host} is gone ({when}; lease {waited} s)"
 
 
