@@ -1,13 +1,14 @@
 """Two controllers deliver through one PostgreSQL database and one forge: each has its own
 state directory (so no file lock of one is seen by the other) and runs real ticks at the
 same moments; only the database's locks keep them apart. The task's commits are on the
-host that implemented it until published, so only that host publishes it; from there
-both race for CI, review and merge: one PR, one status of each kind, one review, one
-merge."""
+host that implemented it until published, so only that host publishes it (its first
+publish is killed right after the forge made the PR); from there both race for CI, review
+and merge: one PR, one status of each kind, one review, one merge."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,19 +29,21 @@ from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
 pytestmark = pytest.mark.slow
 
 
-def tick(config, state) -> subprocess.Popen[str]:
+def tick(config, state, failpoint: str | None = None) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "aiworker", "--json", "--config", str(config)]
     return subprocess.Popen(
         [*argv, "--state-dir", str(state), "scheduler", "tick"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # The jobs the tick starts inherit it: the failpoint kills the step that meets it.
+        env={**os.environ, **({"AIWORKER_FAILPOINT": failpoint} if failpoint else {})},
     )
 
 
-def ticks_at_once(hosts) -> list[dict]:
+def ticks_at_once(hosts, failpoint: str | None = None) -> list[dict]:
     """One tick on every host at the same moment; waits for the jobs they started."""
-    procs = [tick(config, state) for config, state in hosts]
+    procs = [tick(config, state, failpoint) for config, state in hosts]
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -78,8 +81,15 @@ def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, mo
     [job] = first["started"]
     task = job["task"]
     assert rows(postgres_url, "select state from tasks") == [("implemented",)]
-    # B's tick leaves the publish to A, whose tick is due; then both race for the rest.
+    # B's tick leaves the publish to A, whose tick is due; A's publish dies (SIGKILL)
+    # right after the forge made the PR, before anything recorded it.
     assert ticks_at_once([b])[0]["delivering"] == []
+    [crashed] = ticks_at_once([a], failpoint="publish.after_request")[0]["delivering"]
+    assert crashed["phase"] == "publish"
+    assert len(forge.client("worker-bot").pulls("team", "app", state="all")) == 1
+    assert rows(postgres_url, "select state from tasks") == [("implemented",)]
+    # Then both race for the rest: A's next tick recovers the dead step and publishes
+    # again, taking the PR it made for its own by its marker.
     for _ in range(12):
         ticks_at_once([a, b])
         if rows(postgres_url, "select state from tasks") == [("done",)]:
@@ -109,5 +119,6 @@ def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, mo
         "implementation", "publish", "ci", "review", "merge"
     ]  # fmt: skip
     assert steps[0][1] == "host-a"  # implemented there, and
-    assert [h for p, h, _ in steps if p == "publish"] == ["host-a"]  # published there
+    publishes = [(h, o) for p, h, o in steps if p == "publish"]
+    assert publishes == [("host-a", "abandoned"), ("host-a", "succeeded")]  # published there
     assert run_process("--json", "--state-dir", str(state_b), "status").exit_code == 0
