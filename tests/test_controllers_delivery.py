@@ -2,7 +2,7 @@
 state directory (so no file lock of one is seen by the other) and runs real ticks at the
 same moments; only the database's locks keep them apart. The task's commits are on the
 host that implemented it until published, so only that host publishes it (its first
-publish is killed right after the forge made the PR); from there both race for CI, review
+publish is killed at each of publish's crash points); from there both race for CI, review
 and merge: one PR, one status of each kind, one review, one merge."""
 
 from __future__ import annotations
@@ -56,7 +56,20 @@ def ticks_at_once(hosts, failpoint: str | None = None) -> list[dict]:
     return reports
 
 
-def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, monkeypatch, cli):
+# Where A's first publish dies: the PRs on the forge then, and the publish attempts in the
+# end (a publish killed before its end is recovered as abandoned and run again).
+CRASHES = {
+    "publish.before_request": (0, [("host-a", "abandoned"), ("host-a", "succeeded")]),
+    "publish.after_request": (1, [("host-a", "abandoned"), ("host-a", "succeeded")]),
+    "publish.after_record": (1, [("host-a", "succeeded")]),
+}
+
+
+@pytest.mark.parametrize("point", list(CRASHES))
+def test_two_controllers_deliver_one_task_once(
+    forge, postgres_url, tmp_path, monkeypatch, cli, point
+):
+    pulls_then, publishes_in_the_end = CRASHES[point]
     db = Database(postgres_url)
     upgrade(db)
     db.dispose()
@@ -81,15 +94,13 @@ def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, mo
     [job] = first["started"]
     task = job["task"]
     assert rows(postgres_url, "select state from tasks") == [("implemented",)]
-    # B's tick leaves the publish to A, whose tick is due; A's publish dies (SIGKILL)
-    # right after the forge made the PR, before anything recorded it.
+    # B's tick leaves the publish to A, whose tick is due; A's publish dies (SIGKILL).
     assert ticks_at_once([b])[0]["delivering"] == []
-    [crashed] = ticks_at_once([a], failpoint="publish.after_request")[0]["delivering"]
+    [crashed] = ticks_at_once([a], failpoint=point)[0]["delivering"]
     assert crashed["phase"] == "publish"
-    assert len(forge.client("worker-bot").pulls("team", "app", state="all")) == 1
-    assert rows(postgres_url, "select state from tasks") == [("implemented",)]
-    # Then both race for the rest: A's next tick recovers the dead step and publishes
-    # again, taking the PR it made for its own by its marker.
+    assert len(forge.client("worker-bot").pulls("team", "app", state="all")) == pulls_then
+    # Then both race for the rest: A's next tick recovers a dead step and publishes again,
+    # taking a PR it made for its own by its marker.
     for _ in range(12):
         ticks_at_once([a, b])
         if rows(postgres_url, "select state from tasks") == [("done",)]:
@@ -120,5 +131,5 @@ def test_two_controllers_deliver_one_task_once(forge, postgres_url, tmp_path, mo
     ]  # fmt: skip
     assert steps[0][1] == "host-a"  # implemented there, and
     publishes = [(h, o) for p, h, o in steps if p == "publish"]
-    assert publishes == [("host-a", "abandoned"), ("host-a", "succeeded")]  # published there
+    assert publishes == publishes_in_the_end  # published there
     assert run_process("--json", "--state-dir", str(state_b), "status").exit_code == 0
