@@ -34,7 +34,20 @@ def redact(text: str) -> str:
 
 
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)", re.IGNORECASE)
+# libpq also takes the password as a query parameter (postgresql://u@host/db?password=...).
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]+)", re.IGNORECASE)
 
 
 def redact_url_password(text: str) -> str:
-    return _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    return _QUERY_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
+
+
+def url_passwords(url: str) -> list[str]:
+    """The passwords a URL carries: after its user name, and as a password= parameter
+    (as written, and decoded)."""
+    from urllib.parse import unquote
+
+    found = [m.group(2) for m in _URL_PASSWORD.finditer(url)]
+    found += [m.group(2) for m in _QUERY_PASSWORD.finditer(url)]
+    return [form for value in found for form in {value, unquote(value)}]

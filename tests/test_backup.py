@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -94,12 +95,32 @@ def test_backup_without_database_is_refused(cli, tmp_path):
     assert not (tmp_path / "b.db").exists()
 
 
+def logged_clients(folder, log) -> str:
+    """A PATH whose pg_dump and pg_restore log their command lines, then run the real ones
+    (another user on the host reads a command line in /proc)."""
+    folder.mkdir()
+    for name in ("pg_dump", "pg_restore"):
+        real = shutil.which(name)
+        assert real is not None
+        wrapper = folder / name
+        wrapper.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$*" >> {log}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("form", ["user:password@", "?password="])
 def test_postgresql_backup_is_a_checked_dump_of_a_database_being_written(
-    cli, postgres, postgres_url, tmp_path, monkeypatch
+    cli, postgres, postgres_url, tmp_path, monkeypatch, form
 ):
     """pg_dump's custom format while another process commits: whole transactions only,
-    checked by pg_restore, private, and the password not in what the command prints."""
+    checked by pg_restore, private, and the password (in either place a URL carries it)
+    neither in what the command prints nor on pg_dump's command line."""
+    if form == "?password=":
+        postgres_url = postgres_url.replace(f":{postgres.password}@", "@")
+        postgres_url += f"?password={postgres.password}"
     configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
+    commands = tmp_path / "commands.log"
+    monkeypatch.setenv("PATH", logged_clients(tmp_path / "clients", commands))
     assert cli("db", "upgrade").exit_code == 0
     writer = subprocess.Popen([sys.executable, "-c", WRITER, postgres_url], stdout=subprocess.PIPE)
     try:
@@ -117,6 +138,9 @@ def test_postgresql_backup_is_a_checked_dump_of_a_database_being_written(
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert target.read_bytes()[:5] == b"PGDMP"
     assert postgres.password not in result.output
+    lines = commands.read_text()
+    assert "--dbname=postgresql://" in lines
+    assert postgres.password not in lines
     # Restored into a new database, it holds whole transactions: 20 events per commit.
     restored = postgres.create_database()
     subprocess.run(

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from aiworker.config.models import Config, Identity
 from aiworker.errors import ConfigInvalid, key_path
-from aiworker.secrets import register_secret
+from aiworker.secrets import register_secret, url_passwords
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,8 @@ def register_config_secrets(loaded: LoadedConfig) -> None:
                 register_secret(part)
     url = loaded.config.database.url
     if url:
-        match = re.match(r"^[^:]+://[^:/@]*:([^@]+)@", url)
-        if match:
-            register_secret(match.group(1))
+        for password in url_passwords(url):
+            register_secret(password)
 
 
 def identities_of(config: Config) -> list[tuple[str, Identity]]:

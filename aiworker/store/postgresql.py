@@ -153,10 +153,13 @@ def _libpq_environment(url: str) -> tuple[list[str], dict[str, str]]:
     """pg_dump's connection arguments, the password through the environment (never argv)."""
     parsed = make_url(driver_url(url))
     env = {**os.environ, "PGCONNECT_TIMEOUT": str(CONNECT_TIMEOUT_S)}
-    if parsed.password:
-        env["PGPASSWORD"] = str(parsed.password)
-    # The URL as the application uses it (a socket folder, sslmode, ...), less its password.
-    bare = parsed.set(drivername="postgresql", password=None)
+    password = parsed.password or parsed.query.get("password")
+    if password:
+        env["PGPASSWORD"] = str(password)
+    # The URL as the application uses it (a socket folder, sslmode, ...), less its password
+    # in either place (URL.set(password=None) would keep it: None there means unchanged).
+    bare = parsed._replace(drivername="postgresql", password=None)
+    bare = bare.difference_update_query(["password"])
     return [f"--dbname={bare.render_as_string(hide_password=False)}"], env
 
 
