@@ -139,6 +139,31 @@ def test_inline_token_is_refused_without_echo(cli, tmp_path):
     assert CANARY not in result.output
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (f"postgresql+psycopg2://u:{CANARY}@h/db", "the driver is psycopg"),
+        (f"mysql://u:{CANARY}@h/db", "must be sqlite:///PATH or a postgresql:// URL"),
+        (f"postgresql://u:{CANARY}@h:notaport/db", "not a well-formed PostgreSQL URL"),
+        (f"postgresql://u:{CANARY}@[::1:5432/db", "not a well-formed PostgreSQL URL"),
+        ("sqlite://relative.db", "sqlite:///PATH (three slashes)"),
+    ],
+)
+def test_a_database_url_the_store_cannot_open_is_refused_without_echo(cli, tmp_path, url, said):
+    """Refused with the key and what is wrong (exit 2), never where it is used later as an
+    unexplained driver failure, and the password in it is not repeated."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[database]\nurl = "{url}"\n')
+    result = cli("--json", "--config", str(path), "config", "validate")
+    assert result.exit_code == 2, result
+    assert "database.url" in result.stdout
+    assert said in result.stdout
+    assert CANARY not in result.output
+    status = cli("--config", str(path), "status")
+    assert status.exit_code == 2, status
+    assert CANARY not in status.output
+
+
 def test_canary_never_appears_in_output_or_logs(tmp_path, config_file):
     config_file.write_text(
         (GOOD % "x")

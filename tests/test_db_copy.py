@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from aiworker.store.attempts import start_attempt
 from aiworker.store.engine import Database
+from aiworker.store.schema import upgrade
 from aiworker.store.tables import metadata
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.pg_fixtures import configure_database, rows
+
+NUL_REASON = "the job's log ended: \x00\x00 (binary)"
 
 
 def seed(url: str) -> dict[str, int]:
@@ -23,7 +26,8 @@ def seed(url: str) -> dict[str, int]:
     from aiworker.store.attempts import finish_attempt
 
     with db.write() as session:
-        finish_attempt(session, attempt, "succeeded", reason="")
+        # A NUL (a dead job's binary log tail): SQLite keeps it, PostgreSQL's text refuses it.
+        finish_attempt(session, attempt, "succeeded", reason=NUL_REASON)
     db.dispose()
     return {"plan": plan.id}
 
@@ -47,6 +51,9 @@ def test_a_sqlite_store_moves_to_postgresql_whole(
     assert result.json()["rows"]["tasks"] == 41
     assert table_counts(postgres_url) == table_counts(sqlite_url)
     assert rows(postgres_url, "select title from tasks where issue_number = 9") == [("ü " * 50,)]
+    assert rows(postgres_url, "select reason from attempts") == [
+        (NUL_REASON.replace("\x00", "\ufffd"),)
+    ]
     # The copy is the installation now: the same tasks, and new rows continue the ids.
     configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
     assert cli("--json", "status").json()["tasks"] == before
@@ -74,3 +81,25 @@ def test_a_copy_refuses_a_database_in_use_or_running_work(cli, upgraded, postgre
     assert busy.exit_code == 75
     assert "work is running" in busy.stderr
     assert not (tmp_path / "other.db").exists()  # refused before anything was written
+
+
+def test_a_copy_writes_nothing_to_a_target_it_refuses(cli, upgraded, postgres, tmp_path):
+    """Another installation's older database, or another application's, is refused before
+    anything is written to it: not migrated, no table added."""
+    seed(f"sqlite:///{upgraded}")
+    older = postgres.url(postgres.create_database())
+    db = Database(older)
+    upgrade(db)
+    db.dispose()
+    rows(older, "update alembic_version set version_num = '0005_artifacts'")
+    refused = cli("db", "copy", "--to", older)
+    assert refused.exit_code == 2, refused
+    assert "at revision 0005_artifacts" in refused.stderr
+    assert rows(older, "select version_num from alembic_version") == [("0005_artifacts",)]
+    theirs = postgres.url(postgres.create_database())
+    rows(theirs, "create table tasks (x integer)")
+    refused = cli("db", "copy", "--to", theirs)
+    assert refused.exit_code == 2, refused
+    assert "tables of another application: tasks" in refused.stderr
+    listed = rows(theirs, "select tablename from pg_tables where schemaname = 'public'")
+    assert listed == [("tasks",)]

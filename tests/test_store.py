@@ -398,3 +398,17 @@ def test_a_readings_source_of_any_length_is_stored(store_url):
         )
     assert rows(store_url, "select source from provider_observations") == [(source,)]
     db.dispose()
+
+
+def test_a_role_that_may_not_create_tables_is_told_what_to_do(cli, postgres, tmp_path, monkeypatch):
+    """PostgreSQL 15 lets only a database's owner create in its schema public: a database
+    another role owns is refused with the fix (exit 2), not an unexplained driver error."""
+    name = f"t_{os.urandom(6).hex()}"
+    postgres.psql(f"CREATE DATABASE {name}")  # owned by postgres, not by the URL's role
+    configure_database(postgres.url(name), tmp_path / "pg.toml", monkeypatch)
+    result = cli("--json", "db", "upgrade")
+    assert result.exit_code == 2, result
+    message = result.json()["error"]["message"]
+    assert message.startswith(f"PostgreSQL at 127.0.0.1:{postgres.port}/{name} does not let")
+    assert "make the role the database's owner" in message
+    assert postgres.password not in result.output

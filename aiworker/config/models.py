@@ -112,7 +112,8 @@ class Repository(Strict):
 
 class ProviderPhaseSettings(Strict):
     enabled: bool = True
-    model: str | None = None
+    # At most what an attempt's record holds (PostgreSQL enforces it, SQLite would not).
+    model: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
@@ -199,9 +200,28 @@ class Database(Strict):
 
     @field_validator("url")
     @classmethod
-    def _scheme(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^(sqlite|postgresql)(\+\w+)?://", value):
-            raise ValueError("must start with sqlite:// or postgresql://")
+    def _url(cls, value: str | None) -> str | None:
+        """A URL the store can open: SQLite with a path, or PostgreSQL through psycopg (the
+        driver aiworker ships) with a well-formed address. Never repeated in the error: it
+        may carry a password."""
+        if value is None:
+            return value
+        if re.match(r"^sqlite(\+pysqlite)?://", value):
+            if not re.match(r"^sqlite(\+pysqlite)?:///.", value):
+                raise ValueError("a SQLite URL names its file: sqlite:///PATH (three slashes)")
+            return value
+        if not re.match(r"^postgresql(\+psycopg)?://", value):
+            raise ValueError(
+                "must be sqlite:///PATH or a postgresql:// URL naming HOST[:PORT]/DATABASE "
+                "(the driver is psycopg)"
+            )
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises for a port that is not a number in range
+        except ValueError:
+            raise ValueError(
+                "is not a well-formed PostgreSQL URL (its host, or its port as a number)"
+            ) from None
         return value
 
 

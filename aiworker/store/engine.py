@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -178,10 +178,19 @@ class Database:
     def explaining(self) -> Iterator[None]:
         """Driver failures inside as errors naming the database and what to do."""
         # The claim path runs on the driver's own cursor: its errors are the driver's.
-        driver = getattr(self.engine.dialect.loaded_dbapi, "OperationalError", OperationalError)
+        dbapi = self.engine.dialect.loaded_dbapi
+        driver = getattr(dbapi, "OperationalError", OperationalError)
+        # A privilege the role lacks is a programming error to the driver.
+        privilege = getattr(dbapi, "ProgrammingError", ProgrammingError)
         try:
             yield
-        except (OperationalError, sqlite3.OperationalError, driver) as exc:
+        except (
+            OperationalError,
+            ProgrammingError,
+            sqlite3.OperationalError,
+            driver,
+            privilege,
+        ) as exc:
             named = explained(self.url, exc)
             if named is None:
                 raise

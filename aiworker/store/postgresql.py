@@ -43,6 +43,27 @@ def _on_begin(connection: Connection) -> None:
         connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
 
 
+# PostgreSQL's text refuses the NUL character, which SQLite keeps (a dead job's log tail,
+# copied into a reason, may hold one): written as U+FFFD, the replacement character.
+NUL, REPLACEMENT = "\x00", "\ufffd"
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace(NUL, REPLACEMENT) if NUL in value else value
+    if isinstance(value, dict):
+        return {key: _without_nul(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_without_nul(item) for item in value)
+    return value
+
+
+def _text_without_nul(
+    _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+) -> tuple[str, Any]:
+    return statement, _without_nul(parameters)
+
+
 def make_engine(url: str) -> Engine:
     """An engine whose connections held with execution option `serialised` take the write
     lock as their transaction's first statement."""
@@ -55,6 +76,7 @@ def make_engine(url: str) -> Engine:
         connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
     engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     event.listen(engine, "begin", _on_begin)
+    event.listen(engine, "before_cursor_execute", _text_without_nul, retval=True)
     return engine
 
 
@@ -81,6 +103,20 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
     ("connection refused", Unavailable, "refuses connections: is the server running there?"),
     ("timeout expired", Unavailable, "did not answer in time"),
     ("could not translate host name", ConfigInvalid, "names a host that does not resolve"),
+    ("failed to resolve host", ConfigInvalid, "names a host that does not resolve"),
+    (
+        # PostgreSQL 15 lets only a database's owner create in its schema public.
+        "permission denied for schema",
+        ConfigInvalid,
+        "does not let database.url's role create aiworker's tables: make the role the "
+        "database's owner (createdb --owner ROLE; see the README's PostgreSQL section)",
+    ),
+    (
+        "permission denied",
+        ConfigInvalid,
+        "does not let database.url's role read or write aiworker's tables: use the role "
+        "that owns them, or grant it",
+    ),
     ("the database system is", Unavailable, "is starting up or shutting down; try again"),
     ("server closed the connection", Unavailable, "closed the connection; try again"),
     ("terminating connection", Unavailable, "ended the connection; try again"),

@@ -215,10 +215,10 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
                     "work is running (open attempts): pause the scheduler, let the jobs "
                     "finish, then copy"
                 )
-        upgrade(target)
-        full = occupied(target)
+        full = occupied(target)  # before anything is written there
         if full:
-            raise InvalidInput(f"--to is not empty ({', '.join(full)} hold rows); name a new one")
+            raise InvalidInput(f"--to is not empty ({'; '.join(full)}); name a new database")
+        upgrade(target)
         rows = copy_rows(source, target)
     finally:
         target.dispose()
