@@ -103,3 +103,17 @@ def test_a_copy_writes_nothing_to_a_target_it_refuses(cli, upgraded, postgres, t
     assert "tables of another application: tasks" in refused.stderr
     listed = rows(theirs, "select tablename from pg_tables where schemaname = 'public'")
     assert listed == [("tasks",)]
+
+
+def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(
+    cli, postgres_url, tmp_path, monkeypatch
+):
+    """The way back (PostgreSQL to SQLite) reads the source in one read-only snapshot."""
+    configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
+    assert cli("db", "upgrade").exit_code == 0
+    seed(postgres_url)
+    back = f"sqlite:///{tmp_path / 'back.db'}"
+    result = cli("--json", "db", "copy", "--to", back)
+    assert result.exit_code == 0, result
+    assert table_counts(back) == table_counts(postgres_url)
+    assert rows(back, "select reason from attempts") == [(NUL_REASON.replace("\x00", "\ufffd"),)]

@@ -40,7 +40,9 @@ def copy_rows(source: Database, target: Database) -> dict[str, int]:
     """Copy every row of SOURCE into TARGET in one transaction; returns rows per table.
     On PostgreSQL each id sequence then continues after the highest id copied."""
     counts: dict[str, int] = {}
-    with source.read_connection() as reading, target.transaction() as writing:
+    # One snapshot of the source: a row added between two tables' reads cannot arrive
+    # without its parent.
+    with source.read_connection(snapshot=True) as reading, target.transaction() as writing:
         for table in metadata.sorted_tables:
             counts[table.name] = 0
             ordered = select(table).order_by(*table.primary_key.columns)  # parents first

@@ -254,10 +254,18 @@ class Database:
                 raise
 
     @contextlib.contextmanager
-    def read_connection(self) -> Iterator[Connection]:
-        """A bare connection in a read transaction: no ORM on the way."""
-        with self.explaining(), self.engine.begin() as connection:
-            yield connection
+    def read_connection(self, snapshot: bool = False) -> Iterator[Connection]:
+        """A bare connection in a read transaction: no ORM on the way. SNAPSHOT: every
+        statement sees the same moment (PostgreSQL's default, READ COMMITTED, takes a new
+        snapshot per statement; a SQLite read transaction keeps its first one anyway)."""
+        with self.explaining(), self.engine.connect() as bare:
+            connection = (
+                bare.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                if snapshot and not self.sqlite
+                else bare
+            )
+            with connection.begin():
+                yield connection
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:

@@ -205,7 +205,15 @@ def dump(url: str, target: Path) -> int:
     args, env = _libpq_environment(url)
     with new_file(target) as tmp:
         done = subprocess.run(
-            [_client("pg_dump"), "--format=custom", "--no-password", f"--file={tmp}", *args],
+            # A table another session holds exclusively fails the dump instead of hanging it.
+            [
+                _client("pg_dump"),
+                "--format=custom",
+                "--no-password",
+                f"--lock-wait-timeout={LOCK_TIMEOUT_MS}",
+                f"--file={tmp}",
+                *args,
+            ],
             env=env,
             capture_output=True,
             text=True,
