@@ -35,7 +35,9 @@ def redact(text: str) -> str:
 
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)", re.IGNORECASE)
 # libpq also takes the password as a query parameter (postgresql://u@host/db?password=...).
-_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]+)", re.IGNORECASE)
+# It ends where the parameter or the quoted string holding the URL ends (a JSON document
+# stays one).
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#\s\"'\\]+)", re.IGNORECASE)
 
 
 def redact_url_password(text: str) -> str:

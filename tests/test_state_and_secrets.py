@@ -90,6 +90,21 @@ def test_escaped_forms_of_a_secret_are_masked(secret):
         assert masked.count("***") == 1, (text, masked)
 
 
+def test_a_password_in_a_urls_query_is_masked_and_a_json_document_stays_one():
+    """libpq's password= parameter in a URL nobody registered (db copy --to, say): masked
+    up to the end of the parameter, never past the string that holds the URL."""
+    document = {
+        "target": "postgresql://u@db/x?sslmode=require&password=canary-7e1d&connect_timeout=3",
+        "rows": 41,
+    }
+    masked = redact(json.dumps(document, separators=(",", ":")))
+    assert "canary-7e1d" not in masked
+    assert json.loads(masked) == {
+        "target": "postgresql://u@db/x?sslmode=require&password=***&connect_timeout=3",
+        "rows": 41,
+    }
+
+
 def test_config_show_renders_any_configuration(cli, tmp_path, monkeypatch, forge):
     assert cli("config", "show").exit_code == 0  # the built-in defaults
     configure(tmp_path, forge, monkeypatch)

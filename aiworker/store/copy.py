@@ -27,7 +27,7 @@ def occupied(target: Database) -> list[str]:
     if foreign or revision is None:
         return [f"tables of another application: {', '.join((foreign or sorted(names))[:5])}"]
     if revision != HEAD_REVISION:
-        return [f"aiworker's tables at revision {revision or 'none'}, not {HEAD_REVISION}"]
+        return [f"aiworker's tables at revision {revision}, not {HEAD_REVISION}"]
     with target.read_connection() as connection:
         return [
             f"{table.name} holds rows"
