@@ -191,6 +191,9 @@ class Database:
             driver,
             privilege,
         ) as exc:
+            refused = "permission denied" in str(exc).lower()
+            if isinstance(exc, ProgrammingError | privilege) and not refused:
+                raise  # a statement's own mistake (a missing table, say): not the setup's
             named = explained(self.url, exc)
             if named is None:
                 raise
