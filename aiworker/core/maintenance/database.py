@@ -193,7 +193,7 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
     """Copy the whole store to the empty database at TO_URL (created or migrated to this
     version's schema first), under maintenance.lock and only while no work runs: how an
     installation moves from SQLite to PostgreSQL (then point database.url at it)."""
-    from aiworker.config.models import Database as DatabaseSettings
+    from aiworker.config.database import Database as DatabaseSettings
     from aiworker.store.copy import copy_rows, occupied
     from aiworker.store.engine import Database
     from aiworker.store.tasks import has_open_attempts
