@@ -108,7 +108,8 @@ def test_a_copy_writes_nothing_to_a_target_it_refuses(cli, upgraded, postgres, t
 def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(
     cli, postgres_url, tmp_path, monkeypatch
 ):
-    """The way back (PostgreSQL to SQLite) reads the source in one read-only snapshot."""
+    """The way back, PostgreSQL to SQLite (its source read in one read-only snapshot):
+    every row arrives, and a reason that held a NUL arrives as PostgreSQL stored it."""
     configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
     assert cli("db", "upgrade").exit_code == 0
     seed(postgres_url)
