@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlalchemy import Integer, func, insert, inspect, select
 
 from aiworker.store.engine import Database
+from aiworker.store.schema import HEAD_REVISION, revision_on
 from aiworker.store.tables import metadata
 
 BATCH = 1000
@@ -16,19 +17,17 @@ def occupied(target: Database) -> list[str]:
     """What keeps TARGET from taking a copy, read before anything is written to it: the
     tables of another application, a schema at another revision than this version's, or
     tables that hold rows. Empty: no tables at all, or this version's schema, empty."""
-    from aiworker.store.schema import HEAD_REVISION, current_revision
-
-    with target.explaining(), target.engine.connect() as connection:
-        names = set(inspect(connection).get_table_names()) - {"alembic_version"}
-    if not names:
-        return []
-    revision = current_revision(target)
-    foreign = sorted(names - set(metadata.tables))
-    if foreign or revision is None:
-        return [f"tables of another application: {', '.join((foreign or sorted(names))[:5])}"]
-    if revision != HEAD_REVISION:
-        return [f"aiworker's tables at revision {revision}, not {HEAD_REVISION}"]
     with target.read_connection() as connection:
+        names = set(inspect(connection).get_table_names()) - {"alembic_version"}
+        if not names:
+            return []
+        revision = revision_on(connection)
+        foreign = sorted(names - set(metadata.tables))
+        if foreign or revision is None:
+            shown = ", ".join((foreign or sorted(names))[:5])
+            return [f"tables of another application: {shown}"]
+        if revision != HEAD_REVISION:
+            return [f"aiworker's tables at revision {revision}, not {HEAD_REVISION}"]
         return [
             f"{table.name} holds rows"
             for table in metadata.sorted_tables

@@ -114,8 +114,8 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
     (
         "permission denied",
         ConfigInvalid,
-        "does not let database.url's role read or write aiworker's tables: use the role "
-        "that owns them, or grant it",
+        "denies database.url's role a privilege aiworker needs (to connect, or to read and "
+        "write its tables): use the role that owns the database, or grant it",
     ),
     ("the database system is", Unavailable, "is starting up or shutting down; try again"),
     ("server closed the connection", Unavailable, "closed the connection; try again"),

@@ -33,10 +33,10 @@ HEAD_REVISION = KNOWN_REVISIONS[-1]
 
 def current_revision(db: Database) -> str | None:
     with db.explaining(), db.engine.connect() as conn:
-        return _revision(conn)
+        return revision_on(conn)
 
 
-def _revision(conn: Connection) -> str | None:
+def revision_on(conn: Connection) -> str | None:
     if not inspect(conn).has_table("alembic_version"):
         return None
     row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
@@ -131,7 +131,7 @@ def upgrade(db: Database) -> tuple[str | None, str]:
     # One write transaction: two hosts upgrading one PostgreSQL database take turns on the
     # write lock, and the second finds the first one's work done.
     with db.explaining(), db.write_engine.begin() as conn:
-        before = _revision(conn)
+        before = revision_on(conn)
         ensure_not_newer(before)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
