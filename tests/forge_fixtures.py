@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.sandbox.app import SandboxApp
 from aiworker.sandbox.seed import seed
-from aiworker.sandbox.server import SandboxApp, serve_in_thread
+from aiworker.sandbox.server import serve_in_thread
 from tests.forge_conformance import check_exchange
 
 GIT_ENV = {

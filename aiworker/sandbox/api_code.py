@@ -11,8 +11,8 @@ from aiworker.sandbox.protection import rule_for
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
+    from aiworker.sandbox.app import SandboxApp
     from aiworker.sandbox.gitrepo import BareRepo
-    from aiworker.sandbox.server import SandboxApp
 
 MAX_COMMITS = 50
 

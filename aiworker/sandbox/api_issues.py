@@ -11,7 +11,7 @@ from aiworker.sandbox.http import HttpError, Reply, Request, number
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 MAX_ASSET = 8 * 1024 * 1024
 

@@ -9,7 +9,7 @@ from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request, number
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 TRUE = ("true", "1")
 

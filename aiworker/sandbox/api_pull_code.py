@@ -11,7 +11,7 @@ from aiworker.sandbox.merge import MergeConflict, MergeNotPossible, update_branc
 from aiworker.sandbox.pushes import record_pushes
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 UPDATE_STYLES = ("merge", "rebase")
 

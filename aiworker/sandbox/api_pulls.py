@@ -13,7 +13,7 @@ from aiworker.sandbox.protection import merge_refusal, rule_for
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox import render_code
 from aiworker.sandbox.http import HttpError, Reply, Request, paginate
+from aiworker.sandbox.settings import SETTINGS, settings_payload
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 VERSION = "15.0.3+gitea-1.22.0"
 _COLOR = re.compile(r"^#?[0-9a-fA-F]{6}$")
@@ -18,8 +19,6 @@ STATUS_STATES = ("pending", "success", "error", "failure", "warning")
 
 
 def page(app: SandboxApp, req: Request, items: list[Any]) -> Reply:
-    from aiworker.sandbox.server import SETTINGS
-
     chunk, headers = paginate(
         req,
         items,
@@ -41,8 +40,6 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
 
     @route("GET", "/settings/api")
     def settings(_req: Request) -> Reply:
-        from aiworker.sandbox.server import settings_payload
-
         return Reply(200, settings_payload())
 
     @route("GET", "/user")

@@ -10,7 +10,7 @@ from aiworker.sandbox.http import HttpError, Reply, Request
 from aiworker.sandbox.state import now_iso
 
 if TYPE_CHECKING:
-    from aiworker.sandbox.server import SandboxApp
+    from aiworker.sandbox.app import SandboxApp
 
 REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
 
