@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from aiworker.adapters.providers.base import RunRequest
 from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
 from aiworker.adapters.providers.opencode import llama_opencode_config, opencode_command
@@ -48,14 +49,14 @@ def assert_documented(flags: set[str], text: str) -> None:
 
 def test_codex_exec_flags(bin_dir, tmp_path):
     spec = CodexProvider(tmp_path).command(
-        "implementation", "gpt-5-codex", "high", tmp_path, tmp_path / "schema.json", "x"
+        RunRequest("implementation", "gpt-5-codex", "high", tmp_path, tmp_path / "schema.json", "x")
     )
     assert_documented(flags_of(spec.argv), help_text(bin_dir / "codex", "exec", home=tmp_path))
 
 
 def test_claude_flags(bin_dir, tmp_path):
     spec = ClaudeProvider(tmp_path / ".claude").command(
-        "review", "claude-sonnet-4", "high", tmp_path, tmp_path / "schema.json", "x"
+        RunRequest("review", "claude-sonnet-4", "high", tmp_path, tmp_path / "schema.json", "x")
     )
     assert_documented(flags_of(spec.argv), help_text(bin_dir / "claude", home=tmp_path))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aiworker.adapters.providers import codex as codex_module
+from aiworker.adapters.providers.base import RunRequest
 from aiworker.adapters.providers.claude import ClaudeProvider
 from aiworker.adapters.providers.codex import CodexProvider
 from aiworker.adapters.providers.opencode import OpenCodeProvider, opencode_command
@@ -65,7 +66,7 @@ def test_codex_terminal_failures_are_classified(tmp_path, fixture, expected, rea
 
 def test_codex_runs_end_on_a_network_outage_instead_of_retrying_for_ever(tmp_path):
     spec = CodexProvider(tmp_path).command(
-        "implementation", None, None, tmp_path, tmp_path / "schema.json", "x"
+        RunRequest("implementation", None, None, tmp_path, tmp_path / "schema.json", "x")
     )
     disabled = [spec.argv[i + 1] for i, a in enumerate(spec.argv) if a == "--disable"]
     assert "unbounded_connection_retries" in disabled
@@ -170,10 +171,10 @@ def test_claude_failures_are_classified(tmp_path, stdout, stderr, expected):
 def test_each_provider_home_is_its_own(tmp_path):
     homes = {name: tmp_path / "providers" / name for name in ("claude", "codex")}
     claude = ClaudeProvider(homes["claude"]).command(
-        "review", None, None, tmp_path, tmp_path / "s.json", "x"
+        RunRequest("review", None, None, tmp_path, tmp_path / "s.json", "x")
     )
     codex = CodexProvider(homes["codex"]).command(
-        "review", None, None, tmp_path, tmp_path / "s.json", "x"
+        RunRequest("review", None, None, tmp_path, tmp_path / "s.json", "x")
     )
     assert claude.env["HOME"] == claude.env["CLAUDE_CONFIG_DIR"] == str(homes["claude"])
     assert codex.env["HOME"] == codex.env["CODEX_HOME"] == str(homes["codex"])
@@ -194,7 +195,9 @@ def test_real_claude_runs_unprivileged_inside_the_sandbox(bin_dir, tmp_path):
     (workspace.home / "tmp").mkdir(parents=True)
     provider = ClaudeProvider(tmp_path / "claude-home", binary=str(bin_dir / "claude"))
     provider.config_dir.mkdir(mode=0o700)
-    spec = provider.command("review", None, None, workspace.repo, tmp_path / "s.json", "hi")
+    spec = provider.command(
+        RunRequest("review", None, None, workspace.repo, tmp_path / "s.json", "hi")
+    )
 
     def run(argv: list[str]) -> tuple[str, str]:
         done = subprocess.run(

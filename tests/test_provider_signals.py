@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiworker.adapters.providers.base import classify_text
+from aiworker.adapters.providers.base import RunRequest, classify_text
 from aiworker.adapters.providers.claude import ClaudeProvider, reading_from_usage
 from aiworker.adapters.providers.codex import CodexProvider, reading_from_rate_limits
 from aiworker.adapters.providers.deepseek import DeepSeekProvider
@@ -106,7 +106,14 @@ def test_codex_run_output_is_parsed_and_quota_failures_classified(tmp_path):
     assert failed.result is None
     assert provider.classify(failed.error) == "quota_exhausted"
     spec = provider.command(
-        "implementation", "gpt-5-codex", "high", tmp_path / "ws", tmp_path / "schema.json", "do it"
+        RunRequest(
+            "implementation",
+            "gpt-5-codex",
+            "high",
+            tmp_path / "ws",
+            tmp_path / "schema.json",
+            "do it",
+        )
     )
     assert spec.argv[:2] == ["codex", "exec"]
     assert spec.env["CODEX_HOME"] == str(tmp_path)

@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+from aiworker.adapters.providers.base import RunRequest
 from aiworker.adapters.providers.llama import LlamaProvider
 from aiworker.config.models import LocalBounds as Bounds
 from aiworker.runtime.model_gate import ModelGate
@@ -42,12 +43,14 @@ def main() -> None:
         with ModelGate(server.url, bounds, cancel) as gate:
             provider = LlamaProvider(server.url, 200, bounds).through(gate.url)
             spec = provider.command(
-                "implementation",
-                MODEL_ALIAS,
-                None,
-                repo,
-                workdir / "schema.json",
-                "Fix add() in calc.py.",
+                RunRequest(
+                    "implementation",
+                    MODEL_ALIAS,
+                    None,
+                    repo,
+                    workdir / "schema.json",
+                    "Fix add() in calc.py.",
+                )
             )
             trace = workdir / "connects.txt"
             argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *spec.argv]

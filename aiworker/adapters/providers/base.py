@@ -43,6 +43,19 @@ class Reading:
     blocked: bool = False
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """One fresh session a phase asks of a provider: in WORKSPACE, on PROMPT, ending with
+    a result document valid against SCHEMA."""
+
+    phase: str
+    model: str | None
+    effort: str | None
+    workspace: Path
+    schema: Path
+    prompt: str
+
+
 class Provider(Protocol):
     name: ClassVar[str]
     phases: ClassVar[tuple[str, ...]]
@@ -54,6 +67,31 @@ class Provider(Protocol):
     def admission(self, now: datetime) -> Reading: ...
 
     def classify(self, failure: str) -> str: ...
+
+
+class CliProvider:
+    """What every adapter shares: its capabilities (every phase unless it names fewer),
+    the shape of a reading that keeps it out, and the failure classes shared across CLIs.
+    An adapter adds how it reads its quota without inference (admission), how it starts
+    one session of its CLI (command) and what it makes of what the CLI printed (parse)."""
+
+    name: ClassVar[str]
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
+    measured_windows: ClassVar[tuple[str, ...]] = ()
+
+    def refused(self, source: str, now: datetime, reason: str) -> Reading:
+        """A reading that keeps the provider out for now, and why."""
+        return Reading(self.name, source, now, valid=False, reason=reason)
+
+    def classify(self, failure: str) -> str:
+        return classify_text(failure)
+
+    def command(self, run: RunRequest) -> CommandSpec:
+        raise NotImplementedError
+
+    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+        raise NotImplementedError
 
 
 def http_status(text: str, code: str) -> bool:

@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 import requests
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
-    classify_text,
     json_lines,
     minimal_env,
     result_document,
@@ -59,9 +59,8 @@ def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = 
     )
 
 
-class ClaudeProvider:
+class ClaudeProvider(CliProvider):
     name: ClassVar[str] = "claude"
-    phases: ClassVar[tuple[str, ...]] = PHASES
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("five_hour", "seven_day")
 
@@ -84,12 +83,8 @@ class ClaudeProvider:
     def admission(self, now: datetime, model: str | None = None) -> Reading:
         token = self._token()
         if token is None:
-            return Reading(
-                self.name,
-                "oauth usage",
-                now,
-                valid=False,
-                reason="no OAuth login in the private config directory",
+            return self.refused(
+                "oauth usage", now, "no OAuth login in the private config directory"
             )
         try:
             response = requests.get(
@@ -98,32 +93,16 @@ class ClaudeProvider:
                 headers={"Authorization": f"Bearer {token}", "anthropic-beta": "oauth-2025-04-20"},
             )
         except requests.RequestException as exc:
-            return Reading(
-                self.name,
-                "oauth usage",
-                now,
-                valid=False,
-                reason=f"usage endpoint unreachable: {type(exc).__name__}",
+            return self.refused(
+                "oauth usage", now, f"usage endpoint unreachable: {type(exc).__name__}"
             )
         if response.status_code != 200:
-            return Reading(
-                self.name,
-                "oauth usage",
-                now,
-                valid=False,
-                reason=f"usage endpoint answered HTTP {response.status_code}",
+            return self.refused(
+                "oauth usage", now, f"usage endpoint answered HTTP {response.status_code}"
             )
         return reading_from_usage(response.json(), now, model)
 
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
+    def command(self, run: RunRequest) -> CommandSpec:
         argv = [
             self.binary,
             "-p",
@@ -137,12 +116,12 @@ class ClaudeProvider:
             "--mcp-config",
             '{"mcpServers":{}}',
             "--json-schema",
-            schema.read_text() if schema.exists() else "{}",
+            run.schema.read_text() if run.schema.exists() else "{}",
         ]
-        if model:
-            argv += ["--model", model]
-        if effort:
-            argv += ["--effort", effort]
+        if run.model:
+            argv += ["--model", run.model]
+        if run.effort:
+            argv += ["--effort", run.effort]
         # HOME is the private config directory itself, never a parent that other
         # providers' homes (and credentials) live under.
         env = minimal_env(
@@ -156,7 +135,7 @@ class ClaudeProvider:
                 "ENABLE_CLAUDEAI_MCP_SERVERS": "false",
             },
         )
-        return CommandSpec(argv, env, prompt.encode())
+        return CommandSpec(argv, env, run.prompt.encode())
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
         for event in reversed(json_lines(stdout)):
@@ -176,6 +155,3 @@ class ClaudeProvider:
             )
             return RunOutcome(document, usage, None if document else "no result document")
         return RunOutcome(None, {}, f"no result message (exit {exit_code})")
-
-    def classify(self, failure: str) -> str:
-        return classify_text(failure)

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
-    classify_text,
     json_lines,
     minimal_env,
     result_document,
@@ -84,9 +84,8 @@ def _answers_rate_limits(line: bytes) -> bool:
     return bool(events) and events[0].get("id") == 2
 
 
-class CodexProvider:
+class CodexProvider(CliProvider):
     name: ClassVar[str] = "codex"
-    phases: ClassVar[tuple[str, ...]] = PHASES
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("5h", "weekly")
 
@@ -109,31 +108,15 @@ class CodexProvider:
                 if "error" in event:
                     error = event["error"]
                     message = error.get("message") if isinstance(error, dict) else error
-                    return Reading(
-                        self.name, "codex app-server", now, valid=False, reason=str(message)[:200]
-                    )
+                    return self.refused("codex app-server", now, str(message)[:200])
                 return reading_from_rate_limits(event.get("result") or {}, now)
         why = "timed out" if result.returncode == 124 else f"exit {result.returncode}"
         said = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         if said:
             why += f": {redact(said[-1].removeprefix('Error:').strip())[:200]}"
-        return Reading(
-            self.name,
-            "codex app-server",
-            now,
-            valid=False,
-            reason=f"no rate-limit answer ({why})",
-        )
+        return self.refused("codex app-server", now, f"no rate-limit answer ({why})")
 
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
+    def command(self, run: RunRequest) -> CommandSpec:
         argv = [
             self.binary,
             "exec",
@@ -143,14 +126,14 @@ class CodexProvider:
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
             "--output-schema",
-            str(schema),
+            str(run.schema),
             "-C",
-            str(workspace),
+            str(run.workspace),
         ]
-        if model:
-            argv += ["-m", model]
-        if effort:
-            argv += ["-c", f'model_reasoning_effort="{effort}"']
+        if run.model:
+            argv += ["-m", run.model]
+        if run.effort:
+            argv += ["-c", f'model_reasoning_effort="{run.effort}"']
         # unbounded_connection_retries (on by default) makes a network outage retry for
         # ever; without it codex ends with turn.failed after five reconnects.
         for feature in (
@@ -164,7 +147,7 @@ class CodexProvider:
             argv += ["--disable", feature]
         argv.append("-")
         env = minimal_env(self.home, {"CODEX_HOME": str(self.home)})
-        return CommandSpec(argv, env, prompt.encode())
+        return CommandSpec(argv, env, run.prompt.encode())
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
         """Only `turn.failed` (or a non-zero exit) is a failure: `error` events such as
@@ -195,6 +178,3 @@ class CodexProvider:
             return RunOutcome(None, usage, failed or warning or f"codex exited {exit_code}")
         document = result_document(final or "")
         return RunOutcome(document, usage, None if document else "no result document")
-
-    def classify(self, failure: str) -> str:
-        return classify_text(failure)

@@ -8,22 +8,20 @@ from pathlib import Path
 from typing import ClassVar
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
-    classify_text,
     http_get,
 )
 from aiworker.secrets import register_secret
 
 
-class DeepSeekProvider:
+class DeepSeekProvider(CliProvider):
     name: ClassVar[str] = "deepseek"
-    phases: ClassVar[tuple[str, ...]] = PHASES
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
-    measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, api_key: str | None, paid_enabled: bool, base_url: str = "https://api.deepseek.com"
@@ -36,54 +34,29 @@ class DeepSeekProvider:
 
     def admission(self, now: datetime) -> Reading:
         if not self.paid_enabled:
-            return Reading(
-                self.name,
+            return self.refused(
                 "config",
                 now,
-                valid=False,
-                reason="the paid key is not enabled (provider_options.deepseek.paid_enabled)",
+                "the paid key is not enabled (provider_options.deepseek.paid_enabled)",
             )
         if not self.api_key:
-            return Reading(
-                self.name, "config", now, valid=False, reason="DEEPSEEK_API_KEY is not set"
-            )
+            return self.refused("config", now, "DEEPSEEK_API_KEY is not set")
         status, body = http_get(
             f"{self.base_url}/user/balance", {"Authorization": f"Bearer {self.api_key}"}
         )
         if status != 200 or not isinstance(body, dict):
-            return Reading(
-                self.name,
-                "/user/balance",
-                now,
-                valid=False,
-                reason=f"balance unavailable (HTTP {status})",
-            )
+            return self.refused("/user/balance", now, f"balance unavailable (HTTP {status})")
         if not body.get("is_available"):
-            return Reading(
-                self.name, "/user/balance", now, valid=False, reason="insufficient balance"
-            )
+            return self.refused("/user/balance", now, "insufficient balance")
         return Reading(
             self.name, "/user/balance (synthetic 100%)", now, windows=[Window("balance", 0.0)]
         )
 
-    def classify(self, failure: str) -> str:
-        return classify_text(failure)
-
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
+    def command(self, run: RunRequest) -> CommandSpec:
         """Claude Code against DeepSeek's Anthropic-compatible endpoint."""
         from aiworker.adapters.providers.claude import ClaudeProvider
 
-        spec = ClaudeProvider(workspace.parent / "home" / ".claude").command(
-            phase, model, effort, workspace, schema, prompt
-        )
+        spec = ClaudeProvider(run.workspace.parent / "home" / ".claude").command(run)
         env = {
             **spec.env,
             "ANTHROPIC_BASE_URL": f"{self.base_url}/anthropic",

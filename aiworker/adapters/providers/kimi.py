@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
     classify_text,
     json_lines,
@@ -22,11 +23,8 @@ from aiworker.adapters.providers.base import (
 from aiworker.secrets import register_secret
 
 
-class KimiProvider:
+class KimiProvider(CliProvider):
     name: ClassVar[str] = "kimi"
-    phases: ClassVar[tuple[str, ...]] = PHASES
-    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
-    measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, home: Path, model: str | None) -> None:
         self.home = home
@@ -36,20 +34,12 @@ class KimiProvider:
         try:
             credentials = json.loads((self.home / "credentials" / "kimi-code.json").read_text())
         except (OSError, ValueError):
-            return Reading(
-                self.name,
-                "kimi login",
-                now,
-                valid=False,
-                reason="no Kimi Code login in the private home",
-            )
+            return self.refused("kimi login", now, "no Kimi Code login in the private home")
         if not isinstance(credentials, dict) or not credentials.get("access_token"):
-            return Reading(self.name, "kimi login", now, valid=False, reason="login has no token")
+            return self.refused("kimi login", now, "login has no token")
         register_secret(str(credentials["access_token"]))
         if not self.model:
-            return Reading(
-                self.name, "kimi login", now, valid=False, reason="no model selected for kimi"
-            )
+            return self.refused("kimi login", now, "no model selected for kimi")
         return Reading(
             self.name, "kimi login (synthetic headroom)", now, windows=[Window("synthetic", 0.0)]
         )
@@ -60,16 +50,8 @@ class KimiProvider:
             return "quota_exhausted"
         return classify_text(failure)
 
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
-        return kimi_command(self.home, model or self.model, prompt)
+    def command(self, run: RunRequest) -> CommandSpec:
+        return kimi_command(self.home, run.model or self.model, run.prompt)
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
         return kimi_parse(stdout, exit_code)

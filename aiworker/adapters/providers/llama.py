@@ -8,15 +8,15 @@ is built for the gate's address once the phase has opened it (`through`)."""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from aiworker.adapters.providers.base import (
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
-    classify_text,
     http_get,
 )
 from aiworker.adapters.providers.opencode import (
@@ -29,12 +29,10 @@ if TYPE_CHECKING:  # the gate itself loads only when a try runs
     from aiworker.runtime.model_gate import Bounds
 
 
-class LlamaProvider:
+class LlamaProvider(CliProvider):
     name: ClassVar[str] = "llama"
     # Only simple milestones and minor review fixes, one local try per snapshot.
     phases: ClassVar[tuple[str, ...]] = ("implementation", "review")
-    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
-    measured_windows: ClassVar[tuple[str, ...]] = ()
     simple_only: ClassVar[bool] = True
 
     def __init__(self, base_url: str | None, diff_budget_lines: int, bounds: Bounds) -> None:
@@ -52,20 +50,18 @@ class LlamaProvider:
 
     def admission(self, now: datetime) -> Reading:
         if self.base_url is None:
-            return Reading(
-                self.name,
+            return self.refused(
                 "configuration",
                 now,
-                valid=False,
-                reason="provider_options.llama.base_url is not set (the llama-server's URL)",
+                "provider_options.llama.base_url is not set (the llama-server's URL)",
             )
         status, body = http_get(f"{self.base_url}/health")
         if status != 200:
             reason = "loading the model" if status == 503 else f"health answered {status or body}"
-            return Reading(self.name, "/health", now, valid=False, reason=reason)
+            return self.refused("/health", now, reason)
         status, _ = http_get(f"{self.base_url}/slots?fail_on_no_slot=1")
         if status == 503:
-            return Reading(self.name, "/slots", now, valid=False, reason="no free slot")
+            return self.refused("/slots", now, "no free slot")
         props_status, props = http_get(f"{self.base_url}/props")
         slots = (
             props.get("total_slots") if props_status == 200 and isinstance(props, dict) else None
@@ -77,29 +73,18 @@ class LlamaProvider:
             windows=[Window("local", 0.0)],
         )
 
-    def classify(self, failure: str) -> str:
-        return classify_text(failure)
-
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
+    def command(self, run: RunRequest) -> CommandSpec:
         """OpenCode pointed at the gate before the llama.cpp server's OpenAI-compatible
         API, with the try's limits and none of OpenCode's own side requests (a title,
         automatic compaction): the server serves the task's requests only."""
         if self.route is None:
             raise RuntimeError("a local try runs only through its gate (through())")
-        name = model or "local"
+        name = run.model or "local"
         return opencode_command(
-            workspace.parent / "home",
+            run.workspace.parent / "home",
             f"llamacpp/{name}",
-            workspace,
-            prompt,
+            run.workspace,
+            run.prompt,
             llama_opencode_config(self.route, name, self.bounds),
             local=True,
         )

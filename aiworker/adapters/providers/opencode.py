@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
-    classify_text,
     json_lines,
     minimal_env,
     result_document,
@@ -29,70 +29,36 @@ GUARD_FIELDS = (
 )
 
 
-class OpenCodeProvider:
+class OpenCodeProvider(CliProvider):
     name: ClassVar[str] = "opencode"
-    phases: ClassVar[tuple[str, ...]] = PHASES
-    editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model")
-    measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, guard: Path | None) -> None:
         self.guard = guard
 
     def admission(self, now: datetime) -> Reading:
         if self.guard is None:
-            return Reading(
-                self.name,
-                "budget guard",
-                now,
-                valid=False,
-                reason="opt-in: no zero-spend budget guard is configured",
+            return self.refused(
+                "budget guard", now, "opt-in: no zero-spend budget guard is configured"
             )
         try:
             guard = json.loads(self.guard.read_text())
         except (OSError, ValueError):
-            return Reading(
-                self.name,
-                "budget guard",
-                now,
-                valid=False,
-                reason=f"budget guard {self.guard} is absent or unreadable",
+            return self.refused(
+                "budget guard", now, f"budget guard {self.guard} is absent or unreadable"
             )
         missing = [f for f in GUARD_FIELDS if not isinstance(guard, dict) or f not in guard]
         if missing:
-            return Reading(
-                self.name,
-                "budget guard",
-                now,
-                valid=False,
-                reason=f"budget guard lacks {', '.join(missing)}",
-            )
+            return self.refused("budget guard", now, f"budget guard lacks {', '.join(missing)}")
         if guard["zero_spend_verified"] is not True or float(guard["budget_usd"]) != 0.0:
-            return Reading(
-                self.name,
-                "budget guard",
-                now,
-                valid=False,
-                reason="budget guard does not verify zero spend",
-            )
+            return self.refused("budget guard", now, "budget guard does not verify zero spend")
         windows = [
             Window(str(w["name"]), float(w["used_percent"]), weekly=bool(w.get("weekly")))
             for w in guard.get("windows", [])
         ]
         return Reading(self.name, f"budget guard ({guard['adapter']})", now, windows=windows)
 
-    def classify(self, failure: str) -> str:
-        return classify_text(failure)
-
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
-        return opencode_command(workspace.parent / "home", model, workspace, prompt)
+    def command(self, run: RunRequest) -> CommandSpec:
+        return opencode_command(run.workspace.parent / "home", run.model, run.workspace, run.prompt)
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
         return opencode_parse(stdout, exit_code)

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from aiworker.adapters.providers.base import (
-    PHASES,
+    CliProvider,
     CommandSpec,
     Reading,
     RunOutcome,
+    RunRequest,
     Window,
     classify_text,
     json_lines,
@@ -32,11 +33,9 @@ from aiworker.adapters.providers.base import (
 )
 
 
-class ScriptProvider:
+class ScriptProvider(CliProvider):
     name: ClassVar[str] = "script"
-    phases: ClassVar[tuple[str, ...]] = PHASES
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled",)
-    measured_windows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -79,12 +78,10 @@ class ScriptProvider:
                 for w in document.get("windows", [])
             ]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            return Reading(
-                self.name, source, now, valid=False, reason=f"scenario unreadable: {exc}"
-            )
+            return self.refused(source, now, f"scenario unreadable: {exc}")
         error = document.get("admission_error")
         if error:
-            return Reading(self.name, source, now, valid=False, reason=str(error))
+            return self.refused(source, now, str(error))
         return Reading(
             self.name,
             source,
@@ -94,15 +91,7 @@ class ScriptProvider:
             reason="paid credits would be spent" if document.get("blocked") else "",
         )
 
-    def command(
-        self,
-        phase: str,
-        model: str | None,
-        effort: str | None,
-        workspace: Path,
-        schema: Path,
-        prompt: str,
-    ) -> CommandSpec:
+    def command(self, run: RunRequest) -> CommandSpec:
         if self.scenario is None:
             raise FileNotFoundError("provider_options.script.scenario is not set")
         argv = [
@@ -110,10 +99,10 @@ class ScriptProvider:
             "-m",
             "aiworker.script_agent",
             str(self.scenario),
-            phase,
+            run.phase,
         ]
         return CommandSpec(
-            argv, minimal_env(self.home or workspace.parent / "home"), prompt.encode()
+            argv, minimal_env(self.home or run.workspace.parent / "home"), run.prompt.encode()
         )
 
     def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:

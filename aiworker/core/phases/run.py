@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiworker.adapters.providers.base import RunRequest
 from aiworker.config.limits import RUN_LIMIT_S
 from aiworker.runtime.execution import Limits, run_job
 from aiworker.runtime.workspace import (
@@ -62,14 +63,8 @@ def run_provider(
         timeout_s = min(timeout_s, bound.seconds)
     backend = backend or LocalBackend()
     prompt = (workspace.inputs / "prompt.md").read_text()
-    spec = provider.command(
-        phase,
-        model,
-        effort,
-        workspace.repo,
-        workspace.inputs / "result-schema.json",
-        prompt,
-    )
+    schema = workspace.inputs / "result-schema.json"
+    spec = provider.command(RunRequest(phase, model, effort, workspace.repo, schema, prompt))
     tag = f"AIWORKER_ATTEMPT_ID={attempt_tag}"
     stdin_path = None
     if spec.stdin is not None:
