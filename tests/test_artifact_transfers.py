@@ -21,7 +21,7 @@ import requests
 from aiworker.adapters.runner_api import CHUNK_BYTES
 from aiworker.config.models import Runners
 from aiworker.core.evidence.gate import run_gate
-from aiworker.core.intake.scope import Requirement
+from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.runner.dispatch import Dispatch
 from aiworker.runtime.execution import Limits, run_job
 from aiworker.runtime.gitcache import GitCache

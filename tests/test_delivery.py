@@ -101,7 +101,7 @@ def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
     assert kinds[:3] == ["task.created", "task.scope_recorded", "task.claimed"]
     for kind in ("attempt.started", "task.published", "ci.finished", "review.posted"):
         assert kind in kinds
-    assert kinds[-2:] == ["merge.done", "attempt.finished"]
+    assert kinds[-2:] == ["attempt.finished", "merge.done"]
     assert [(a["phase"], a["outcome"]) for a in shown["attempts"]] == [
         ("implementation", "succeeded"),
         ("publish", "succeeded"),

@@ -38,4 +38,4 @@ def test_every_point_in_the_code_is_listed_and_every_listed_point_is_in_the_code
     assert literal <= listed, literal - listed
     unmatched = {p for p in listed if p not in literal and not p.endswith(tuple(suffixes))}
     assert unmatched == set()
-    assert suffixes == {".attempt_started", ".after_run"}
+    assert suffixes == {".attempt_started", ".after_run", ".after_record"}

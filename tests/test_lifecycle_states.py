@@ -52,9 +52,9 @@ def _state_literal(node: ast.expr) -> str | None:
     return None
 
 
-# How each moving helper names its edge: (from, to) as argument positions, or a fixed
-# source state (implement_outcomes.land always moves its task out of running).
-MOVERS = {"advance": (2, 4), "move": (2, 3), "land": ("running", 2)}
+# How each moving call names its edge: (from, to) as argument positions. A phase's moves
+# are declared in its table (core/phases/table.py) and checked against the edges there.
+MOVERS = {"advance": (2, 4), "try_advance": (2, 4)}
 
 
 def moves():
@@ -70,7 +70,7 @@ def moves():
                 yield (
                     path,
                     node,
-                    source if isinstance(source, str) else _state_literal(node.args[source]),
+                    _state_literal(node.args[source]),
                     _state_literal(node.args[target]),
                 )
 

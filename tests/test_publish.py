@@ -142,4 +142,4 @@ def test_a_move_that_cannot_be_taken_starts_a_repair_and_nothing_is_published(
     # Publishing again is refused: the task waits for its repair.
     again = publish(task)
     assert again.exit_code == 1
-    assert "only implemented work is published" in again.json()["error"]["message"]
+    assert "is repairing, not implemented" in again.json()["error"]["message"]

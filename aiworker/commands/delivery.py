@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from aiworker.commands.phases import run_unit
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
@@ -17,10 +18,8 @@ def publish(
 ) -> None:
     """Push the task's branch and open or update its PR, once, after re-checking
     authorisation, scope, the pinned base and the receipts."""
-    from aiworker.core.delivery.publish import publish as run
-
     inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
+    result = run_unit(inv, "publish", task)
     report = result.to_json()
     verb = "opened" if report["created"] else "found"
     emit(
@@ -41,10 +40,8 @@ def ci(
     task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
 ) -> int:
     """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
-    from aiworker.core.delivery.ci import dispatch_ci
-
     inv: Invocation = ctx.obj
-    result = dispatch_ci(inv.environment(), task)
+    result = run_unit(inv, "ci", task)
     report = result.to_json()
     emit(
         inv.json,
@@ -54,7 +51,7 @@ def ci(
             markup=False,
         ),
     )
-    return result.exit_code
+    return int(result.exit_code)
 
 
 def review(
@@ -62,10 +59,8 @@ def review(
     task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
 ) -> int:
     """Review the PR head independently as the reviewer identity and post a formal review."""
-    from aiworker.core.phases.review import review as run
-
     inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
+    result = run_unit(inv, "review", task)
     report = result.to_json()
     emit(
         inv.json,
@@ -76,7 +71,7 @@ def review(
             markup=False,
         ),
     )
-    return result.exit_code
+    return int(result.exit_code)
 
 
 def merge(
@@ -84,10 +79,8 @@ def merge(
     task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
 ) -> None:
     """Merge when the review approved and CI passed on the exact head, and record evidence."""
-    from aiworker.core.delivery.merge import merge as run
-
     inv: Invocation = ctx.obj
-    result = run(inv.environment(), task)
+    result = run_unit(inv, "merge", task)
     report = result.to_json()
     emit(
         inv.json,
@@ -110,10 +103,8 @@ def milestones(
 ) -> None:
     """Move a plan forward: read its approval, accept implemented milestones, start the next,
     run the combined checks once all are in."""
-    from aiworker.core.delivery.milestones import advance_plan
-
     inv: Invocation = ctx.obj
-    report = advance_plan(inv.environment(), task).to_json()
+    report = run_unit(inv, "milestones", task).to_json()
     started = f"; started milestone task {report['started']}" if report["started"] else ""
     emit(
         inv.json,

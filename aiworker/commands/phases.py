@@ -18,11 +18,8 @@ def implement(
 ) -> int:
     """Implement a claimed task: pin the base, choose a provider, run it in a disposable
     workspace, import its commits and re-run the required checks (exit 75: no provider now)."""
-    from aiworker.core.phases.implement import implement as run
-
     inv: Invocation = ctx.obj
-    result = run(inv.environment(), task, slot)
-    return _attempt_report(inv, result)
+    return _attempt_report(inv, run_unit(inv, "implement", task, slot))
 
 
 def plan(
@@ -32,10 +29,8 @@ def plan(
 ) -> int:
     """Plan a plan-labelled issue: the planner proposes bounded milestones, the host checks
     them and posts the plan on the issue to await approval (exit 75: no provider now)."""
-    from aiworker.core.phases.plan import plan as run
-
     inv: Invocation = ctx.obj
-    return _attempt_report(inv, run(inv.environment(), task, slot))
+    return _attempt_report(inv, run_unit(inv, "plan", task, slot))
 
 
 def repair(
@@ -45,10 +40,22 @@ def repair(
 ) -> int:
     """Run one repair episode after requested changes, a red CI or a moved base: a fresh
     session on the task's branch, then the checks again (exit 75: no provider now)."""
-    from aiworker.core.phases.repair import repair as run
-
     inv: Invocation = ctx.obj
-    return _attempt_report(inv, run(inv.environment(), task, slot))
+    return _attempt_report(inv, run_unit(inv, "repair", task, slot))
+
+
+def run_unit(inv: Invocation, command: str, task: int, slot: int | None = None) -> Any:
+    """Run the phase or step COMMAND for TASK through the driver; its report. A job the
+    scheduler started that made progress asks for a check now."""
+    from aiworker.core.phases.engine import run_phase
+    from aiworker.core.phases.table import COMMANDS
+    from aiworker.core.scheduling.launcher import follow_up_if_asked
+
+    env = inv.environment()
+    outcome = run_phase(env, COMMANDS[command], task, slot)
+    if outcome.follow_up:
+        follow_up_if_asked(env)
+    return outcome.report
 
 
 def _attempt_report(inv: Invocation, result: Any) -> int:

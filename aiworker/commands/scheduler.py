@@ -61,8 +61,8 @@ def pause(
     reason: Annotated[str, typer.Option("--reason", help="Shown in status.")] = "",
 ) -> None:
     """Stop starting new work (running jobs finish)."""
-    from aiworker.core.scheduling.state import login
-    from aiworker.core.scheduling.state import pause as pause_scheduler
+    from aiworker.core.scheduler_state import login
+    from aiworker.core.scheduler_state import pause as pause_scheduler
 
     inv: Invocation = ctx.obj
     pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
@@ -76,7 +76,7 @@ def pause(
 @app.command("resume")
 def resume(ctx: typer.Context) -> None:
     """Start new work again."""
-    from aiworker.core.scheduling.state import resume as resume_scheduler
+    from aiworker.core.scheduler_state import resume as resume_scheduler
 
     inv: Invocation = ctx.obj
     resume_scheduler(inv.environment())

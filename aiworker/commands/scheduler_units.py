@@ -49,7 +49,7 @@ def install(
     ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to run next."""
-    from aiworker.core.providers.registry import provider_homes
+    from aiworker.core.guests.backends import provider_homes
     from aiworker.core.scheduling.units import install_units, next_steps, user_unit_dir
     from aiworker.errors import InvalidInput
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import secrets
 import socket
 from dataclasses import dataclass
@@ -115,6 +116,41 @@ class Environment:
                 db.dispose()
                 raise
         return db
+
+
+def task_log(env: Environment, task_id: int) -> Path:
+    """The task's own log, which every job of it appends to (cleanup removes it with the
+    task)."""
+    return env.state_dir / "logs" / f"task-{task_id}.log"
+
+
+_TASK_FILE = re.compile(r"^task-(\d+)[-.]")
+# Where a task's files lie: workspaces, attempts' kept files (prompt, result, output).
+TASK_FOLDERS = ("workspaces", "attempts")
+
+
+def task_artifacts(state_dir: Path, task_id: int) -> list[Path]:
+    """What TASK_ID has on disk: workspaces, kept attempt files, its log (rotated too)."""
+    found = []
+    for name in TASK_FOLDERS:
+        folder = state_dir / name
+        found += [*folder.glob(f"task-{task_id}-*")] if folder.is_dir() else []
+    logs = state_dir / "logs"
+    found += [p for p in (logs / f"task-{task_id}.log",) if p.exists()]
+    found += [*logs.glob(f"task-{task_id}.log.*")] if logs.is_dir() else []  # rotated
+    return sorted(found)
+
+
+def tasks_with_artifacts(state_dir: Path) -> set[int]:
+    """Tasks that have anything on disk, from two directory listings (no database)."""
+    ids: set[int] = set()
+    for folder in (*(state_dir / name for name in TASK_FOLDERS), state_dir / "logs"):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        ids.update(int(m.group(1)) for m in map(_TASK_FILE.match, names) if m)
+    return ids
 
 
 def hold_job_lock(env: Environment, name: str) -> FileLock | None:

@@ -13,7 +13,11 @@ from aiworker.errors import EXIT_OK
 @dataclass
 class Report:
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in fields(self)
+            if not f.metadata.get("internal")  # the report's own, not the document's
+        }
 
     @property
     def exit_code(self) -> int:

@@ -165,7 +165,7 @@ def claim_next(
 
 
 def active_claims(session: Executor) -> list[Any]:
-    """(id, version, state, slot, token, host, claimed_at) of every task that holds a slot
+    """(id, version, state, kind, slot, token, host, claimed_at) of every task that holds a slot
     (host: the controller whose slot it is; None for a claim made before hosts were
     recorded, which counts as every controller's own)."""
     return list(
@@ -174,6 +174,7 @@ def active_claims(session: Executor) -> list[Any]:
                 tasks.c.id,
                 tasks.c.version,
                 tasks.c.state,
+                tasks.c.kind,
                 tasks.c.claim_slot.label("slot"),
                 tasks.c.claim_token.label("token"),
                 tasks.c.claim_host.label("host"),

@@ -97,8 +97,8 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
 
     @router.get("/status")
     def status(env: Env) -> dict[str, Any]:
+        from aiworker.core.scheduler_state import SchedulerState
         from aiworker.core.scheduling.overview import collect_status
-        from aiworker.core.scheduling.state import SchedulerState
 
         state = SchedulerState.load(env.state_dir)
         return {
@@ -190,7 +190,7 @@ def _changes(router: APIRouter, Env: Any) -> None:
 
     @router.post("/actions/pause")
     def pause(env: Env, request: Annotated[PauseRequest | None, Body()] = None) -> dict[str, Any]:
-        from aiworker.core.scheduling.state import pause as pause_scheduler
+        from aiworker.core.scheduler_state import pause as pause_scheduler
 
         reason = request.reason if request is not None else ""
         pause_scheduler(env, reason, "the web control plane")
@@ -198,7 +198,7 @@ def _changes(router: APIRouter, Env: Any) -> None:
 
     @router.post("/actions/resume")
     def resume(env: Env) -> dict[str, Any]:
-        from aiworker.core.scheduling.state import resume as resume_scheduler
+        from aiworker.core.scheduler_state import resume as resume_scheduler
 
         resume_scheduler(env)
         return {"paused": False}

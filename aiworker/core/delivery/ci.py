@@ -7,8 +7,8 @@ status under the context `aiworker / ci`, linking the receipt's page under
 where one is configured, else by the worker. A red run starts a repair episode with
 its evidence (tasks/repairs.py) instead of ending the task. Every `pending` is followed by a
 terminal status: a failure of the run's setup posts `error` with the reason
-(the guard does it), and a run whose process died gets its `error` from
-recovery (tasks/recovery.py).
+(the driver runs the hook the step left), and a run whose process died gets its `error`
+from recovery (the table names `abandoned` for it).
 """
 
 from __future__ import annotations
@@ -18,21 +18,23 @@ from typing import Any
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import CI_CONTEXT, Delivery, load_delivery, move, pull_at_head
-from aiworker.core.delivery.steps import step_guard
 from aiworker.core.evidence.artifacts import artifact_files
+from aiworker.core.evidence.ci_status import CI_CONTEXT
 from aiworker.core.evidence.gate import run_checks
 from aiworker.core.evidence.receipts import receipt_url
+from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.scope import Requirement
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
 from aiworker.core.runner.dispatch import Dispatch
-from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.repairs import RepairRequest, request_repair
+from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import EXIT_FAILED, EXIT_OK
+from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
+from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
+from aiworker.store.tasks import append_event
 
 
 @dataclass
@@ -50,18 +52,35 @@ class CiReport(Report):
     def exit_code(self) -> int:
         return EXIT_OK if self.state == "success" else EXIT_FAILED
 
+    def landed(self, state: str, refusal: str | None) -> None:
+        """Its state is the run's, not the task's."""
 
-def post_ci_error(env: Environment, delivery: Delivery, head: str, reason: str) -> None:
+
+def post_ci_error(env: Environment, repo: Repository, head: str, reason: str) -> None:
     """The terminal `error` status that follows a `pending` whose run could not finish."""
     poster = ForgeAccess(env.loaded).status_writer()
     poster.create_status(
-        delivery.repo.owner,
-        delivery.repo.name,
+        repo.owner,
+        repo.name,
         head,
         state="error",
         context=CI_CONTEXT,
         description=f"aiworker could not finish ./ci/run: {reason}"[:140],
     )
+
+
+def abandoned(env: Environment, db: Database, task_id: int, head: str, reason: str) -> None:
+    """A CI run whose process died: its `pending` gets the terminal `error` (recovery)."""
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        repo = session.get(Repository, task.repository_id) if task else None
+    try:
+        if repo is None:
+            raise AiworkerError(f"task {task_id} is gone")
+        post_ci_error(env, repo, head, reason)
+    except AiworkerError as exc:
+        with db.write() as session:
+            append_event(session, "ci.status_failed", task_id=task_id, data={"reason": exc.message})
 
 
 def ci_finding(check: dict[str, Any], head: str) -> Finding:
@@ -78,89 +97,68 @@ def ci_finding(check: dict[str, Any], head: str) -> Finding:
     )
 
 
-def dispatch_ci(env: Environment, task_id: int) -> CiReport:
-    db = env.open_database()
-    try:
-        delivery = load_delivery(db, task_id, S.AWAITING_CI)
-        task, repo = delivery.task, delivery.repo
-        head, base = task.head_commit, task.base_commit
-        assert head is not None
-        assert base is not None
-        pending = False
-
-        def terminal_error(reason: str) -> None:
-            if pending:
-                post_ci_error(env, delivery, head, reason)
-
-        with step_guard(env, db, task, "ci", {"head": head}, terminal_error) as guard:
-            access = ForgeAccess(env.loaded)
-            worker = access.required("worker")
-            pull_at_head(worker, delivery)
-            clone_url = worker.repository(repo.owner, repo.name).clone_url
-            GitCache(env.state_dir).ensure(
-                repo.index, clone_url, access.token("worker"), head, base
-            )
-            poster = access.status_writer()
-            poster.create_status(
-                repo.owner,
-                repo.name,
-                head,
-                state="pending",
-                context=CI_CONTEXT,
-                description="./ci/run is running",
-            )
-            pending = True
-            failpoint("ci.after_pending")
-            report = run_checks(
-                db,
-                Dispatch.of(env, db),
-                index=repo.index,
-                head=head,
-                base=base,
-                task_id=task.id,
-                scope=task.scope_fingerprint,
-                requirements=[Requirement("ci", ("./ci/run",))],
-                phase="ci",
-            )
-            check = report.checks[0]
-            state = "success" if report.passed else "failure"
-            # The receipt's body, as kept in the artifact store: for the operator on this
-            # host (the status links the receipt's page, never a file).
-            evidence = artifact_files(env.state_dir).path(check["receipt_sha256"])
-            link = receipt_url(env.loaded.config, check["receipt"])
-            failpoint("ci.after_checks")
-            description = (
-                f"./ci/run {check['status']} (exit {check['exit_code']}) at "
-                f"{head[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
-            )
-            poster.create_status(
-                repo.owner,
-                repo.name,
-                head,
-                state=state,
-                context=CI_CONTEXT,
-                description=description[:140],
-                target_url=link,
-            )
-            pending = False
-            guard.finish("succeeded" if report.passed else "failed", f"./ci/run {state}")
-            if report.passed:
-                move(
-                    db,
-                    task,
-                    S.AWAITING_CI,
-                    S.AWAITING_REVIEW,
-                    "ci.finished",
-                    {"state": state, "head": head, "pr": delivery.pr},
-                    f"./ci/run {check['status']} at {head[:12]}",
-                )
-            else:
-                request = RepairRequest("ci", head, base, [ci_finding(check, head)])
-                why = f"./ci/run {check['status']} (exit {check['exit_code']}) at {head[:12]}"
-                request_repair(env, db, task, S.AWAITING_CI, request, why)
-        follow_up_if_asked(env)
-        return CiReport(
-            task.id, delivery.pr, head, state, check, str(evidence), check["receipt"], link
-        )
-    finally:
-        db.dispose()
+def ci(job: Job) -> Outcome:
+    env, db, task, repo = job.env, job.db, job.task, job.repo
+    head, base = task.head_commit, task.base_commit
+    assert head is not None
+    assert base is not None
+    assert job.pr is not None
+    job.start(None, {"head": head})
+    access = ForgeAccess(env.loaded)
+    worker = access.required("worker")
+    job.pull_at_head(worker)
+    clone_url = worker.repository(repo.owner, repo.name).clone_url
+    GitCache(env.state_dir).ensure(repo.index, clone_url, access.token("worker"), head, base)
+    poster = access.status_writer()
+    poster.create_status(
+        repo.owner,
+        repo.name,
+        head,
+        state="pending",
+        context=CI_CONTEXT,
+        description="./ci/run is running",
+    )
+    # From here every failure posts the terminal `error` that follows this `pending`.
+    job.on_failure(lambda reason: post_ci_error(env, repo, head, reason))
+    failpoint("ci.after_pending")
+    checked = run_checks(
+        db,
+        Dispatch.of(env, db),
+        index=repo.index,
+        head=head,
+        base=base,
+        task_id=task.id,
+        scope=task.scope_fingerprint,
+        requirements=[Requirement("ci", ("./ci/run",))],
+        phase="ci",
+    )
+    check = checked.checks[0]
+    state = "success" if checked.passed else "failure"
+    # The receipt's body, as kept in the artifact store: for the operator on this host
+    # (the status links the receipt's page, never a file).
+    evidence = artifact_files(env.state_dir).path(check["receipt_sha256"])
+    link = receipt_url(env.loaded.config, check["receipt"])
+    failpoint("ci.after_checks")
+    description = (
+        f"./ci/run {check['status']} (exit {check['exit_code']}) at "
+        f"{head[:12]}; stdout sha256 {check['stdout_sha256'][:16]}"
+    )
+    poster.create_status(
+        repo.owner,
+        repo.name,
+        head,
+        state=state,
+        context=CI_CONTEXT,
+        description=description[:140],
+        target_url=link,
+    )
+    job.on_failure(None)
+    report = CiReport(task.id, job.pr, head, state, check, str(evidence), check["receipt"], link)
+    why = f"./ci/run {check['status']} (exit {check['exit_code']}) at {head[:12]}"
+    if checked.passed:
+        data = {"state": state, "head": head, "pr": job.pr}
+        passed = f"./ci/run {check['status']} at {head[:12]}"
+        landing = Outcome(report, S.AWAITING_REVIEW, passed, kind="ci.finished", data=data)
+        return landing.ended("succeeded", f"./ci/run {state}")
+    request = RepairRequest("ci", head, base, [ci_finding(check, head)])
+    return Outcome(report, repair=request, reason=why).ended("failed", f"./ci/run {state}")

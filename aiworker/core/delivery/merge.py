@@ -12,24 +12,16 @@ head. The merge commit is recorded as evidence, with every milestone's head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiworker.adapters.forgejo.models import Issue
-from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import (
-    CI_CONTEXT,
-    Delivery,
-    load_delivery,
-    move,
-    ours_passed,
-    pull_at_head,
-    record,
-)
 from aiworker.core.delivery.scope_check import answer_moved_scope
-from aiworker.core.delivery.steps import step_guard
+from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S
@@ -37,6 +29,7 @@ from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
+from aiworker.store.tasks import append_event
 
 
 @dataclass
@@ -51,37 +44,21 @@ class MergeReport(Report):
     state: str = S.DONE
 
 
-def merge(env: Environment, task_id: int) -> MergeReport:
-    db = env.open_database()
-    try:
-        delivery = load_delivery(db, task_id, S.APPROVED)
-        task = delivery.task
-        assert task.head_commit is not None
-        with step_guard(env, db, task, "merge", {"head": task.head_commit}) as guard:
-            report = _merge(env, db, delivery)
-            if report.state != S.DONE:
-                guard.finish("succeeded", f"not merged: the issue changed; {report.state}")
-            else:
-                guard.finish("succeeded", f"merged as {report.merge_commit}")
-        return report
-    finally:
-        db.dispose()
-
-
 def _refusals(
     db: Database,
     access: ForgeAccess,
-    delivery: Delivery,
+    job: Job,
     issue: Issue,
     decision: Decision,
 ) -> list[str]:
     """Why the PR may not be merged now; empty when it may."""
-    task, repo = delivery.task, delivery.repo
+    task, repo = job.task, job.repo
+    assert job.pr is not None
     head = task.head_commit
     reviewer = access.required("reviewer")
     reviewer_login = access.logins["reviewer"]
     reasons = []
-    reviews = reviewer.reviews(repo.owner, repo.name, delivery.pr)
+    reviews = reviewer.reviews(repo.owner, repo.name, job.pr)
     if not any(
         r.state == "APPROVED"
         and r.commit_id == head
@@ -116,32 +93,39 @@ def _refusals(
     return reasons
 
 
-def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
-    task, repo = delivery.task, delivery.repo
+def merge(job: Job) -> Outcome:
+    env, db, task, repo = job.env, job.db, job.task, job.repo
     head = task.head_commit
     assert head is not None
     assert task.base_commit is not None
+    assert job.pr is not None
+    job.start(None, {"head": head})
     access = ForgeAccess(env.loaded)
     reviewer = access.required("reviewer")
-    pull = pull_at_head(reviewer, delivery)
+    pull = job.pull_at_head(reviewer)
+    report = MergeReport(task.id, job.pr, head, None, None)
+    job.report = report
     if not pull.merged:  # merged already: a run that died after the request
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
         decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
         # Work still authorised but done for an issue that changed since: repaired first
         # (a plan approved again first).
-        moved = decision.authorized and answer_moved_scope(env, db, task, issue, S.APPROVED)
-        if moved:
-            return MergeReport(task.id, delivery.pr, head, None, None, moved)
-        reasons = _refusals(db, access, delivery, issue, decision)
+        moved = answer_moved_scope(env, db, task, issue, report) if decision.authorized else None
+        if moved is not None:
+            moved.follow_up = False
+            return moved.ended("succeeded", f"not merged: the issue changed; {moved.reason}")
+        reasons = _refusals(db, access, job, issue, decision)
         if reasons:
-            record(db, task, "merge.refused", {"reasons": reasons})
+            with db.write() as session:
+                append_event(session, "merge.refused", task_id=task.id, data={"reasons": reasons})
             raise Conflict(f"task {task.id} is not mergeable: " + "; ".join(reasons))
-        reviewer.merge_pull(repo.owner, repo.name, delivery.pr, style="merge", head_commit_id=head)
+        reviewer.merge_pull(repo.owner, repo.name, job.pr, style="merge", head_commit_id=head)
         failpoint("merge.after_request")
-        pull = reviewer.pull(repo.owner, repo.name, delivery.pr)
+        pull = reviewer.pull(repo.owner, repo.name, job.pr)
     merged_at = pull.merged_at.isoformat() if pull.merged_at else None
-    evidence = {
-        "pr": delivery.pr,
+    report.merge_commit, report.merged_at = pull.merge_commit_sha, merged_at
+    evidence: dict[str, Any] = {
+        "pr": job.pr,
         "head": head,
         "merge_commit": pull.merge_commit_sha,
         "merged_at": merged_at,
@@ -149,17 +133,23 @@ def _merge(env: Environment, db: Database, delivery: Delivery) -> MergeReport:
     milestones = [(c.id, c.head_commit) for c in plan_milestones(db, task)]
     if milestones:
         evidence["milestones"] = [{"task": t, "head": h} for t, h in milestones]
-    with db.write() as session:
+    base = task.base_commit
+
+    def receipt(session: Any) -> None:
         add_receipt(
             session,
             task_id=task.id,
             phase="merge",
             head=head,
-            base=task.base_commit,
+            base=base,
             scope=task.scope_fingerprint,
             check_id=None,
             outcome="merged",
             body=evidence,
         )
-    move(db, task, S.APPROVED, S.DONE, "merge.done", evidence, f"merged as {pull.merge_commit_sha}")
-    return MergeReport(task.id, delivery.pr, head, pull.merge_commit_sha, merged_at)
+
+    why = f"merged as {pull.merge_commit_sha}"
+    landing = Outcome(
+        report, S.DONE, why, kind="merge.done", data=evidence, writes=receipt, follow_up=False
+    )
+    return landing.ended("succeeded", why)

@@ -5,19 +5,17 @@ and pausing a running one whose scope changed or whose approval was withdrawn
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiworker.adapters.forgejo.models import Issue, TimelineComment
 from aiworker.contracts.agent import MilestoneSpec
 from aiworker.core.context import Environment
 from aiworker.core.intake.approval import Approval, last_item
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.milestones import approve_plan, hold_milestones
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.task_records import children_of, create_task
 
 
 @dataclass
@@ -28,6 +26,11 @@ class PlanStepReport(Report):
     accepted: list[int] = field(default_factory=list)
     started: int | None = None  # the milestone made ready
     reason: str = ""
+
+    def landed(self, state: str, refusal: str | None) -> None:
+        self.state = state
+        if refusal is not None:
+            self.reason = refusal
 
 
 @dataclass
@@ -40,125 +43,62 @@ class Plan:
     scope: str  # the issue's requirements fingerprint, read now
 
 
-def approve(env: Environment, db: Database, plan: Plan, report: PlanStepReport) -> bool:
-    """Start an approved plan (creating its milestones once); False when it waits."""
+def approve(job: Job, plan: Plan, report: PlanStepReport) -> Outcome | None:
+    """Start an approved plan (creating its milestones once): None once it runs, else how
+    the step ends (it waits, or plans again)."""
     task = plan.task
     spec = dict(task.spec or {})
     children_made = bool(spec.get("children"))
     if spec.get("fingerprint") != plan.scope and not children_made:
         reason = "the issue changed after the plan was posted; planning again"
-        move_plan(db, task, S.AWAITING_PLAN_APPROVAL, S.READY, reason, report, spec=None)
-        return False
+        report.reason = reason
+        return Outcome(report, S.READY, reason, {"spec": None}, actor="plan")
     if spec.get("fingerprint") != plan.scope:
         # Changed while it waited: an approval given before this was seen may have been for
         # the earlier scope, so only one given from now on counts.
         spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
         why = "the issue changed while the plan awaited approval; a writer must approve again"
-        move_plan(
-            db, task, S.AWAITING_PLAN_APPROVAL, S.AWAITING_PLAN_APPROVAL, why, report, spec=spec
-        )
-        return False
+        report.reason = why
+        return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, {"spec": spec}, actor="plan")
     if not plan.approval.approved:
         report.reason = "waiting for a writer's approval"
-        return False
+        return Outcome(report, follow_up=False)
     milestones = [MilestoneSpec.model_validate(m) for m in spec["milestones"]]
     spec["approved"] = {
         "by": plan.approval.actor,
         "item": plan.approval.item,
         "fingerprint": plan.scope,
     }
-    with db.write() as session:
-        for child in children_of(session, task.id):
-            if child.state == S.NEEDS_INPUT and child.id in spec.get("children", []):
-                # The issue changed for it (the plan was approved again for the new scope).
-                advance(session, child.id, S.NEEDS_INPUT, child.version, S.READY, "approved again")
-        if not children_made:
-            spec["children"] = [
-                create_task(
-                    session,
-                    task.repository_id,
-                    "milestone",
-                    title=m.title[:200],
-                    state=S.NEW,
-                    parent_id=task.id,
-                    scope_fingerprint=plan.scope,
-                    spec={"milestone": m.model_dump(), "position": n, "total": len(milestones)},
-                ).id
-                for n, m in enumerate(milestones, 1)
-            ]
-        task.version = advance(
-            session,
-            task.id,
-            S.AWAITING_PLAN_APPROVAL,
-            task.version,
-            S.MILESTONES,
-            f"plan approved: {plan.approval.reason}",
-            actor=plan.approval.actor,
-            kind="plan.approved",
-            data={"approval": spec["approved"]},
-            spec=spec,
-        )
-    task.state, task.spec = S.MILESTONES, spec
+    why = f"plan approved: {plan.approval.reason}"
+    approve_plan(job.db, task, spec, milestones, plan.scope, plan.approval.actor, why)
     report.state = S.MILESTONES
     comment_on_issue(
-        env,
-        db,
+        job.env,
+        job.db,
         task.id,
         f"The plan was approved ({plan.approval.reason}); its {len(milestones)} milestones "
         "run one at a time on one branch.",
     )
-    return True
+    return None
 
 
-def pause(env: Environment, db: Database, plan: Plan, why: str, report: PlanStepReport) -> None:
+def pause(env: Environment, plan: Plan, why: str, report: PlanStepReport) -> Outcome:
     """Back to awaiting approval: nothing new starts until a writer approves again."""
     task = plan.task
     spec = dict(task.spec or {})
     spec.pop("approved", None)
     spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
-    with db.write() as session:
-        for child in children_of(session, task.id):
-            if child.state == S.READY:
-                advance(
-                    session, child.id, S.READY, child.version, S.NEW, why, kind="milestone.held"
-                )
-    if move_plan(db, task, S.MILESTONES, S.AWAITING_PLAN_APPROVAL, why, report, spec=spec):
-        label, command = (
-            env.loaded.config.labels.approved,
-            env.loaded.config.planning.approve_command,
-        )
-        comment_on_issue(
-            env,
-            db,
-            task.id,
+    label, command = env.loaded.config.labels.approved, env.loaded.config.planning.approve_command
+    report.reason = why
+    return Outcome(
+        report,
+        S.AWAITING_PLAN_APPROVAL,
+        why,
+        {"spec": spec},
+        actor="plan",
+        writes=lambda session: hold_milestones(session, task.id, why),
+        comment=(
             f"The plan is paused: {why}. A user with write permission approves it again by "
-            f"applying `{label}` (remove it first if it is still there) or commenting `{command}`.",
-        )
-
-
-def move_plan(
-    db: Database,
-    task: Task,
-    from_state: str,
-    to_state: str,
-    reason: str,
-    report: PlanStepReport,
-    **changes: Any,
-) -> bool:
-    try:
-        with db.write() as session:
-            task.version = advance(
-                session,
-                task.id,
-                from_state,
-                task.version,
-                to_state,
-                reason,
-                actor="plan",
-                **changes,
-            )
-    except TransitionRefused as exc:
-        report.reason = exc.message
-        return False
-    report.state, report.reason = to_state, reason
-    return True
+            f"applying `{label}` (remove it first if it is still there) or commenting `{command}`."
+        ),
+    )

@@ -12,28 +12,27 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import NoReturn
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
-from aiworker.core.context import Environment
 from aiworker.core.delivery.refresh import refresh_base
 from aiworker.core.delivery.scope_check import answer_moved_scope
-from aiworker.core.delivery.steps import refuse_publication, step_guard
 from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
-from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.milestones import accepted_milestones, checks_of
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict, InvalidInput
+from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.publications import advance_publication, current_publication, save_intent
+from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
 
@@ -54,23 +53,26 @@ def owned_by(pull: PullRequest, task_id: int) -> bool:
     return f"<!-- aiworker:task={task_id} " in pull.body
 
 
+def refuse_publication(db: Database, task: Task, reason: str) -> NoReturn:
+    """Publication does not go ahead: the reason is recorded, and the step fails with it."""
+    with db.write() as session:
+        append_event(session, "publish.refused", task_id=task.id, data={"reason": reason})
+    raise Conflict(f"task {task.id} cannot be published: {reason}")
+
+
 def _preconditions(
-    env: Environment,
-    db: Database,
-    task: Task,
-    repo: Repository,
-    access: ForgeAccess,
-    worker: ForgejoClient,
-) -> tuple[Issue, str] | str:
-    """The issue and default branch to publish against, or the state the task went to
-    instead: a repair episode for a changed scope or a moved base, or awaiting a new
-    approval for a plan whose issue changed."""
+    job: Job, access: ForgeAccess, worker: ForgejoClient, report: PublishReport
+) -> tuple[Issue, str] | Outcome:
+    """The issue and default branch to publish against, or how the step ends instead: a
+    repair episode for a changed scope or a moved base, or awaiting a new approval for a
+    plan whose issue changed."""
+    env, db, task, repo = job.env, job.db, job.task, job.repo
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
-    moved = answer_moved_scope(env, db, task, issue, S.IMPLEMENTED)
-    if moved:
+    moved = answer_moved_scope(env, db, task, issue, report)
+    if moved is not None:
         return moved
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if scope != task.scope_fingerprint:
@@ -91,11 +93,13 @@ def _preconditions(
             access.token("worker"),
             base_now,
             forge_repo.default_branch,
+            report,
         )
-        if refreshed is None:
-            return str(S.REPAIRING)
+        if isinstance(refreshed, Outcome):
+            return refreshed
         task.head_commit, task.base_commit = refreshed.head, refreshed.base
         task.version = refreshed.version
+        report.head = refreshed.head
     assert task.head_commit is not None
     assert task.base_commit is not None
     allowed, reason = publication_allowed(
@@ -111,37 +115,18 @@ def _preconditions(
     return issue, forge_repo.default_branch
 
 
-def publish(env: Environment, task_id: int) -> PublishReport:
-    db = env.open_database()
-    try:
-        with db.read() as session:
-            task = session.get(Task, task_id)
-            repo = session.get(Repository, task.repository_id) if task else None
-        if task is None or repo is None:
-            raise InvalidInput(f"no task {task_id}")
-        if task.state != "implemented" or not task.head_commit:
-            raise Conflict(f"task {task_id} is {task.state}; only implemented work is published")
-        with step_guard(env, db, task, "publish", {"head": task.head_commit}) as guard:
-            report = _publish(env, db, task, repo)
-            if report.state != S.AWAITING_CI:
-                guard.finish("succeeded", f"not published: the task is {report.state}")
-            else:
-                guard.finish("succeeded", f"PR #{report.pr} at {report.head}")
-        failpoint("publish.after_record")
-        follow_up_if_asked(env)
-        return report
-    finally:
-        db.dispose()
-
-
-def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> PublishReport:
+def publish(job: Job) -> Outcome:
+    env, db, task, repo = job.env, job.db, job.task, job.repo
     assert task.head_commit is not None
+    job.start(None, {"head": task.head_commit})
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
     branch = f"aiworker/task-{task.id}"
-    ready = _preconditions(env, db, task, repo, access, worker)
-    if isinstance(ready, str):
-        return PublishReport(task.id, None, branch, task.head_commit, False, ready)
+    report = PublishReport(task.id, None, branch, task.head_commit, False)
+    job.report = report
+    ready = _preconditions(job, access, worker, report)
+    if isinstance(ready, Outcome):
+        return ready.ended("succeeded", f"not published: {ready.reason}")
     issue, default_branch = ready
     with db.write() as session:
         publication = current_publication(session, task.id)
@@ -178,20 +163,17 @@ def _publish(env: Environment, db: Database, task: Task, repo: Repository) -> Pu
         marker + ("\n\n" + details if details else ""),
     )
     failpoint("publish.after_request")
-    with db.write() as session:
-        advance_publication(session, publication_id, "opened", pull.number)
-        task.version = advance(
-            session,
-            task.id,
-            S.IMPLEMENTED,
-            task.version,
-            S.AWAITING_CI,
-            f"published as PR #{pull.number}",
-            actor="publish",
-            kind="task.published",
-            data={"pr": pull.number, "head": task.head_commit, "created": created},
-        )
-    return PublishReport(task.id, pull.number, branch, task.head_commit, created)
+    report.pr, report.created = pull.number, created
+    landing = Outcome(
+        report,
+        S.AWAITING_CI,
+        f"published as PR #{pull.number}",
+        kind="task.published",
+        data={"pr": pull.number, "head": task.head_commit, "created": created},
+        # The PR is recorded with the move: a run that dies in between finds it again.
+        writes=lambda session: advance_publication(session, publication_id, "opened", pull.number),
+    )
+    return landing.ended("succeeded", f"PR #{pull.number} at {task.head_commit}")
 
 
 def _open_or_update(

@@ -21,11 +21,11 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.gate import run_checks
+from aiworker.core.phases.outcome import Outcome
+from aiworker.core.report import Report
 from aiworker.core.runner.dispatch import Dispatch
-from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.milestones import checks_of
-from aiworker.core.tasks.repairs import RepairRequest, request_repair
-from aiworker.core.tasks.states import TaskState as S
+from aiworker.core.tasks.repairs import RepairRequest, record_refreshed_base
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
@@ -49,8 +49,10 @@ def refresh_base(
     token: str,
     base_now: str,
     default_branch: str,
-) -> Refreshed | None:
-    """The refreshed head and base, or None when a repair episode was requested instead."""
+    report: Report,
+) -> Refreshed | Outcome:
+    """The refreshed head and base (recorded on the task), or how the step ends instead:
+    a repair episode."""
     assert task.head_commit is not None
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
@@ -80,8 +82,7 @@ def refresh_base(
                 f"the base moved to {base_now[:12]}; merging it conflicts in {', '.join(conflicts)}"
             )
             request = RepairRequest("conflict", head, base_now, findings, conflicts)
-            request_repair(env, db, task, S.IMPLEMENTED, request, why)
-            return None
+            return Outcome(report, repair=request, reason=why)
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
         gate = run_checks(
@@ -99,23 +100,8 @@ def refresh_base(
         why = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
         findings = [Finding(severity="blocker", message=f) for f in failed]
         request = RepairRequest("base_checks", head, base_now, findings)
-        request_repair(env, db, task, S.IMPLEMENTED, request, f"the base moved; {why}")
-        return None
-    with db.write() as session:
-        version = advance(
-            session,
-            task.id,
-            S.IMPLEMENTED,
-            task.version,
-            S.IMPLEMENTED,
-            f"the base moved to {base_now[:12]}: merged it into the work as {head[:12]}; "
-            "every required check passed there",
-            actor="publish",
-            kind="task.base_refreshed",
-            data={"from_base": task.base_commit, "base": base_now, "head": head},
-            head_commit=head,
-            base_commit=base_now,
-        )
+        return Outcome(report, repair=request, reason=f"the base moved; {why}")
+    version = record_refreshed_base(db, task, head, base_now)
     return Refreshed(head, base_now, version)
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import move
 from aiworker.core.evidence.gate import PHASE as VALIDATION
 from aiworker.core.intake.scope import fingerprint
-from aiworker.core.tasks.repairs import RepairRequest, request_repair
+from aiworker.core.phases.outcome import Outcome
+from aiworker.core.report import Report
+from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
@@ -20,15 +21,15 @@ REPAIRABLE = ("issue", "feature")
 
 
 def answer_moved_scope(
-    env: Environment, db: Database, task: Task, issue: Issue, from_state: str
-) -> str | None:
+    env: Environment, db: Database, task: Task, issue: Issue, report: Report
+) -> Outcome | None:
     """When ISSUE's requirements are no longer those the work at the task's head was checked
-    for, request a repair (cause `scope`) with the new scope recorded, or send a plan back
-    to await approval (delivery/plan_approval.py then wants a new one); the state the task
-    went to, or None when the scope stands. TASK (in FROM_STATE) follows the move."""
+    for, the step ends with a repair (cause `scope`) and the new scope recorded, or sends a
+    plan back to await approval (delivery/plan_approval.py then wants a new one); None when
+    the scope stands."""
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if task.kind == "plan":
-        return _plan_approved_for(db, task, scope, from_state)
+        return _plan_approved_for(task, scope, report)
     if task.kind not in REPAIRABLE or not task.head_commit or not task.base_commit:
         return None
     with db.read() as session:
@@ -45,13 +46,12 @@ def answer_moved_scope(
         message=f"{why}: make the work meet the request as it reads now (the issue's text)",
     )
     request = RepairRequest("scope", task.head_commit, task.base_commit, [finding])
-    return request_repair(env, db, task, from_state, request, why, scope_fingerprint=scope)
+    return Outcome(report, repair=request, reason=why, changes={"scope_fingerprint": scope})
 
 
-def _plan_approved_for(db: Database, task: Task, scope: str, from_state: str) -> str | None:
+def _plan_approved_for(task: Task, scope: str, report: Report) -> Outcome | None:
     approved = (task.spec or {}).get("approved", {}).get("fingerprint")
     if approved is None or approved == scope:
         return None
     why = "the issue changed after the plan was approved; a writer must approve it again"
-    move(db, task, from_state, S.AWAITING_PLAN_APPROVAL, "plan.scope_changed", {}, why)
-    return str(S.AWAITING_PLAN_APPROVAL)
+    return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, kind="plan.scope_changed")

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from aiworker.contracts.agent import AgentResult
-from aiworker.contracts.runner import JobResult
+from aiworker.contracts.runner import Delivery, JobResult
 from aiworker.core.evidence.artifacts import (
     JSON,
     TEXT,
@@ -27,9 +29,8 @@ from aiworker.core.evidence.artifacts import (
     store,
 )
 from aiworker.core.evidence.measurements import judge, reported
-from aiworker.core.intake.scope import Requirement
-from aiworker.core.runner.dispatch import Dispatch
-from aiworker.runtime.gitcache import GitCacheError
+from aiworker.core.evidence.requirements import Requirement
+from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.secrets import redact
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt, receipts_for
@@ -37,6 +38,22 @@ from aiworker.store.receipts import add_receipt, receipts_for
 PHASE = "validation"
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
 TAIL_CHARS = 2000
+
+
+class Dispatch(Protocol):
+    """What runs the checks as worker jobs (runner/dispatch.py): the controller's git
+    cache, where evidence files are kept and for how long, and the run itself."""
+
+    @property
+    def cache(self) -> GitCache: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def artifact_days(self) -> int: ...
+
+    def run(
+        self, index: int, commit: str, argv: Sequence[str], label: str, timeout_ms: int, suite: str
+    ) -> Delivery: ...
 
 
 @dataclass

@@ -75,6 +75,16 @@ def isolation_refusal(env: Environment, provider: str) -> str | None:
     return None
 
 
+def provider_homes(env: Environment) -> list[Path]:
+    """Every place a provider keeps its login: hidden from the other providers' runs."""
+    homes = [env.state_dir / "providers"]
+    for options in env.loaded.config.provider_options.values():
+        if options.home:
+            home = Path(options.home).expanduser()
+            homes.append(home if home.is_absolute() else env.loaded.path.parent / home)
+    return homes
+
+
 def host_secrets(env: Environment) -> list[Path]:
     """What a job on this host must not read: the state directory (the database, runner
     and web keys, logs), the configuration's folder and every token file it names. A
@@ -110,7 +120,6 @@ def checks_place(env: Environment) -> Any:
     the host's secrets and every provider's login (SandboxedChecks) when it is
     installed; None without it."""
     if backend_choice(env)[0] == "local":
-        from aiworker.core.providers.registry import provider_homes
         from aiworker.runtime.bubblewrap import installed
         from aiworker.runtime.host_checks import SandboxedChecks
 

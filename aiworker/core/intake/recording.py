@@ -8,8 +8,8 @@ a conflict for it and decides again next time.
 from __future__ import annotations
 
 from aiworker.core.tasks.budgets import RELEASE
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
-from aiworker.core.tasks.states import ACTIVE, TaskState
+from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
+from aiworker.core.tasks.states import ACTIVE, RESUMABLE, TaskState
 from aiworker.store.engine import Session
 from aiworker.store.models import Task
 from aiworker.store.task_records import create_task, held_for_operator, paused_from
@@ -52,10 +52,9 @@ def record_discovered(
             scope_fingerprint=fingerprint,
         )
         return "created"
-    try:
-        outcome = _update(session, known, title, fingerprint, actor)
-    except TransitionRefused:
-        return "conflict"
+    outcome = _update(session, known, title, fingerprint, actor)
+    if outcome == "conflict":
+        return outcome
     if outcome != "resumed" and actor is not None and actor != authorizer:
         append_event(
             session,
@@ -67,29 +66,15 @@ def record_discovered(
     return outcome
 
 
-# Work past implementation resumes where it was paused: every step re-verifies what it
-# relies on (authorisation, scope, base, receipts, the PR head, a plan's approval) before
-# it acts; a repair episode waits for a slot again with its request.
-RESUMABLE = frozenset(
-    {
-        TaskState.AWAITING_PLAN_APPROVAL,
-        TaskState.MILESTONES,
-        TaskState.REPAIRING,
-        TaskState.IMPLEMENTED,
-        TaskState.AWAITING_CI,
-        TaskState.AWAITING_REVIEW,
-        TaskState.APPROVED,
-    }
-)
-
-
 def _update(session: Session, known: Task, title: str, fingerprint: str, actor: str | None) -> str:
+    """'resumed', 'updated', 'unchanged', or 'conflict' when a job moved the task since
+    poll read it (poll reads it again next time)."""
     outcome = "unchanged"
     state, version = known.state, known.version
     if state == TaskState.PAUSED and not held_for_operator(session, known.id):
         before = paused_from(session, known.id)
         resume = TaskState(before) if before in RESUMABLE else TaskState.READY
-        version = advance(
+        resumed = try_advance(
             session,
             known.id,
             state,
@@ -99,12 +84,14 @@ def _update(session: Session, known: Task, title: str, fingerprint: str, actor: 
             actor=actor,
             kind="task.resumed",
         )
-        state, outcome = resume, "resumed"
+        if isinstance(resumed, Refusal):
+            return "conflict"
+        state, version, outcome = resume, resumed, "resumed"
     changed = known.scope_fingerprint != fingerprint or known.title != title
     if changed and state in ACTIVE | {TaskState.PAUSED}:
         # An issue edited while it waited for input is eligible again.
         to_state = TaskState.READY if state == TaskState.NEEDS_INPUT else state
-        advance(
+        updated = try_advance(
             session,
             known.id,
             state,
@@ -117,6 +104,8 @@ def _update(session: Session, known: Task, title: str, fingerprint: str, actor: 
             scope_fingerprint=fingerprint,
             title=title,
         )
+        if isinstance(updated, Refusal):
+            return "conflict"
         outcome = "updated" if outcome == "unchanged" else outcome
     return outcome
 
@@ -129,17 +118,14 @@ def pause_task(session: Session, task: Task, reason: str) -> bool:
     recorded as done."""
     if task.state not in ACTIVE or task.state == TaskState.APPROVED:
         return False
-    try:
-        advance(
-            session,
-            task.id,
-            task.state,
-            task.version,
-            TaskState.PAUSED,
-            reason,
-            kind="task.paused",
-            **RELEASE,
-        )
-    except TransitionRefused:
-        return False
-    return True
+    paused = try_advance(
+        session,
+        task.id,
+        task.state,
+        task.version,
+        TaskState.PAUSED,
+        reason,
+        kind="task.paused",
+        **RELEASE,
+    )
+    return not isinstance(paused, Refusal)

@@ -12,19 +12,17 @@ touched; links are never followed. A second run reports nothing changed.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.context import Environment
+from aiworker.core.context import Environment, task_artifacts, tasks_with_artifacts
 from aiworker.core.report import Report
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.store.engine import Database
 from aiworker.store.tasks import states_of
 
-_TASK_FILE = re.compile(r"^task-(\d+)[-.]")
 FINISHED = ("done", "failed", "cancelled")
 
 
@@ -43,33 +41,6 @@ def _size(path: Path) -> int:
     for root, _dirs, files in os.walk(path):
         total += sum(Path(root, f).lstat().st_size for f in files)
     return total
-
-
-# Where a task's files lie: workspaces, attempts' kept files (prompt, result, output).
-TASK_FOLDERS = ("workspaces", "attempts")
-
-
-def task_artifacts(state_dir: Path, task_id: int) -> list[Path]:
-    found = []
-    for name in TASK_FOLDERS:
-        folder = state_dir / name
-        found += [*folder.glob(f"task-{task_id}-*")] if folder.is_dir() else []
-    logs = state_dir / "logs"
-    found += [p for p in (logs / f"task-{task_id}.log",) if p.exists()]
-    found += [*logs.glob(f"task-{task_id}.log.*")] if logs.is_dir() else []  # rotated
-    return sorted(found)
-
-
-def tasks_with_artifacts(state_dir: Path) -> set[int]:
-    """Tasks that have anything on disk, from two directory listings (no database)."""
-    ids: set[int] = set()
-    for folder in (*(state_dir / name for name in TASK_FOLDERS), state_dir / "logs"):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        ids.update(int(m.group(1)) for m in map(_TASK_FILE.match, names) if m)
-    return ids
 
 
 def cleanup(

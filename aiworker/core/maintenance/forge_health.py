@@ -14,7 +14,7 @@ from aiworker.config.models import Identity
 from aiworker.core.context import Environment
 from aiworker.core.health import Check
 from aiworker.core.maintenance.access import BOTS, WRITE, permission_of
-from aiworker.core.scheduling.state import SchedulerState
+from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError
 
 ROLES = (*BOTS, "operator")

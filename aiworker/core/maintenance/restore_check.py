@@ -11,10 +11,9 @@ from typing import Any
 
 from aiworker.adapters.forgejo.client import ForgejoClient
 from aiworker.core.context import Environment
-from aiworker.core.delivery.pull import CI_CONTEXT, ours_passed
+from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.tasks.hold import hold_task
-from aiworker.core.tasks.lifecycle import TransitionRefused
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import AiworkerError
 from aiworker.runtime.gitcache import GitCache, GitCacheError
@@ -95,15 +94,13 @@ def _hold(db: Database, task: TaskToVerify, reason: str) -> bool:
     """Hold TASK; a poll that changed it meanwhile (a new scope) is read and tried again."""
     state, version = task.state, task.version
     for _ in range(3):
-        try:
-            hold_task(db, task.id, state, version, reason, actor="restore")
+        if hold_task(db, task.id, state, version, reason, actor="restore"):
             return True
-        except TransitionRefused:
-            with db.read() as session:
-                now = current_state(session, task.id)
-            if now is None or now[0] in (S.PAUSED, S.DONE, S.FAILED, S.CANCELLED):
-                return False
-            state, version = now
+        with db.read() as session:
+            now = current_state(session, task.id)
+        if now is None or now[0] in (S.PAUSED, S.DONE, S.FAILED, S.CANCELLED):
+            return False
+        state, version = now
     return False
 
 

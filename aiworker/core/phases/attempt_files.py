@@ -28,9 +28,9 @@ from aiworker.core.evidence.artifacts import (
     record_received,
     store,
 )
+from aiworker.core.guests.backends import provider_homes
 from aiworker.core.intake.images import image_type
 from aiworker.core.phases.run import KEPT_TAIL, RunReport
-from aiworker.core.providers.registry import provider_homes
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.credentials import credential_files
 from aiworker.runtime.evidence import mask_secrets

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.contracts.continuation import Continuation, Evidence, PriorAttempt, Scope
-from aiworker.core.intake.scope import requirements_from_issue
+from aiworker.core.evidence.requirements import requirements_from_issue
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.attempts import attempts_of
 from aiworker.store.engine import Database

@@ -1,223 +1,218 @@
-"""The model-phase engine shared by implementation and review (planning and repair next):
-admission, the attempt record, the workspace, the run, result validation.
+"""The one driver of every phase and step (table.py declares them): it opens the
+database, loads the task and checks that it may start, takes the lock and the task up,
+checks the budget, runs the body inside the guard, and makes the one last move from
+the Outcome the body returns.
 
-Each step runs inside the caller's PhaseGuard, so an exception anywhere closes the
-attempt and lands the task; the phase module only decides what a valid result
-means for its task.
+A move the task refuses (it was paused or cancelled meanwhile, or moved on) is handled
+here alone: that decision stands and the work is retained with the reason; a result for
+a scope that poll replaced meanwhile sends a still-claimed task back to its retry state.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+import os
 
-from pydantic import ValidationError
-
-from aiworker.contracts.agent import AgentResult
-from aiworker.core.context import Environment
-from aiworker.core.guests.backends import host_secrets
-from aiworker.core.phases.attempt_files import keep_attempt_files
+from aiworker import logs
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.phases.local_route import LocalRoute, route_outcome
-from aiworker.core.phases.run import RunReport, run_provider
-from aiworker.core.providers.admission import provider_settings, select_provider
-from aiworker.core.providers.registry import (
-    backoffs,
-    capability_check,
-    observe,
-    provider_for,
-    provider_homes,
-    read_provider,
-)
-from aiworker.core.tasks.deadlines import run_limit_s
+from aiworker.core.phases.outcome import Job, Outcome, landed
+from aiworker.core.phases.table import SLOT, Phase
+from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
+from aiworker.core.tasks.hosts import hold_task_lock
+from aiworker.core.tasks.lifecycle import Refusal, TransitionRefused, advance
+from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.repairs import request_repair
+from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.failpoints import failpoint
-from aiworker.runtime.workspace import Workspace
+from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
-from aiworker.store.observations import record_run, running_jobs
+from aiworker.store.models import Repository, Task
+from aiworker.store.publications import current_publication
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Admission:
-    provider: str | None
-    model: str | None = None
-    effort: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    suspended: bool = False
+class BudgetSpent(Conflict):
+    code = "budget_spent"
 
 
-@dataclass
-class ModelRun:
-    provider: str
-    attempt: int
-    workspace: Workspace
-    result: AgentResult | None
-    failure: str | None  # the provider's failure class, or "invalid" for a bad document
-    reason: str
-
-
-def admit(
-    env: Environment,
-    db: Database,
-    phase: str,
-    *,
-    simple: bool = False,
-    tried_here: set[str] | None = None,
-) -> Admission:
-    """Choose a provider for PHASE by quota admission; every decision is recorded."""
-    config = env.loaded.config
-    now = datetime.now(UTC)
-    with db.read() as session:
-        running = running_jobs(session)
-        backoff = backoffs(session, config.providers)
-    selection = select_provider(
-        config,
-        phase,
-        lambda n: read_provider(env, n, now),
-        running,
-        now,
-        simple=simple,
-        backoff=backoff,
-        capable=capability_check(env, phase, simple=simple, tried_here=tried_here or ()),
-    )
-    observe(db, selection.decisions)
-    decisions = [
-        {"provider": d.provider, "eligible": d.eligible, "reason": d.reason}
-        for d in selection.decisions
-    ]
-    if selection.provider is None:
-        return Admission(None, decisions=decisions, suspended=selection.suspended)
-    settings = provider_settings(config, phase, selection.provider, simple=simple)
-    return Admission(
-        selection.provider,
-        settings.model if settings else None,
-        settings.effort if settings else None,
-        settings.model_dump() if settings else {},
-        decisions,
-    )
-
-
-def run_model_phase(
-    env: Environment,
-    db: Database,
-    guard: PhaseGuard,
-    admission: Admission,
-    *,
-    bundle: Path,
-    ref: str,
-    inputs: dict[str, str | bytes],
-    recorded: dict[str, Any],
-    read_only: bool = False,
-) -> ModelRun:
-    """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the
-    provider and validate its result document. RECORDED joins the attempt's settings.
-    READ_ONLY (review, planning): the checkout is a detached head the job cannot change,
-    and a result from a job that changed it anyway is not accepted."""
-    name = admission.provider
-    assert name is not None
-    backend = guard.backend
-    assert backend is not None
-    # The attempt says where it ran: the backend and, for a guest, its accelerator and image.
-    attempt = guard.start(
-        name,
-        {**admission.settings, **recorded, **backend.describe()},
-        admission.model,
-        admission.effort,
-    )
-    failpoint(f"{guard.phase}.attempt_started")
-    inputs = {
-        **inputs,
-        "result-schema.json": json.dumps(AgentResult.model_json_schema()),
-        "settings.json": json.dumps(
-            {"provider": name, "model": admission.model, "effort": admission.effort}
-        ),
-    }
-    root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
-    provider = provider_for(env, name)
-    route = None
+def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = None) -> Outcome:
+    """Run PHASE for TASK_ID (on SLOT, for a slot phase); the Outcome it ended with."""
+    db = env.open_database()
     try:
-        try:
-            # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
-            limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
-            # A local model is reached only through the gate that bounds its try.
-            route = LocalRoute.open(provider, backend)
-            workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
-        finally:
-            bundle.unlink(missing_ok=True)
-        guard.spent = True
-        if route is not None:
-            route.gate.begin()
-        run = run_provider(
-            route.provider if route else provider,
-            workspace,
-            admission.model,
-            admission.effort,
-            env.attempt_tag(guard.phase, attempt),
-            guard.phase,
-            backend=backend,
-            hidden=[*provider_homes(env), *host_secrets(env)],
-            bound=route.bound if route else None,
-            timeout_s=limit_s,
-        )
+        job = _load(env, db, phase, task_id, slot)
+        lock = _take_up(job)
+        exhausted = budget_spent(env, db, task_id, phase.name)
+        if exhausted:
+            _fail(job, exhausted)
+            if lock is not None:
+                lock.release()
+            raise BudgetSpent(f"task {task_id}: the {phase.name} budget is spent")
+        backend = backend_for(env, phase.name) if phase.backend else None
+        recover = lambda reason: _fail(job, reason)  # noqa: E731
+        with PhaseGuard(db, task_id, phase.name, recover, backend, lock) as guard:
+            job.guard = guard
+            try:
+                outcome: Outcome = phase.run()(job)
+                state, refusal = _move(job, outcome)
+            except TransitionRefused as exc:  # a task the body read moved meanwhile
+                if job.report is None:
+                    raise
+                outcome = Outcome(job.report)
+                state, refusal = _refused(job, outcome, exc.refusal)
+            landed(outcome.report, state, refusal)
+        failpoint(f"{phase.name}.after_record")
+        return outcome
     finally:
-        used = route.close() if route else None
-    if route is not None and used is not None:
-        run = route_outcome(db, attempt, run, used, route.bound.seconds)
-    failpoint(f"{guard.phase}.after_run")
-    _keep_files(env, db, guard, attempt, inputs, run)
-    result, failure, reason = _validated(run)
-    changed = backend.altered(workspace) if read_only and failure is None else []
-    if changed:
-        result, failure = None, "invalid"
-        reason = f"the {guard.phase} changed the checkout it must leave as it was: " + ", ".join(
-            changed[:10]
+        db.dispose()
+
+
+def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int | None) -> Job:
+    logs.task_id.set(task_id)  # this job's log lines name its task from here on
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        repo = session.get(Repository, task.repository_id) if task else None
+        publication = current_publication(session, task_id) if task else None
+    if task is None or repo is None:
+        raise InvalidInput(f"no task {task_id}")
+    starts = " or ".join(sorted(phase.starts))
+    where = f" on slot {task.claim_slot}" if phase.lock == SLOT else ""
+    if task.state not in phase.starts or (phase.lock == SLOT and task.claim_slot != slot):
+        wanted = f"{starts} on slot {slot}" if phase.lock == SLOT else starts
+        raise Conflict(f"task {task_id} is {task.state}{where}, not {wanted}")
+    if task.kind not in phase.kinds:
+        raise Conflict(f"task {task_id} is a {task.kind} task; {phase.command} is not for it")
+    if phase.lock == SLOT and task.claim_host not in (None, db.host):
+        raise Conflict(f"task {task_id} is claimed on controller {task.claim_host}'s slot {slot}")
+    if phase.needs == "head" and not task.head_commit:
+        raise Conflict(f"task {task_id} has no implemented head to publish")
+    pr = publication.pr_number if publication is not None else None
+    if phase.needs == "pr" and pr is None:
+        raise Conflict(f"task {task_id} has no open pull request")
+    return Job(env, db, phase, task, repo, str(task.state), slot=slot, pr=pr)
+
+
+def _take_up(job: Job) -> FileLock | None:
+    """Take the phase's lock (None: inherited from the tick) and, for a slot phase, the
+    task: the claim names this process, which is how recovery tells a live job."""
+    env, db, task = job.env, job.db, job.task
+    if job.phase.lock != SLOT:
+        return hold_task_lock(env, db, task.id, task.state, task.version)
+    lock = hold_job_lock(env, f"slot-{job.slot}")
+    job.token = f"{job.slot}-pid{os.getpid()}"
+    try:
+        with db.write() as session:
+            task.version = advance(
+                session,
+                task.id,
+                job.started,
+                task.version,
+                job.holds,
+                f"{job.phase.doing} on slot {job.slot}",
+                actor=job.phase.command,
+                kind="job.started" if job.holds == job.started else "task.transition",
+                follow_data_changes=True,  # the tick named this job's pid meanwhile
+                claim_token=job.token,
+            )
+        task.state = job.holds
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
+
+
+def _fail(job: Job, reason: str) -> None:
+    """The body failed (or the budget is spent): its hooks run, and the task goes to the
+    phase's retry state while the budget lasts, else to failed with a comment."""
+    for hook in job.failure_hooks:
+        hook(reason)
+    phase = job.phase
+    land_after_failure(
+        job.env,
+        job.db,
+        job.task.id,
+        job.holds,
+        job.task.version,
+        phase.name,
+        reason,
+        retry_state=job.retry,
+    )
+
+
+def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:
+    """The attempt's end and the task's last move; (the state it is in, why a refused
+    move was refused)."""
+    env, db, task = job.env, job.db, job.task
+    assert job.guard is not None
+    if outcome.attempt is not None:
+        job.guard.finish(outcome.attempt, outcome.attempt_reason, refunded=outcome.refunded)
+    release = RELEASE if job.phase.lock == SLOT else {}
+    changes = {**release, **outcome.changes}
+    if outcome.repair is not None:
+        state = request_repair(env, db, task, job.holds, outcome.repair, outcome.reason, **changes)
+    elif outcome.retry is not None:
+        retried = land_after_failure(
+            env,
+            db,
+            task.id,
+            job.holds,
+            task.version,
+            job.phase.name,
+            outcome.reason,
+            retry_state=outcome.retry,
         )
-    with db.write() as session:
-        record_run(session, name, "ok" if failure is None else failure, reason)
-    return ModelRun(name, attempt, workspace, result, failure, reason)
+        if retried is None:
+            refusal = Refusal(task.id, job.holds, task.version, outcome.retry, "stale")
+            return _refused(job, outcome, refusal)
+        state = retried
+    elif outcome.state is None:
+        now = job.now()
+        return (str(now.state) if now is not None else "gone"), None
+    else:
+        with db.write() as session:
+            if outcome.writes is not None:
+                outcome.writes(session)
+            task.version = advance(
+                session,
+                task.id,
+                job.holds,
+                task.version,
+                outcome.state,
+                outcome.reason[:1000],
+                actor=outcome.actor or job.phase.command,
+                kind=outcome.kind,
+                data=outcome.data,
+                follow_data_changes=not outcome.scoped,
+                **changes,
+            )
+        state = outcome.state
+    task.state = state
+    if outcome.comment is not None:
+        comment_on_issue(env, db, task.id, outcome.comment)
+    return state, None
 
 
-def _keep_files(
-    env: Environment,
-    db: Database,
-    guard: PhaseGuard,
-    attempt: int,
-    inputs: dict[str, str | bytes],
-    run: RunReport,
-) -> None:
-    """The attempt's prompt, result and provider output, and what it was handed (its
-    continuation and context documents, the issue's images), for the operator; a file
-    system or a database that refuses them costs the operator that view, never the
-    attempt's result."""
-    prompt = inputs.get("prompt.md", "")
-    text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
-    handed = {name: data for name, data in inputs.items() if name != "prompt.md"}
-    try:
-        keep_attempt_files(env, db, guard.task_id, attempt, text, run, handed)
-    except Exception as exc:
-        log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
-
-
-def _validated(run: RunReport) -> tuple[AgentResult | None, str | None, str]:
-    if run.failure is not None:
-        return None, run.failure, run.reason
-    try:
-        return AgentResult.model_validate(run.result), None, ""
-    except ValidationError as exc:
-        first = exc.errors(include_input=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(document)"
-        return None, "invalid", f"malformed result document: {where}: {first['msg']}"
-
-
-def workspaces_dir(env: Environment) -> Path:
-    """Where workspaces live: state/workspaces/task-N-PHASE-ATTEMPT (cleanup finds them
-    by the task-N- prefix)."""
-    folder = env.state_dir / "workspaces"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
+def _refused(job: Job, outcome: Outcome, refusal: Refusal) -> tuple[str, str | None]:
+    """The task moved on while the phase ran: that decision stands and what was made is
+    retained. Still claimed by this job, only its scope changed: the result answers the
+    old one, so the task goes back to the phase's retry state for the new one."""
+    assert job.guard is not None
+    with job.db.read() as session:
+        now = session.get(Task, job.task.id)
+    state = str(now.state) if now is not None else "gone"
+    why = f"the task became {state} while the phase ran; its result is retained"
+    ours = now is not None and now.state == job.holds and now.claim_token == job.token
+    if outcome.scoped and ours and job.token is not None:
+        assert now is not None
+        why = "the issue changed while the phase ran; its result is retained"
+        job.guard.keep(why)
+        job.task.version = now.version
+        again = Outcome(outcome.report, job.retry, why)
+        moved, _ = _move(job, again)
+        return moved, why
+    job.guard.keep(why)
+    log.warning("task %d: %s (%s)", job.task.id, why, refusal.sentence())
+    return state, why

@@ -1,50 +1,39 @@
 """`aiworker implement --task ID --slot N`: one implementation attempt, start to receipt.
 
-The task moves claimed -> running; then, before any provider runs, the base is
-pinned and the issue's inputs are checked (a problem there moves the task to
-needs_input with a comment, spending nothing) and the budget is read. A provider
-is chosen by admission and run in a disposable workspace inside the phase guard;
-its result is validated, its commits imported (they must descend from the base)
-and the quality gate re-runs the checks. The task's last move compares against
-the version this phase set: if poll paused it or an operator cancelled it
+The driver (engine.py) moves the task claimed -> running; then, before any provider
+runs, the base is pinned and the issue's inputs are checked (a problem there moves the
+task to needs_input with a comment, spending nothing). A provider is chosen by
+admission and run in a disposable workspace inside the phase guard; its result is
+validated, its commits imported (they must descend from the base) and the quality gate
+re-runs the checks (implement_verdict.py decides). The task's last move compares
+against the version this phase set: if poll paused it or an operator cancelled it
 meanwhile, that decision stands and the result is retained with the reason.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
+from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.guests.backends import backend_for
 from aiworker.core.intake.images import fetch_images
-from aiworker.core.intake.scope import Requirement, check_inputs, fingerprint
+from aiworker.core.intake.scope import check_inputs, fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.engine import ModelRun, admit, run_model_phase, workspaces_dir
-from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.phases.implement_outcomes import (
-    ImplementReport,
-    Running,
-    ended,
-    failed,
-    fell_back,
-    needs_input,
-    still_ours,
-    stopped,
-)
-from aiworker.core.phases.implement_verdict import judge, provider_failed
+from aiworker.core.phases.implement_verdict import fell_back, judge, provider_failed, refused
+from aiworker.core.phases.model_run import Admission, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.phases.prompts import (
     implementation_context,
     implementation_prompt,
     milestone_prompt,
 )
-from aiworker.core.phases.slot_start import load_on_slot, take_up
+from aiworker.core.phases.reports import AttemptReport, ended, needs_input, stopped
 from aiworker.core.providers.registry import one_try_per_snapshot
-from aiworker.core.scheduling.launcher import follow_up_if_asked
-from aiworker.core.tasks.budgets import budget_spent, land_after_failure
 from aiworker.core.tasks.milestones import checks_of, milestone_of
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
@@ -53,37 +42,34 @@ from aiworker.store.engine import Database
 from aiworker.store.models import Task
 
 log = logging.getLogger(__name__)
-PHASE = "implementation"
 
 
-def implement(env: Environment, task_id: int, slot: int) -> ImplementReport:
-    db = env.open_database()
-    try:
-        task, repo = load_on_slot(db, task_id, slot, S.CLAIMED, "claimed")
-        started = take_up(
-            env, db, task, repo, slot, S.RUNNING, f"implementing on slot {slot}", "implement"
-        )
-        lock = started.lock
-        running = Running(task, repo, slot, started.version, started.token)
+@dataclass
+class Ready:
+    """Everything the provider's run starts from, once nothing stops it."""
 
-        def recover(reason: str) -> None:
-            land_after_failure(
-                env, db, task.id, S.RUNNING, running.version, PHASE, reason, retry_state=S.READY
-            )
-
-        with PhaseGuard(db, task.id, PHASE, recover, backend_for(env, PHASE), lock) as guard:
-            report = _implement(env, db, guard, running)
-        if report.outcome != "unavailable":
-            follow_up_if_asked(env)
-        return report
-    finally:
-        db.dispose()
+    report: AttemptReport
+    worker: ForgejoClient
+    issue: Issue
+    parent: Task | None
+    cache: GitCache
+    base: str
+    admission: Admission
+    simple: bool
 
 
-def _implement(
-    env: Environment, db: Database, guard: PhaseGuard, running: Running
-) -> ImplementReport:
-    task, repo, slot = running.task, running.repo, running.slot
+def implement(job: Job) -> Outcome:
+    ready = _ready(job)
+    if isinstance(ready, Outcome):
+        return ready
+    return _run(job, ready)
+
+
+def _ready(job: Job) -> Ready | Outcome:
+    """Pin the base, check the issue's inputs and choose a provider; how the phase ends
+    instead when any of that stops it (nothing is spent)."""
+    env, db, task, repo, slot = job.env, job.db, job.task, job.repo, job.slot
+    name = job.phase.name
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
     parent = _plan_of(db, task)
@@ -97,11 +83,12 @@ def _implement(
         if parent is not None
         else f"refs/remotes/origin/{forge_repo.default_branch}"
     )
-    base = cache.pin(repo.index, slot, "base", start or "")
-    report = ImplementReport(task.id, "running", base=base)
+    base = cache.pin(repo.index, slot or 0, "base", start or "")
+    report = AttemptReport(task.id, "running", base=base)
+    job.report = report
     problems = check_inputs(issue, cache, repo.index, base)
     if problems:
-        return needs_input(env, db, running, report, problems)
+        return needs_input(report, problems)
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     wait = _not_now(env, task, parent, issue)
     if withdrawn or wait:
@@ -109,12 +96,7 @@ def _implement(
         # plan, which poll pauses); else it waits, ready.
         paused = withdrawn and task.kind != "milestone"
         state, why = (S.PAUSED, withdrawn) if paused else (S.READY, withdrawn or wait)
-        return ended(db, running, report, state, str(state), why or "")
-    exhausted = budget_spent(env, db, task.id, PHASE)
-    if exhausted:
-        guard.recover(exhausted)
-        report.outcome, report.reason, report.state = "failed", "budget spent", S.FAILED
-        return report
+        return ended(report, state, str(state), why or "")
     simple = (
         milestone_of(task).simple
         if parent is not None
@@ -122,24 +104,40 @@ def _implement(
     )
     with db.read() as session:
         tried = providers_tried_at(session, task.id, base)
-    admission = admit(env, db, PHASE, simple=simple, tried_here=tried)
+    admission = admit(env, db, name, simple=simple, tried_here=tried)
     report.decisions = admission.decisions
     if admission.provider is None:
         reason = "no provider is eligible for implementation now" + (
             "; inference is suspended" if admission.suspended else ""
         )
-        return ended(db, running, report, S.READY, "unavailable", reason)
-    if not still_ours(db, running):
-        return stopped(db, running, report)
-    images = fetch_images(worker, issue)
-    bundle = cache.bundle_out(
-        repo.index, slot, workspaces_dir(env) / f"task-{task.id}-{PHASE}.bundle"
+        return ended(report, S.READY, "unavailable", reason)
+    gone = stopped(job, report)
+    if gone is not None:
+        return gone
+    return Ready(report, worker, issue, parent, cache, base, admission, simple)
+
+
+def _run(job: Job, ready: Ready) -> Outcome:
+    """Run the provider, import its commits and judge the result."""
+    env, db, task, repo, slot = job.env, job.db, job.task, job.repo, job.slot
+    report, issue, cache, base, simple = (
+        ready.report,
+        ready.issue,
+        ready.cache,
+        ready.base,
+        ready.simple,
     )
+    name, parent = job.phase.name, ready.parent
+    images = fetch_images(ready.worker, issue)
+    bundle = cache.bundle_out(
+        repo.index, slot or 0, workspaces_dir(env) / f"task-{task.id}-{name}.bundle"
+    )
+    assert job.guard is not None
     run = run_model_phase(
         env,
         db,
-        guard,
-        admission,
+        job.guard,
+        ready.admission,
         bundle=bundle,
         ref=f"refs/aiworker/slot-{slot}/base",
         inputs={
@@ -148,21 +146,30 @@ def _implement(
                 repo, issue.number, base, images, task if parent is not None else None
             ),
             "continuation.json": continuation_json(
-                db,
-                cache,
-                task=task,
-                repo=repo,
-                phase=PHASE,
-                issue=issue,
-                base=base,
+                db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
             ),
             **images.files,
         },
         recorded={"base": base, "simple": simple},
     )
     report.provider, report.attempt = run.provider, run.attempt
+    assert job.guard.backend is not None
+    outcome_bundle = fetch_result_bundle(env, db, job.guard.backend, task.id, run)
+    # A local model has one try at this snapshot: whatever fails, the next provider goes on.
+    local = one_try_per_snapshot(env, run.provider)
+    if run.failure is not None:
+        if local:
+            return fell_back(job, report, run.failure, run.reason, simple=simple)
+        return provider_failed(job, cache, report, run, outcome_bundle)
+    if outcome_bundle is None:
+        return refused(job, report, "failed", "the agent made no commits", local, simple)
+    try:
+        report.head = cache.import_result(repo.index, slot or 0, outcome_bundle, "refs/heads/work")
+    except AncestryRejected as exc:
+        return refused(job, report, "failed", exc.message, local, simple)
+    assert run.result is not None
     requirements = checks_of(db, task, issue.body)
-    return _conclude(env, db, guard, running, cache, requirements, report, run, simple=simple)
+    return judge(job, requirements, report, run.result, local=local, simple=simple)
 
 
 def _not_now(env: Environment, task: Task, parent: Task | None, issue: Issue) -> str | None:
@@ -191,40 +198,3 @@ def _plan_of(db: Database, task: Task) -> Task | None:
         return None
     with db.read() as session:
         return session.get(Task, task.parent_id)
-
-
-def _conclude(
-    env: Environment,
-    db: Database,
-    guard: PhaseGuard,
-    running: Running,
-    cache: GitCache,
-    requirements: list[Requirement],
-    report: ImplementReport,
-    run: ModelRun,
-    *,
-    simple: bool,
-) -> ImplementReport:
-    repo, slot = running.repo, running.slot
-    assert guard.backend is not None
-    outcome_bundle = fetch_result_bundle(env, db, guard.backend, guard.task_id, run)
-    # A local model has one try at this snapshot: whatever fails, the next provider goes on.
-    local = one_try_per_snapshot(env, run.provider)
-
-    def refuse(outcome: str, reason: str) -> ImplementReport:
-        if local:
-            return fell_back(env, db, guard, running, report, outcome, reason, simple=simple)
-        return failed(db, guard, running, report, reason)
-
-    if run.failure is not None:
-        if local:
-            return refuse(run.failure, run.reason)
-        return provider_failed(env, db, guard, running, cache, report, run, outcome_bundle)
-    if outcome_bundle is None:
-        return refuse("failed", "the agent made no commits")
-    try:
-        report.head = cache.import_result(repo.index, slot, outcome_bundle, "refs/heads/work")
-    except AncestryRejected as exc:
-        return refuse("failed", exc.message)
-    assert run.result is not None
-    return judge(env, db, guard, running, requirements, report, run.result, refuse, local=local)

@@ -88,15 +88,6 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     return ScriptProvider(None)
 
 
-def provider_homes(env: Environment) -> list[Path]:
-    """Every place a provider keeps its login: hidden from the other providers' runs."""
-    homes = [env.state_dir / "providers"]
-    for options in env.loaded.config.provider_options.values():
-        if options.home:
-            homes.append(_path(env.loaded, options.home))
-    return homes
-
-
 def read_provider(env: Environment, name: str, now: datetime) -> tuple[Reading, tuple[str, ...]]:
     """A reading for NAME and the windows it must contain, without spending inference."""
     provider = provider_for(env, name)

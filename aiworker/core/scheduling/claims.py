@@ -54,7 +54,7 @@ def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[st
 
 def claim_once(env: Environment, slot: int | None) -> ClaimReport:
     """`aiworker claim`: claim the next eligible task for SLOT (or the first free slot)."""
-    from aiworker.core.scheduling.phase_commands import NEXT_PHASE
+    from aiworker.core.phases.table import claimable_kinds
     from aiworker.core.tasks.recovery import recover_slots
 
     shares = env.loaded.config.shares
@@ -70,7 +70,7 @@ def claim_once(env: Environment, slot: int | None) -> ClaimReport:
                 recovered = [r.task for r in recover_slots(env, db, [number])]
                 if _slot_taken(db, number):
                     continue
-                claim = claim_for_slot(env, db, number, list(NEXT_PHASE))
+                claim = claim_for_slot(env, db, number, list(claimable_kinds()))
             finally:
                 lock.release()
             if claim is not None:

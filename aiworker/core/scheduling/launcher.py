@@ -17,15 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiworker.core.context import Environment
+from aiworker.core.context import Environment, task_log
+from aiworker.core.phases.table import PUBLISH, step_for, step_states
 from aiworker.core.report import Report
-from aiworker.core.scheduling.phase_commands import (
-    DELIVERY_PHASE,
-    aiworker_argv,
-    argv_for,
-    phase_command,
-)
-from aiworker.core.scheduling.state import update_state
+from aiworker.core.scheduler_state import update_state
+from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
+from aiworker.core.tasks.claim_jobs import name_job
+from aiworker.core.tasks.hosts import published_elsewhere
 from aiworker.errors import Unavailable
 from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
@@ -33,15 +31,11 @@ from aiworker.runtime.logfiles import Rotation
 from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached, tee_output
 from aiworker.store.claims import claimed_on
 from aiworker.store.engine import Database
-from aiworker.store.tasks import kind_and_state, task_state, tasks_in_states
+from aiworker.store.tasks import kind_and_state, tasks_in_states
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
-
-
-def task_log(env: Environment, task_id: int) -> Path:
-    return env.state_dir / "logs" / f"task-{task_id}.log"
 
 
 def log_rotation(env: Environment) -> Rotation:
@@ -115,8 +109,8 @@ def run_step(env: Environment, task_id: int) -> None:
     if not lock.try_acquire():
         raise Unavailable(f"a step of task {task_id} is already running")
     found = _read(env, lambda connection: kind_and_state(connection, task_id))
-    phase = None if found is None or found[0] == "milestone" else DELIVERY_PHASE.get(found[1])
-    command = None if phase is None else phase_command(env, phase)
+    step = None if found is None else step_for(*found)
+    command = None if step is None else phase_command(env, step.command)
     if command is None:
         lock.release()
         state = "gone" if found is None else found[1]
@@ -152,23 +146,23 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
     Under the systemd launcher each step is aiworker-step@TASK.service, which takes the
     lock itself (starting an active unit again is a no-op)."""
     with db.read_connection() as connection:
-        waiting = tasks_in_states(connection, list(DELIVERY_PHASE))
-    from aiworker.core.tasks.hosts import published_elsewhere
-
-    elsewhere = published_elsewhere(env, db, [t for t, state, _ in waiting if state == PUBLISH])
+        waiting = tasks_in_states(connection, step_states())
+    unpublished = [t for t, state, _ in waiting if state in PUBLISH.starts]
+    elsewhere = published_elsewhere(env, db, unpublished)
     units = env.loaded.config.scheduler.launcher == "systemd"
     started: list[dict[str, Any]] = []
     for task_id, state, kind in waiting:
-        if kind == "milestone" or task_id in elsewhere:
-            continue  # its plan's step accepts it; another controller holds its commits
+        step = step_for(kind, state)  # none for a milestone: its plan's step accepts it
+        if step is None or task_id in elsewhere:
+            continue  # (another controller holds the commits it publishes)
         lock = env.locks.lock(f"task-{task_id}")
         if not lock.try_acquire():
             continue
-        command = phase_command(env, DELIVERY_PHASE[state])
+        command = phase_command(env, step.command)
         if command is None:
             lock.release()
             continue
-        entry: dict[str, Any] = {"task": task_id, "phase": DELIVERY_PHASE[state]}
+        entry: dict[str, Any] = {"task": task_id, "phase": step.command}
         if units:
             lock.release()
             entry["unit"] = step_unit(task_id)
@@ -181,40 +175,8 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
     return started
 
 
-# The step that needs the host where the work was done: its commits are not on the forge
-# yet, only in that controller's git cache and artifact store.
-PUBLISH = "implemented"
-
-
 def step_unit(task_id: int) -> str:
     return f"aiworker-step@{task_id}.service"
-
-
-def _record_job(db: Database, task_id: int, slot: int, pid: int) -> None:
-    """Name the job's process in the claim: recovery then knows the claim's holder died
-    without waiting out the hand-over grace that a claim made by hand gets."""
-    from aiworker.core.tasks.lifecycle import TransitionRefused, advance
-
-    with db.read_connection() as connection:
-        current = task_state(connection, task_id)
-    if current is None or current[0] not in ("claimed", "repairing"):
-        return
-    try:
-        with db.transaction() as connection:
-            advance(
-                connection,
-                task_id,
-                current[0],
-                current[1],
-                current[0],
-                f"started on slot {slot} as pid {pid}",
-                actor=f"slot-{slot}",
-                kind="job.started",
-                data={"slot": slot, "pid": pid},
-                claim_token=f"{slot}-pid{pid}",
-            )
-    except TransitionRefused:
-        pass  # the task moved meanwhile; the job finds that itself and stops
 
 
 def launch(
@@ -231,6 +193,6 @@ def launch(
         return {"slot": slot, "task": task_id, "unit": f"aiworker-slot@{slot}.service"}
     pid = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
     lock.hand_over(pid)
-    _record_job(db, task_id, slot, pid)
+    name_job(db, task_id, slot, pid)
     log.info("slot %d: started %s for task %d as pid %d", slot, argv[:4], task_id, pid)
     return {"slot": slot, "task": task_id, "pid": pid}

@@ -10,7 +10,7 @@ from aiworker.core.context import Environment
 from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.maintenance.retention import store_summary
 from aiworker.core.report import Report
-from aiworker.core.scheduling.state import SchedulerState
+from aiworker.core.scheduler_state import SchedulerState
 from aiworker.store.controllers import last_seen
 from aiworker.store.engine import Session
 from aiworker.store.task_records import claims_by_host, claims_by_slot, latest_event

@@ -5,26 +5,10 @@ from __future__ import annotations
 import sys
 
 from aiworker.core.context import Environment
+from aiworker.core.phases.table import COMMANDS, claimable_kinds, slot_phase
 
-# Phase commands this version provides: `aiworker <phase> --task ID --slot N`.
-BUILTIN_PHASES: frozenset[str] = frozenset(
-    {"plan", "implement", "repair", "publish", "ci", "review", "merge", "milestones"}
-)
-# Delivery steps hold no slot: a PR waiting for CI or review does not block new work.
-DELIVERY_PHASE = {
-    "awaiting_plan_approval": "milestones",
-    "milestones": "milestones",
-    "implemented": "publish",
-    "awaiting_ci": "ci",
-    "awaiting_review": "review",
-    "approved": "merge",
-}
-NEXT_PHASE = {
-    "plan": "plan",
-    "milestone": "implement",
-    "feature": "implement",
-    "issue": "implement",
-}
+# Phase commands this version provides: `aiworker <phase> --task ID [--slot N]`.
+BUILTIN_PHASES: frozenset[str] = frozenset(COMMANDS)
 
 
 def phase_command(env: Environment, phase: str) -> list[str] | None:
@@ -48,9 +32,9 @@ def aiworker_argv(env: Environment) -> list[str]:
 def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:
     """Task kinds whose next phase can run now, and why the others cannot."""
     kinds, skipped = [], {}
-    for kind, phase in NEXT_PHASE.items():
-        if phase_command(env, phase) is None:
-            skipped[kind] = f"phase {phase!r} is not available in this version"
+    for kind, phase in claimable_kinds().items():
+        if phase_command(env, phase.command) is None:
+            skipped[kind] = f"phase {phase.command!r} is not available in this version"
         else:
             kinds.append(kind)
     return kinds, skipped
@@ -58,8 +42,8 @@ def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:
 
 def argv_for(env: Environment, kind: str, state: str, task_id: int, slot: int) -> list[str]:
     """The slot job for a claimed task: its kind's next phase, or a repair episode."""
-    phase = "repair" if state == "repairing" else NEXT_PHASE[kind]
-    command = phase_command(env, phase)
-    if command is None:
-        raise LookupError(f"no phase command for {phase}")
+    phase = slot_phase(kind, state)
+    command = None if phase is None else phase_command(env, phase.command)
+    if phase is None or command is None:
+        raise LookupError(f"no slot phase runs a {kind} task that is {state}")
     return [*command, "--task", str(task_id), "--slot", str(slot)]

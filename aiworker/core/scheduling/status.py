@@ -7,8 +7,8 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
+from aiworker.core.scheduler_state import SchedulerState
 from aiworker.core.scheduling.overview import collect_status
-from aiworker.core.scheduling.state import SchedulerState
 
 
 @dataclass

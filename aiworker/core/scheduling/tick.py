@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from aiworker.config.limits import Housekeeping
 from aiworker.core.context import Environment
 from aiworker.core.maintenance.storage import space_shortage
+from aiworker.core.scheduler_state import SchedulerState, record_poll, update_state
 from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
-from aiworker.core.scheduling.state import SchedulerState, record_poll, update_state
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.core.tasks.states import AWAITING_WORK

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
 from aiworker.core.report import Report
-from aiworker.core.scheduling.state import SchedulerState
+from aiworker.core.scheduler_state import SchedulerState
 
 
 @dataclass

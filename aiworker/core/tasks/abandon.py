@@ -9,9 +9,8 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
-from aiworker.core.context import Environment
-from aiworker.core.scheduling.launcher import task_log
-from aiworker.core.tasks.states import TaskState
+from aiworker.core.context import Environment, task_log
+from aiworker.core.phases.table import NAMES, load
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.reaper import signal_all, tagged_processes
 from aiworker.secrets import redact
@@ -85,9 +84,12 @@ def abandon(
                 )
         if silent is None:
             _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)
-        if closed and closed_phase == "ci":
-            # Only the one that closed it (two controllers may recover it at once).
-            _terminal_ci_status(env, db, task_id, str(settings.get("head") or ""), reason)
+        hook = NAMES[closed_phase].abandoned if closed_phase in NAMES else ""
+        if closed and hook:
+            # Only the one that closed it (two controllers may recover it at once): a CI
+            # run's pending status gets its terminal error.
+            head = str(settings.get("head") or "")
+            load(hook)(env, db, task_id, head, reason)
     return reason
 
 
@@ -126,17 +128,3 @@ def _remove_workspace(db: Database, task_id: int, root: Path) -> None:
             else "could not be removed",
             None,
         )
-
-
-def _terminal_ci_status(
-    env: Environment, db: Database, task_id: int, head: str, reason: str
-) -> None:
-    from aiworker.core.delivery.ci import post_ci_error
-    from aiworker.core.delivery.pull import load_delivery
-    from aiworker.errors import AiworkerError
-
-    try:
-        post_ci_error(env, load_delivery(db, task_id, TaskState.AWAITING_CI), head, reason)
-    except AiworkerError as exc:
-        with db.write() as session:
-            append_event(session, "ci.status_failed", task_id=task_id, data={"reason": exc.message})

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiworker.core.context import Environment
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.notices import comment_on_issue
-from aiworker.core.tasks.states import TaskState
+from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.store.attempts import attempts_of
 from aiworker.store.budgets import used
 from aiworker.store.engine import Database
@@ -74,24 +74,23 @@ def land_after_failure(
     exhausted = count >= allowed
     target = TaskState.FAILED if exhausted else retry_state
     final = target == TaskState.FAILED
-    changes = RELEASE if state in ("claimed", "running", "planning", "repairing") else {}
+    changes = RELEASE if state in HOLDS_SLOT else {}
     why = f"{phase} budget spent ({count} of {allowed}): {reason}" if exhausted else reason
-    try:
-        with db.write() as session:
-            advance(
-                session,
-                task_id,
-                state,
-                version,
-                target,
-                why,
-                actor=phase,
-                kind="task.failed" if final else "task.retry_scheduled",
-                data={"phase": phase, "used": count, "limit": allowed},
-                follow_data_changes=True,
-                **changes,
-            )
-    except TransitionRefused:
+    with db.write() as session:
+        moved = try_advance(
+            session,
+            task_id,
+            state,
+            version,
+            target,
+            why,
+            actor=phase,
+            kind="task.failed" if final else "task.retry_scheduled",
+            data={"phase": phase, "used": count, "limit": allowed},
+            follow_data_changes=True,
+            **changes,
+        )
+    if isinstance(moved, Refusal):
         return None
     if final:
         why = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.tasks.budgets import attempts_summary
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.core.tasks.states import TaskState as S
@@ -79,7 +79,7 @@ def _fail(
         with db.write() as session:
             if not is_idle(session, task_id):
                 return False
-            advance(
+            moved = try_advance(
                 session,
                 task_id,
                 state,
@@ -90,11 +90,9 @@ def _fail(
                 kind="task.failed",
                 data=data,
             )
-    except TransitionRefused:
-        return False
     finally:
         lock.release()
-    return True
+    return not isinstance(moved, Refusal)
 
 
 def end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:

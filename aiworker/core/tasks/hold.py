@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiworker.core.context import Environment
-from aiworker.core.intake.recording import RESUMABLE
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import RELEASE
-from aiworker.core.tasks.lifecycle import advance
-from aiworker.core.tasks.states import TaskState
+from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
+from aiworker.core.tasks.states import RESUMABLE, TaskState
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.store.engine import Database
 from aiworker.store.task_records import paused_from, task_row
@@ -31,10 +30,11 @@ class ResumeReport(Report):
 
 def hold_task(
     db: Database, task_id: int, state: str, version: int, reason: str, actor: str
-) -> None:
-    """Pause TASK_ID (in STATE at VERSION) until an operator resumes it; its claim goes."""
+) -> bool:
+    """Pause TASK_ID (in STATE at VERSION) until an operator resumes it; its claim goes.
+    False when the task moved on meanwhile: it is left as it is."""
     with db.write() as session:
-        advance(
+        held = try_advance(
             session,
             task_id,
             state,
@@ -45,6 +45,7 @@ def hold_task(
             kind="task.held",
             **RELEASE,
         )
+    return not isinstance(held, Refusal)
 
 
 def resume_task(env: Environment, task_id: int) -> ResumeReport:

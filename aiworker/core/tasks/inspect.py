@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.core.context import Environment
-from aiworker.core.maintenance.cleanup import task_artifacts
+from aiworker.core.context import Environment, task_artifacts
 from aiworker.core.report import Report
 from aiworker.core.tasks.states import TaskState
 from aiworker.errors import InvalidInput

@@ -4,7 +4,9 @@ A transition is a compare-and-update on (state, version) plus an event, inside
 the caller's write transaction. A move the edge table does not allow, or one
 whose expected state and version are no longer current, is refused with
 TransitionRefused, which says what the task is now; nothing is applied. The
-caller decides what a refusal means for it (re-read, retain its work, stop).
+phase driver decides what a refusal means for a phase (engine.py); the lifecycle's own
+moves that a refusal merely answers (a task that moved on is left as it is) use
+try_advance, which returns the Refusal instead.
 """
 
 from __future__ import annotations
@@ -58,14 +60,10 @@ def advance(
     expected_version: int,
     to_state: str,
     reason: str,
-    *,
-    actor: str | None = None,
-    kind: str = "task.transition",
-    data: Mapping[str, Any] | None = None,
-    follow_data_changes: bool = False,
-    **changes: Any,
+    **options: Any,
 ) -> int:
-    """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON.
+    """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON
+    (OPTIONS: those of try_advance, and the task's columns that change with the move).
 
     Returns the task's new version; raises TransitionRefused, changing nothing, when
     the edge is not allowed or the task moved on meanwhile. FOLLOW_DATA_CHANGES: when
@@ -74,12 +72,36 @@ def advance(
     decision does not depend on the scope (a failure, a step's recorded outcome); a
     changed state (paused, cancelled) is refused all the same.
     """
+    moved = try_advance(
+        writer, task_id, expected_state, expected_version, to_state, reason, **options
+    )
+    if isinstance(moved, Refusal):
+        raise TransitionRefused(moved)
+    return moved
+
+
+def try_advance(
+    writer: Writer,
+    task_id: int,
+    expected_state: str,
+    expected_version: int,
+    to_state: str,
+    reason: str,
+    *,
+    actor: str | None = None,
+    kind: str = "task.transition",
+    data: Mapping[str, Any] | None = None,
+    follow_data_changes: bool = False,
+    **changes: Any,
+) -> int | Refusal:
+    """advance() for a caller to whom a refusal is an answer, not an error (a task that
+    moved on meanwhile is left as it is): the new version, or the Refusal, logged."""
     if to_state == "paused" and expected_state != "paused" and kind == "task.transition":
         kind = "task.paused"  # what a resumption reads the state to return to from
     if not allowed(expected_state, to_state):
         refusal = Refusal(task_id, expected_state, expected_version, to_state, "disallowed")
         log.error("%s", refusal.sentence())
-        raise TransitionRefused(refusal)
+        return refusal
     applied = compare_and_update(
         writer,
         task_id,
@@ -93,7 +115,7 @@ def advance(
     )
     actual = None if applied else task_state(writer, task_id)
     if not applied and follow_data_changes and actual and actual[0] == expected_state:
-        return advance(
+        return try_advance(
             writer,
             task_id,
             expected_state,
@@ -116,6 +138,6 @@ def advance(
             actual[1] if actual else None,
         )
         log.warning("%s", refusal.sentence())
-        raise TransitionRefused(refusal)
+        return refusal
     log.info("task %d: %s -> %s: %s", task_id, expected_state, to_state, reason)
     return expected_version + 1

@@ -10,17 +10,22 @@ validation checks, the simple flag) and its position.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from aiworker.contracts.agent import MilestoneSpec
 from aiworker.contracts.runner import ENTRYPOINT_SELECTOR
 from aiworker.core.evidence.measurements import Threshold
-from aiworker.core.intake.scope import Requirement, requirements_from_issue
+from aiworker.core.evidence.requirements import (
+    Requirement,
+    default_requirements,
+    requirements_from_issue,
+)
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.states import TERMINAL, TaskState, allowed
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
-from aiworker.store.task_records import children_of
+from aiworker.store.task_records import children_of, create_task
 
 PLAN_MARK = "<!-- aiworker:plan task={task} -->"
 
@@ -82,7 +87,7 @@ def requirements_of(task: Task, issue_body: str) -> list[Requirement]:
             thresholds=tuple(Threshold(**t.model_dump()) for t in c.thresholds),
         )
         for c in checks
-    ] or [Requirement("ci", (ENTRYPOINT_SELECTOR,))]
+    ] or default_requirements()
 
 
 def combined_requirements(children: Sequence[Task], issue_body: str) -> list[Requirement]:
@@ -121,18 +126,149 @@ def supersede_milestones(db: Database, plan_id: int) -> None:
     """A new plan replaces the old one, or the plan failed: its milestones that have not
     ended are cancelled."""
     with db.write() as session:
-        for child in children_of(session, plan_id):
-            if child.state not in TERMINAL and allowed(child.state, TaskState.CANCELLED):
+        cancel_milestones(session, plan_id)
+
+
+def cancel_milestones(session: Any, plan_id: int) -> None:
+    """supersede_milestones inside the caller's transaction."""
+    for child in children_of(session, plan_id):
+        if child.state not in TERMINAL and allowed(child.state, TaskState.CANCELLED):
+            advance(
+                session,
+                child.id,
+                child.state,
+                child.version,
+                TaskState.CANCELLED,
+                "superseded by a new plan",
+                kind="milestone.superseded",
+                **RELEASE,
+            )
+
+
+def approve_plan(
+    db: Database,
+    plan: Task,
+    spec: dict[str, Any],
+    milestones: Sequence[MilestoneSpec],
+    scope: str,
+    actor: str | None,
+    why: str,
+) -> None:
+    """Start an approved PLAN: its milestones are created once, waiting in order (one that
+    waited for the issue to change is ready again), and the plan runs them. PLAN follows
+    the move."""
+    with db.write() as session:
+        made = spec.get("children") or []
+        for child in children_of(session, plan.id):
+            if child.state == TaskState.NEEDS_INPUT and child.id in made:
+                # The issue changed for it (the plan was approved again for the new scope).
                 advance(
                     session,
                     child.id,
-                    child.state,
+                    TaskState.NEEDS_INPUT,
                     child.version,
-                    TaskState.CANCELLED,
-                    "superseded by a new plan",
-                    kind="milestone.superseded",
-                    **RELEASE,
+                    TaskState.READY,
+                    "approved again",
                 )
+        if not made:
+            spec["children"] = [
+                create_task(
+                    session,
+                    plan.repository_id,
+                    "milestone",
+                    title=m.title[:200],
+                    state=TaskState.NEW,
+                    parent_id=plan.id,
+                    scope_fingerprint=scope,
+                    spec={"milestone": m.model_dump(), "position": n, "total": len(milestones)},
+                ).id
+                for n, m in enumerate(milestones, 1)
+            ]
+        plan.version = advance(
+            session,
+            plan.id,
+            TaskState.AWAITING_PLAN_APPROVAL,
+            plan.version,
+            TaskState.MILESTONES,
+            why,
+            actor=actor,
+            kind="plan.approved",
+            data={"approval": spec["approved"]},
+            spec=spec,
+        )
+    plan.state, plan.spec = TaskState.MILESTONES, spec
+
+
+def hold_milestones(session: Any, plan_id: int, why: str) -> None:
+    """The plan is paused: its milestone waiting to start waits for the next approval."""
+    for child in children_of(session, plan_id):
+        if child.state == TaskState.READY:
+            advance(
+                session,
+                child.id,
+                TaskState.READY,
+                child.version,
+                TaskState.NEW,
+                why,
+                kind="milestone.held",
+            )
+
+
+def start_milestone(db: Database, plan: Task, child: Task) -> None:
+    """CHILD is the plan's next milestone: ready, starting from the plan's head."""
+    start = plan.head_commit or plan.base_commit or ""
+    with db.write() as session:
+        advance(
+            session,
+            child.id,
+            TaskState.NEW,
+            child.version,
+            TaskState.READY,
+            f"next milestone of plan {plan.id}; it starts from {start[:12]}",
+            kind="milestone.started",
+        )
+
+
+def accept_milestone(db: Database, plan: Task, child: Task, refusal: str | None) -> None:
+    """Take an implemented milestone into PLAN (its head becomes the plan's), or fail it
+    with REFUSAL when its receipts do not hold at its head. PLAN and CHILD follow."""
+    assert child.head_commit is not None
+    with db.write() as session:
+        if refusal is not None:
+            advance(
+                session,
+                child.id,
+                TaskState.IMPLEMENTED,
+                child.version,
+                TaskState.FAILED,
+                refusal,
+                kind="milestone.refused",
+            )
+            child.state = TaskState.FAILED
+            return
+        advance(
+            session,
+            child.id,
+            TaskState.IMPLEMENTED,
+            child.version,
+            TaskState.DONE,
+            f"accepted into plan {plan.id} at {child.head_commit[:12]}",
+            kind="milestone.accepted",
+            data={"head": child.head_commit},
+        )
+        plan.version = advance(
+            session,
+            plan.id,
+            TaskState.MILESTONES,
+            plan.version,
+            TaskState.MILESTONES,
+            f"milestone {child.id} accepted; the plan's head is {child.head_commit[:12]}",
+            kind="plan.milestone_accepted",
+            data={"milestone": child.id, "head": child.head_commit},
+            head_commit=child.head_commit,
+        )
+    plan.head_commit = child.head_commit
+    child.state = TaskState.DONE
 
 
 def accepted_milestones(db: Database, plan: Task) -> str:

@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiworker.core.context import Environment
-from aiworker.core.maintenance.cleanup import task_artifacts
+from aiworker.core.context import Environment, task_artifacts
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import RELEASE
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
 from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.core.tasks.states import TERMINAL, TaskState
 from aiworker.errors import AiworkerError, Conflict, InvalidInput
@@ -117,22 +116,20 @@ def _cancel_record(db: Database, task_id: int) -> Task:
         task = _task(db, task_id)
         if task.state in TERMINAL:
             raise Conflict(f"task {task_id} is {task.state}; there is nothing to cancel")
-        try:
-            with db.write() as session:
-                advance(
-                    session,
-                    task.id,
-                    task.state,
-                    task.version,
-                    TaskState.CANCELLED,
-                    "cancelled by an operator",
-                    actor="operator",
-                    kind="task.cancelled",
-                    **RELEASE,
-                )
-        except TransitionRefused:
-            continue
-        return task
+        with db.write() as session:
+            moved = try_advance(
+                session,
+                task.id,
+                task.state,
+                task.version,
+                TaskState.CANCELLED,
+                "cancelled by an operator",
+                actor="operator",
+                kind="task.cancelled",
+                **RELEASE,
+            )
+        if not isinstance(moved, Refusal):
+            return task
     raise Conflict(f"task {task_id} kept changing; try the cancel again")
 
 

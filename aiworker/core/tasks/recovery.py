@@ -25,10 +25,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.core.context import Environment
+from aiworker.core.phases.table import NAMES, PHASES, SLOT, TASK, held_by
 from aiworker.core.tasks.abandon import abandon
 from aiworker.core.tasks.budgets import RELEASE, land_after_failure
 from aiworker.core.tasks.hosts import gone, ours
-from aiworker.core.tasks.lifecycle import TransitionRefused, advance
+from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.runtime.processes import runs_with_arguments
 from aiworker.store.attempts import open_attempts
@@ -39,24 +40,9 @@ from aiworker.store.task_records import task_row
 
 log = logging.getLogger(__name__)
 HANDOVER_GRACE = timedelta(seconds=60)
-# The state a task returns to when the phase that moved it out of it died.
-BEFORE_PHASE = {
-    TaskState.CLAIMED: TaskState.READY,
-    TaskState.RUNNING: TaskState.READY,
-    TaskState.PLANNING: TaskState.READY,
-    TaskState.REPAIRING: TaskState.REPAIRING,
-}
-# A claim no job took up goes back to waiting: a claimed task to ready, a repair episode
-# to repairing without a slot.
-UNSTARTED = {TaskState.CLAIMED: TaskState.READY, TaskState.REPAIRING: TaskState.REPAIRING}
-# Steps that run without a slot, under the task's own lock, and the state each starts in.
-STEP_STARTS = {
-    "publish": TaskState.IMPLEMENTED,
-    "ci": TaskState.AWAITING_CI,
-    "review": TaskState.AWAITING_REVIEW,
-    "merge": TaskState.APPROVED,
-    "milestones": TaskState.MILESTONES,  # a plan's combined checks
-}
+# A claim no job took up (a state some slot phase starts from) goes back to waiting, where
+# its phase retries: a claimed task to ready, a repair episode to repairing without a slot.
+UNSTARTED = frozenset(state for p in PHASES if p.lock == SLOT for state in p.starts)
 
 
 @dataclass(frozen=True)
@@ -83,6 +69,8 @@ def recover_slots(
         seen = last_seen(connection) if any(not ours(db, r.host) for r in claims) else {}
     for row in claims:
         unstarted = row.state in UNSTARTED and launched_pid(row.token) is None
+        # The phase whose claim it is; a task goes back where that phase retries.
+        phase = held_by(row.state, row.kind)
         if ours(db, row.host):
             if not _dead_here(env, db, row, own_slots, now):
                 continue
@@ -94,19 +82,18 @@ def recover_slots(
         if unstarted:
             # A hand claim nobody took up: given back, nothing was spent. (A job the tick
             # started that died before it began counts below, like any other death.)
-            recovered.append(_release(db, row, UNSTARTED[TaskState(row.state)], silent))
+            recovered.append(_release(db, row, TaskState(phase.retry or row.state), silent))
             continue
-        phase = _phase_of(row.state)
-        reason = abandon(env, db, row.id, None, phase, silent, row.claimed_at)
+        reason = abandon(env, db, row.id, None, phase.name, silent, row.claimed_at)
         state = land_after_failure(
             env,
             db,
             row.id,
             row.state,
             row.version,
-            phase,
+            phase.name,
             reason,
-            retry_state=BEFORE_PHASE[TaskState(row.state)],
+            retry_state=phase.retry or row.state,
         )
         recovered.append(Recovered(int(row.id), state, reason))
         log.warning("recovered task %d from slot %d: %s", row.id, row.slot, reason)
@@ -135,29 +122,22 @@ def launched_pid(token: str | None) -> int | None:
     return int(pid) if sep and pid.isdigit() else None
 
 
-def _phase_of(state: str) -> str:
-    return {"planning": "planning", "repairing": "repair"}.get(state, "implementation")
-
-
 def _release(db: Database, row: Any, to_state: TaskState, silent: str | None) -> Recovered:
     task_id = int(row.id)
     reason = silent or f"slot {row.slot} lock free: holder {row.token} is gone"
-    try:
-        with db.write() as session:
-            advance(
-                session,
-                task_id,
-                row.state,
-                row.version,
-                to_state,
-                reason,
-                kind="task.claim_recovered",
-                follow_data_changes=True,
-                **RELEASE,
-            )
-    except TransitionRefused:
-        return Recovered(task_id, None, reason)
-    return Recovered(task_id, to_state, reason)
+    with db.write() as session:
+        moved = try_advance(
+            session,
+            task_id,
+            row.state,
+            row.version,
+            to_state,
+            reason,
+            kind="task.claim_recovered",
+            follow_data_changes=True,
+            **RELEASE,
+        )
+    return Recovered(task_id, None if isinstance(moved, Refusal) else to_state, reason)
 
 
 def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
@@ -192,7 +172,8 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
         reason = abandon(env, db, task_id, tuple(phases), phases[0], away.get(task_id))
         state = None
         step = phases[0]
-        if STEP_STARTS.get(step) == task.state:
+        unit = NAMES.get(step)
+        if unit is not None and unit.lock == TASK and task.state in unit.starts:
             state = land_after_failure(
                 env, db, task_id, task.state, task.version, step, reason, retry_state=task.state
             )

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
+from aiworker.core.evidence.causes import CAUSES
 from aiworker.core.tasks.budgets import RELEASE, attempts_summary, spent
 from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.notices import comment_on_issue
@@ -28,10 +29,6 @@ from aiworker.store.task_records import last_event_of
 
 PHASE = "repair"
 REQUESTED = "repair.requested"
-# review: REQUEST_CHANGES; ci: a failing ./ci/run; conflict: the moved base does not merge;
-# base_checks: it merges, but the checks fail on the merge; checks: a plan's combined
-# checks fail once every milestone is in; scope: the issue changed after the work was done.
-CAUSES = ("review", "ci", "conflict", "base_checks", "checks", "scope")
 MAX_FINDINGS = 50
 
 
@@ -130,3 +127,24 @@ def request_repair(
             "An operator can run `aiworker task retry` once the cause is fixed.",
         )
     return str(target)
+
+
+def record_refreshed_base(db: Database, task: Task, head: str, base: str) -> int:
+    """The moved BASE was merged into the work as HEAD and every required check passed
+    there: the implemented task records them (its new version is returned), and
+    publication goes ahead on those receipts instead of a repair."""
+    with db.write() as session:
+        return advance(
+            session,
+            task.id,
+            S.IMPLEMENTED,
+            task.version,
+            S.IMPLEMENTED,
+            f"the base moved to {base[:12]}: merged it into the work as {head[:12]}; "
+            "every required check passed there",
+            actor="publish",
+            kind="task.base_refreshed",
+            data={"from_base": task.base_commit, "base": base, "head": head},
+            head_commit=head,
+            base_commit=base,
+        )

@@ -62,6 +62,22 @@ HOLDS_SLOT = frozenset({S.CLAIMED, S.RUNNING, S.PLANNING, S.REPAIRING})
 # A milestone in one of these keeps its plan's next milestone waiting (store.tasks.IN_FLIGHT).
 IN_FLIGHT = frozenset({S.CLAIMED, S.RUNNING, S.REPAIRING, S.AWAITING_CI, S.AWAITING_REVIEW})
 
+# Work past implementation resumes where it was paused: every step re-verifies what it
+# relies on (authorisation, scope, base, receipts, the PR head, a plan's approval) before
+# it acts; a repair episode waits for a slot again with its request.
+RESUMABLE = frozenset(
+    {
+        S.AWAITING_PLAN_APPROVAL,
+        S.MILESTONES,
+        S.REPAIRING,
+        S.IMPLEMENTED,
+        S.AWAITING_CI,
+        S.AWAITING_REVIEW,
+        S.APPROVED,
+    }
+)
+
+
 _LEAVE = {S.PAUSED, S.CANCELLED}  # every active state may be paused or cancelled
 
 EDGES: dict[TaskState, frozenset[TaskState]] = {

@@ -1,0 +1,222 @@
+"""The model-phase engine shared by implementation and review (planning and repair next):
+admission, the attempt record, the workspace, the run, result validation.
+
+Each step runs inside the caller's PhaseGuard, so an exception anywhere closes the
+attempt and lands the task; the phase module only decides what a valid result
+means for its task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from aiworker.contracts.agent import AgentResult
+from aiworker.core.context import Environment
+from aiworker.core.guests.backends import host_secrets, provider_homes
+from aiworker.core.phases.attempt_files import keep_attempt_files
+from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.local_route import LocalRoute, route_outcome
+from aiworker.core.phases.run import RunReport, run_provider
+from aiworker.core.providers.admission import provider_settings, select_provider
+from aiworker.core.providers.registry import (
+    backoffs,
+    capability_check,
+    observe,
+    provider_for,
+    read_provider,
+)
+from aiworker.core.tasks.deadlines import run_limit_s
+from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.workspace import Workspace
+from aiworker.store.engine import Database
+from aiworker.store.observations import record_run, running_jobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    provider: str | None
+    model: str | None = None
+    effort: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    suspended: bool = False
+
+
+@dataclass
+class ModelRun:
+    provider: str
+    attempt: int
+    workspace: Workspace
+    result: AgentResult | None
+    failure: str | None  # the provider's failure class, or "invalid" for a bad document
+    reason: str
+
+
+def admit(
+    env: Environment,
+    db: Database,
+    phase: str,
+    *,
+    simple: bool = False,
+    tried_here: set[str] | None = None,
+) -> Admission:
+    """Choose a provider for PHASE by quota admission; every decision is recorded."""
+    config = env.loaded.config
+    now = datetime.now(UTC)
+    with db.read() as session:
+        running = running_jobs(session)
+        backoff = backoffs(session, config.providers)
+    selection = select_provider(
+        config,
+        phase,
+        lambda n: read_provider(env, n, now),
+        running,
+        now,
+        simple=simple,
+        backoff=backoff,
+        capable=capability_check(env, phase, simple=simple, tried_here=tried_here or ()),
+    )
+    observe(db, selection.decisions)
+    decisions = [
+        {"provider": d.provider, "eligible": d.eligible, "reason": d.reason}
+        for d in selection.decisions
+    ]
+    if selection.provider is None:
+        return Admission(None, decisions=decisions, suspended=selection.suspended)
+    settings = provider_settings(config, phase, selection.provider, simple=simple)
+    return Admission(
+        selection.provider,
+        settings.model if settings else None,
+        settings.effort if settings else None,
+        settings.model_dump() if settings else {},
+        decisions,
+    )
+
+
+def run_model_phase(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    admission: Admission,
+    *,
+    bundle: Path,
+    ref: str,
+    inputs: dict[str, str | bytes],
+    recorded: dict[str, Any],
+    read_only: bool = False,
+) -> ModelRun:
+    """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the
+    provider and validate its result document. RECORDED joins the attempt's settings.
+    READ_ONLY (review, planning): the checkout is a detached head the job cannot change,
+    and a result from a job that changed it anyway is not accepted."""
+    name = admission.provider
+    assert name is not None
+    backend = guard.backend
+    assert backend is not None
+    # The attempt says where it ran: the backend and, for a guest, its accelerator and image.
+    attempt = guard.start(
+        name,
+        {**admission.settings, **recorded, **backend.describe()},
+        admission.model,
+        admission.effort,
+    )
+    failpoint(f"{guard.phase}.attempt_started")
+    inputs = {
+        **inputs,
+        "result-schema.json": json.dumps(AgentResult.model_json_schema()),
+        "settings.json": json.dumps(
+            {"provider": name, "model": admission.model, "effort": admission.effort}
+        ),
+    }
+    root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
+    provider = provider_for(env, name)
+    route = None
+    try:
+        try:
+            # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
+            limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
+            # A local model is reached only through the gate that bounds its try.
+            route = LocalRoute.open(provider, backend)
+            workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
+        finally:
+            bundle.unlink(missing_ok=True)
+        guard.spent = True
+        if route is not None:
+            route.gate.begin()
+        run = run_provider(
+            route.provider if route else provider,
+            workspace,
+            admission.model,
+            admission.effort,
+            env.attempt_tag(guard.phase, attempt),
+            guard.phase,
+            backend=backend,
+            hidden=[*provider_homes(env), *host_secrets(env)],
+            bound=route.bound if route else None,
+            timeout_s=limit_s,
+        )
+    finally:
+        used = route.close() if route else None
+    if route is not None and used is not None:
+        run = route_outcome(db, attempt, run, used, route.bound.seconds)
+    failpoint(f"{guard.phase}.after_run")
+    _keep_files(env, db, guard, attempt, inputs, run)
+    result, failure, reason = _validated(run)
+    changed = backend.altered(workspace) if read_only and failure is None else []
+    if changed:
+        result, failure = None, "invalid"
+        reason = f"the {guard.phase} changed the checkout it must leave as it was: " + ", ".join(
+            changed[:10]
+        )
+    with db.write() as session:
+        record_run(session, name, "ok" if failure is None else failure, reason)
+    return ModelRun(name, attempt, workspace, result, failure, reason)
+
+
+def _keep_files(
+    env: Environment,
+    db: Database,
+    guard: PhaseGuard,
+    attempt: int,
+    inputs: dict[str, str | bytes],
+    run: RunReport,
+) -> None:
+    """The attempt's prompt, result and provider output, and what it was handed (its
+    continuation and context documents, the issue's images), for the operator; a file
+    system or a database that refuses them costs the operator that view, never the
+    attempt's result."""
+    prompt = inputs.get("prompt.md", "")
+    text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
+    handed = {name: data for name, data in inputs.items() if name != "prompt.md"}
+    try:
+        keep_attempt_files(env, db, guard.task_id, attempt, text, run, handed)
+    except Exception as exc:
+        log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
+
+
+def _validated(run: RunReport) -> tuple[AgentResult | None, str | None, str]:
+    if run.failure is not None:
+        return None, run.failure, run.reason
+    try:
+        return AgentResult.model_validate(run.result), None, ""
+    except ValidationError as exc:
+        first = exc.errors(include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        return None, "invalid", f"malformed result document: {where}: {first['msg']}"
+
+
+def workspaces_dir(env: Environment) -> Path:
+    """Where workspaces live: state/workspaces/task-N-PHASE-ATTEMPT (cleanup finds them
+    by the task-N- prefix)."""
+    folder = env.state_dir / "workspaces"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
