@@ -10,24 +10,16 @@ from typing import Any, ClassVar
 
 import requests
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    json_lines,
-    minimal_env,
-    result_document,
-)
+from aiworker.adapters.providers import base
 from aiworker.secrets import register_secret
 
 USAGE_URL = "https://api.anthropic.com/api/oauth/usage"
 WINDOWS = {"five_hour": False, "seven_day": True, "seven_day_opus": True, "seven_day_sonnet": True}
 
 
-def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = None) -> Reading:
+def reading_from_usage(
+    body: dict[str, Any], now: datetime, model: str | None = None
+) -> base.Reading:
     """The usage body → windows; model-specific weekly windows apply to their model only;
     defer when extra usage (paid credits) is enabled."""
     windows = []
@@ -40,7 +32,7 @@ def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = 
             continue
         resets = value.get("resets_at")
         windows.append(
-            Window(
+            base.Window(
                 key,
                 float(value["utilization"]),
                 datetime.fromisoformat(resets.replace("Z", "+00:00")) if resets else None,
@@ -49,7 +41,7 @@ def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = 
         )
     extra = body.get("extra_usage") or {}
     blocked = bool(extra.get("is_enabled"))
-    return Reading(
+    return base.Reading(
         "claude",
         "oauth usage",
         now,
@@ -59,7 +51,7 @@ def reading_from_usage(body: dict[str, Any], now: datetime, model: str | None = 
     )
 
 
-class ClaudeProvider(CliProvider):
+class ClaudeProvider(base.CliProvider):
     name: ClassVar[str] = "claude"
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("five_hour", "seven_day")
@@ -80,7 +72,7 @@ class ClaudeProvider(CliProvider):
         register_secret(str(token))
         return str(token)
 
-    def admission(self, now: datetime, model: str | None = None) -> Reading:
+    def admission(self, now: datetime, model: str | None = None) -> base.Reading:
         token = self._token()
         if token is None:
             return self.refused(
@@ -102,7 +94,7 @@ class ClaudeProvider(CliProvider):
             )
         return reading_from_usage(response.json(), now, model)
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         argv = [
             self.binary,
             "-p",
@@ -124,7 +116,7 @@ class ClaudeProvider(CliProvider):
             argv += ["--effort", run.effort]
         # HOME is the private config directory itself, never a parent that other
         # providers' homes (and credentials) live under.
-        env = minimal_env(
+        env = base.minimal_env(
             self.config_dir,
             {
                 "CLAUDE_CONFIG_DIR": str(self.config_dir),
@@ -135,10 +127,10 @@ class ClaudeProvider(CliProvider):
                 "ENABLE_CLAUDEAI_MCP_SERVERS": "false",
             },
         )
-        return CommandSpec(argv, env, run.prompt.encode())
+        return base.CommandSpec(argv, env, run.prompt.encode())
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
-        for event in reversed(json_lines(stdout)):
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
+        for event in reversed(base.json_lines(stdout)):
             if event.get("type") != "result":
                 continue
             usage: dict[str, int] = {}
@@ -146,12 +138,14 @@ class ClaudeProvider(CliProvider):
                 for key in ("inputTokens", "outputTokens"):
                     usage[key] = usage.get(key, 0) + int(per_model.get(key, 0))
             if event.get("is_error") or exit_code != 0:
-                return RunOutcome(None, usage, str(event.get("result") or event.get("subtype")))
+                return base.RunOutcome(
+                    None, usage, str(event.get("result") or event.get("subtype"))
+                )
             structured = event.get("structured_output")
             document = (
                 structured
                 if isinstance(structured, dict)
-                else result_document(str(event.get("result") or ""))
+                else base.result_document(str(event.get("result") or ""))
             )
-            return RunOutcome(document, usage, None if document else "no result document")
-        return RunOutcome(None, {}, f"no result message (exit {exit_code})")
+            return base.RunOutcome(document, usage, None if document else "no result document")
+        return base.RunOutcome(None, {}, f"no result message (exit {exit_code})")

@@ -7,17 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    json_lines,
-    minimal_env,
-    result_document,
-)
+from aiworker.adapters.providers import base
 from aiworker.runtime.processes import converse
 from aiworker.secrets import redact
 
@@ -34,14 +24,14 @@ APP_SERVER_REQUESTS = (
 )
 
 
-def window_of(snapshot: dict[str, Any] | None, fallback: str) -> Window | None:
+def window_of(snapshot: dict[str, Any] | None, fallback: str) -> base.Window | None:
     if not snapshot or snapshot.get("usedPercent") is None:
         return None
     minutes = int(snapshot.get("windowDurationMins") or 0)
     resets = snapshot.get("resetsAt")
     weekly = minutes >= WEEK_MINUTES or (minutes == 0 and fallback == "weekly")
     name = "weekly" if weekly else (f"{minutes // 60}h" if minutes else fallback)
-    return Window(
+    return base.Window(
         name=name,
         used_percent=float(snapshot["usedPercent"]),
         resets_at=datetime.fromtimestamp(int(resets), UTC) if resets else None,
@@ -49,7 +39,7 @@ def window_of(snapshot: dict[str, Any] | None, fallback: str) -> Window | None:
     )
 
 
-def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
+def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> base.Reading:
     """`account/rateLimits/read` → windows; defer when paid credits would be spent."""
     limits = result.get("rateLimits") or {}
     windows = [
@@ -69,7 +59,7 @@ def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
         reason = f"limit reached ({reached})" if reached else "ordinary usage exhausted"
         if credits.get("hasCredits"):
             reason += "; the next run would spend paid credits"
-    return Reading(
+    return base.Reading(
         "codex",
         "codex app-server account/rateLimits/read",
         now,
@@ -80,11 +70,11 @@ def reading_from_rate_limits(result: dict[str, Any], now: datetime) -> Reading:
 
 
 def _answers_rate_limits(line: bytes) -> bool:
-    events = json_lines(line)
+    events = base.json_lines(line)
     return bool(events) and events[0].get("id") == 2
 
 
-class CodexProvider(CliProvider):
+class CodexProvider(base.CliProvider):
     name: ClassVar[str] = "codex"
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
     measured_windows: ClassVar[tuple[str, ...]] = ("5h", "weekly")
@@ -93,17 +83,17 @@ class CodexProvider(CliProvider):
         self.home = home  # CODEX_HOME holding auth.json; never under /tmp (codex refuses)
         self.binary = binary
 
-    def admission(self, now: datetime) -> Reading:
+    def admission(self, now: datetime) -> base.Reading:
         # The app-server drops what it has not answered once its stdin closes: keep the
         # session open until the rate-limit answer (id 2) or the deadline.
         result = converse(
             [self.binary, "app-server"],
             [json.dumps(r).encode() for r in APP_SERVER_REQUESTS],
             answered=_answers_rate_limits,
-            env=minimal_env(self.home, {"CODEX_HOME": str(self.home)}),
+            env=base.minimal_env(self.home, {"CODEX_HOME": str(self.home)}),
             timeout=APP_SERVER_SECONDS,
         )
-        for event in json_lines(result.stdout.encode()):
+        for event in base.json_lines(result.stdout.encode()):
             if event.get("id") == 2:
                 if "error" in event:
                     error = event["error"]
@@ -116,7 +106,7 @@ class CodexProvider(CliProvider):
             why += f": {redact(said[-1].removeprefix('Error:').strip())[:200]}"
         return self.refused("codex app-server", now, f"no rate-limit answer ({why})")
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         argv = [
             self.binary,
             "exec",
@@ -146,17 +136,17 @@ class CodexProvider(CliProvider):
         ):
             argv += ["--disable", feature]
         argv.append("-")
-        env = minimal_env(self.home, {"CODEX_HOME": str(self.home)})
-        return CommandSpec(argv, env, run.prompt.encode())
+        env = base.minimal_env(self.home, {"CODEX_HOME": str(self.home)})
+        return base.CommandSpec(argv, env, run.prompt.encode())
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
         """Only `turn.failed` (or a non-zero exit) is a failure: `error` events such as
         "Reconnecting... 2/5" and error items are warnings a successful run also prints."""
         final = None
         usage: dict[str, int] = {}
         failed = None
         warning = None
-        for event in json_lines(stdout):
+        for event in base.json_lines(stdout):
             kind = event.get("type")
             item = event.get("item") or {}
             if (
@@ -175,6 +165,6 @@ class CodexProvider(CliProvider):
             elif kind == "error":
                 warning = str(event.get("message") or "")
         if failed is not None or exit_code != 0:
-            return RunOutcome(None, usage, failed or warning or f"codex exited {exit_code}")
-        document = result_document(final or "")
-        return RunOutcome(document, usage, None if document else "no result document")
+            return base.RunOutcome(None, usage, failed or warning or f"codex exited {exit_code}")
+        document = base.result_document(final or "")
+        return base.RunOutcome(document, usage, None if document else "no result document")

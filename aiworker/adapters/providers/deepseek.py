@@ -7,19 +7,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import ClassVar
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    http_get,
-)
+from aiworker.adapters.providers import base
 from aiworker.secrets import register_secret
 
 
-class DeepSeekProvider(CliProvider):
+class DeepSeekProvider(base.CliProvider):
     name: ClassVar[str] = "deepseek"
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled", "model", "effort")
 
@@ -32,7 +24,7 @@ class DeepSeekProvider(CliProvider):
         if api_key:
             register_secret(api_key)
 
-    def admission(self, now: datetime) -> Reading:
+    def admission(self, now: datetime) -> base.Reading:
         if not self.paid_enabled:
             return self.refused(
                 "config",
@@ -41,18 +33,18 @@ class DeepSeekProvider(CliProvider):
             )
         if not self.api_key:
             return self.refused("config", now, "DEEPSEEK_API_KEY is not set")
-        status, body = http_get(
+        status, body = base.http_get(
             f"{self.base_url}/user/balance", {"Authorization": f"Bearer {self.api_key}"}
         )
         if status != 200 or not isinstance(body, dict):
             return self.refused("/user/balance", now, f"balance unavailable (HTTP {status})")
         if not body.get("is_available"):
             return self.refused("/user/balance", now, "insufficient balance")
-        return Reading(
-            self.name, "/user/balance (synthetic 100%)", now, windows=[Window("balance", 0.0)]
+        return base.Reading(
+            self.name, "/user/balance (synthetic 100%)", now, windows=[base.Window("balance", 0.0)]
         )
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         """Claude Code against DeepSeek's Anthropic-compatible endpoint."""
         from aiworker.adapters.providers.claude import ClaudeProvider
 
@@ -62,9 +54,9 @@ class DeepSeekProvider(CliProvider):
             "ANTHROPIC_BASE_URL": f"{self.base_url}/anthropic",
             "ANTHROPIC_AUTH_TOKEN": self.api_key or "",
         }
-        return CommandSpec(spec.argv, env, spec.stdin)
+        return base.CommandSpec(spec.argv, env, spec.stdin)
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
         from aiworker.adapters.providers.claude import ClaudeProvider
 
         return ClaudeProvider(Path("/nonexistent")).parse(stdout, exit_code)

@@ -10,15 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    http_get,
-)
+from aiworker.adapters.providers import base
 from aiworker.adapters.providers.opencode import (
     llama_opencode_config,
     opencode_command,
@@ -29,7 +21,7 @@ if TYPE_CHECKING:  # the gate itself loads only when a try runs
     from aiworker.runtime.model_gate import Bounds
 
 
-class LlamaProvider(CliProvider):
+class LlamaProvider(base.CliProvider):
     name: ClassVar[str] = "llama"
     # Only simple milestones and minor review fixes, one local try per snapshot.
     phases: ClassVar[tuple[str, ...]] = ("implementation", "review")
@@ -48,32 +40,32 @@ class LlamaProvider(CliProvider):
         routed.route = route
         return routed
 
-    def admission(self, now: datetime) -> Reading:
+    def admission(self, now: datetime) -> base.Reading:
         if self.base_url is None:
             return self.refused(
                 "configuration",
                 now,
                 "provider_options.llama.base_url is not set (the llama-server's URL)",
             )
-        status, body = http_get(f"{self.base_url}/health")
+        status, body = base.http_get(f"{self.base_url}/health")
         if status != 200:
             reason = "loading the model" if status == 503 else f"health answered {status or body}"
             return self.refused("/health", now, reason)
-        status, _ = http_get(f"{self.base_url}/slots?fail_on_no_slot=1")
+        status, _ = base.http_get(f"{self.base_url}/slots?fail_on_no_slot=1")
         if status == 503:
             return self.refused("/slots", now, "no free slot")
-        props_status, props = http_get(f"{self.base_url}/props")
+        props_status, props = base.http_get(f"{self.base_url}/props")
         slots = (
             props.get("total_slots") if props_status == 200 and isinstance(props, dict) else None
         )
-        return Reading(
+        return base.Reading(
             self.name,
             f"/health, /slots ({slots or '?'} slots)",
             now,
-            windows=[Window("local", 0.0)],
+            windows=[base.Window("local", 0.0)],
         )
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         """OpenCode pointed at the gate before the llama.cpp server's OpenAI-compatible
         API, with the try's limits and none of OpenCode's own side requests (a title,
         automatic compaction): the server serves the task's requests only."""
@@ -89,5 +81,5 @@ class LlamaProvider(CliProvider):
             local=True,
         )
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
         return opencode_parse(stdout, exit_code)

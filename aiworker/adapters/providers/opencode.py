@@ -7,17 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    json_lines,
-    minimal_env,
-    result_document,
-)
+from aiworker.adapters.providers import base
 
 GUARD_FIELDS = (
     "account",
@@ -29,13 +19,13 @@ GUARD_FIELDS = (
 )
 
 
-class OpenCodeProvider(CliProvider):
+class OpenCodeProvider(base.CliProvider):
     name: ClassVar[str] = "opencode"
 
     def __init__(self, guard: Path | None) -> None:
         self.guard = guard
 
-    def admission(self, now: datetime) -> Reading:
+    def admission(self, now: datetime) -> base.Reading:
         if self.guard is None:
             return self.refused(
                 "budget guard", now, "opt-in: no zero-spend budget guard is configured"
@@ -52,15 +42,15 @@ class OpenCodeProvider(CliProvider):
         if guard["zero_spend_verified"] is not True or float(guard["budget_usd"]) != 0.0:
             return self.refused("budget guard", now, "budget guard does not verify zero spend")
         windows = [
-            Window(str(w["name"]), float(w["used_percent"]), weekly=bool(w.get("weekly")))
+            base.Window(str(w["name"]), float(w["used_percent"]), weekly=bool(w.get("weekly")))
             for w in guard.get("windows", [])
         ]
-        return Reading(self.name, f"budget guard ({guard['adapter']})", now, windows=windows)
+        return base.Reading(self.name, f"budget guard ({guard['adapter']})", now, windows=windows)
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         return opencode_command(run.workspace.parent / "home", run.model, run.workspace, run.prompt)
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
         return opencode_parse(stdout, exit_code)
 
 
@@ -72,7 +62,7 @@ def opencode_command(
     config_content: dict[str, Any] | None = None,
     *,
     local: bool = False,
-) -> CommandSpec:
+) -> base.CommandSpec:
     """`opencode run --format json`, auto-approving inside the disposable workspace. The
     prompt goes on stdin, never argv: argv is visible in `ps`, capped at 128 KiB per
     string, and opencode wraps an argument holding spaces in literal quotes."""
@@ -94,7 +84,7 @@ def opencode_command(
     if config_content is not None:
         extra["OPENCODE_CONFIG_CONTENT"] = json.dumps(config_content)
     _plugin_dependency_present(home)
-    return CommandSpec(argv, minimal_env(home, extra), prompt.encode())
+    return base.CommandSpec(argv, base.minimal_env(home, extra), prompt.encode())
 
 
 def _plugin_dependency_present(home: Path) -> None:
@@ -109,11 +99,11 @@ def _plugin_dependency_present(home: Path) -> None:
     (folder / "package-lock.json").write_text(json.dumps({"packages": {"": wanted}}))
 
 
-def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
+def opencode_parse(stdout: bytes, exit_code: int) -> base.RunOutcome:
     final = ""
     usage: dict[str, int] = {}
     error = None
-    for event in json_lines(stdout):
+    for event in base.json_lines(stdout):
         part = event.get("part") or {}
         if event.get("type") == "text" and isinstance(part, dict):
             final = str(part.get("text", ""))
@@ -128,9 +118,9 @@ def opencode_parse(stdout: bytes, exit_code: int) -> RunOutcome:
             if data.get("statusCode"):
                 error += f" (HTTP {data['statusCode']})"
     if exit_code != 0 or error:
-        return RunOutcome(None, usage, error or f"opencode exited {exit_code}")
-    document = result_document(final)
-    return RunOutcome(document, usage, None if document else "no result document")
+        return base.RunOutcome(None, usage, error or f"opencode exited {exit_code}")
+    document = base.result_document(final)
+    return base.RunOutcome(document, usage, None if document else "no result document")
 
 
 def llama_opencode_config(base_url: str, model: str, bounds: Any = None) -> dict[str, Any]:

@@ -20,20 +20,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from aiworker.adapters.providers.base import (
-    CliProvider,
-    CommandSpec,
-    Reading,
-    RunOutcome,
-    RunRequest,
-    Window,
-    classify_text,
-    json_lines,
-    minimal_env,
-)
+from aiworker.adapters.providers import base
 
 
-class ScriptProvider(CliProvider):
+class ScriptProvider(base.CliProvider):
     name: ClassVar[str] = "script"
     editable_settings: ClassVar[tuple[str, ...]] = ("enabled",)
 
@@ -62,12 +52,12 @@ class ScriptProvider(CliProvider):
             raise ValueError("a scenario must be a JSON object")
         return document
 
-    def admission(self, now: datetime) -> Reading:
+    def admission(self, now: datetime) -> base.Reading:
         source = f"scenario {self.scenario}"
         try:
             document = self.load()
             windows = [
-                Window(
+                base.Window(
                     name=str(w["name"]),
                     used_percent=float(w["used_percent"]),
                     resets_at=datetime.fromisoformat(w["resets_at"].replace("Z", "+00:00"))
@@ -82,7 +72,7 @@ class ScriptProvider(CliProvider):
         error = document.get("admission_error")
         if error:
             return self.refused(source, now, str(error))
-        return Reading(
+        return base.Reading(
             self.name,
             source,
             now,
@@ -91,7 +81,7 @@ class ScriptProvider(CliProvider):
             reason="paid credits would be spent" if document.get("blocked") else "",
         )
 
-    def command(self, run: RunRequest) -> CommandSpec:
+    def command(self, run: base.RunRequest) -> base.CommandSpec:
         if self.scenario is None:
             raise FileNotFoundError("provider_options.script.scenario is not set")
         argv = [
@@ -101,16 +91,16 @@ class ScriptProvider(CliProvider):
             str(self.scenario),
             run.phase,
         ]
-        return CommandSpec(
-            argv, minimal_env(self.home or run.workspace.parent / "home"), run.prompt.encode()
+        return base.CommandSpec(
+            argv, base.minimal_env(self.home or run.workspace.parent / "home"), run.prompt.encode()
         )
 
-    def parse(self, stdout: bytes, exit_code: int) -> RunOutcome:
-        events = [e for e in json_lines(stdout) if e.get("type") == "result"]
+    def parse(self, stdout: bytes, exit_code: int) -> base.RunOutcome:
+        events = [e for e in base.json_lines(stdout) if e.get("type") == "result"]
         if exit_code != 0 or not events:
-            return RunOutcome(None, {}, f"script provider exited {exit_code}")
+            return base.RunOutcome(None, {}, f"script provider exited {exit_code}")
         result = events[-1].get("result")
-        return RunOutcome(
+        return base.RunOutcome(
             result if isinstance(result, dict) else None,
             {},
             None if isinstance(result, dict) else "no result document",
@@ -120,5 +110,5 @@ class ScriptProvider(CliProvider):
         return (
             failure
             if failure in ("quota_exhausted", "auth", "transient", "invalid")
-            else classify_text(failure)
+            else super().classify(failure)
         )
