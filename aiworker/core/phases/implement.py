@@ -25,7 +25,12 @@ from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.implement_verdict import fell_back, judge, provider_failed, refused
-from aiworker.core.phases.model_run import Admission, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.model_run import (
+    Admission,
+    admit,
+    run_model_phase,
+    slot_base,
+)
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.phases.prompts import (
     implementation_context,
@@ -129,30 +134,21 @@ def _run(job: Job, ready: Ready) -> Outcome:
     )
     name, parent = job.phase.name, ready.parent
     images = fetch_images(ready.worker, issue)
-    bundle = cache.bundle_out(
-        repo.index, slot or 0, workspaces_dir(env) / f"task-{task.id}-{name}.bundle"
-    )
-    assert job.guard is not None
+    inputs: dict[str, str | bytes] = {
+        "prompt.md": _prompt(task, issue),
+        "context.json": implementation_context(
+            repo, issue.number, base, images, task if parent is not None else None
+        ),
+        "continuation.json": continuation_json(
+            db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
+        ),
+        **images.files,
+    }
     run = run_model_phase(
-        env,
-        db,
-        job.guard,
-        ready.admission,
-        bundle=bundle,
-        ref=f"refs/aiworker/slot-{slot}/base",
-        inputs={
-            "prompt.md": _prompt(task, issue),
-            "context.json": implementation_context(
-                repo, issue.number, base, images, task if parent is not None else None
-            ),
-            "continuation.json": continuation_json(
-                db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
-            ),
-            **images.files,
-        },
-        recorded={"base": base, "simple": simple},
+        job, ready.admission, slot_base(job, cache), inputs, {"base": base, "simple": simple}
     )
     report.provider, report.attempt = run.provider, run.attempt
+    assert job.guard is not None
     assert job.guard.backend is not None
     outcome_bundle = fetch_result_bundle(env, db, job.guard.backend, task.id, run)
     # A local model has one try at this snapshot: whatever fails, the next provider goes on.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from aiworker.core.guests.backends import host_secrets, provider_homes
 from aiworker.core.phases.attempt_files import keep_attempt_files
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.local_route import LocalRoute, route_outcome
+from aiworker.core.phases.outcome import Job
 from aiworker.core.phases.run import RunReport, run_provider
 from aiworker.core.providers.admission import provider_settings, select_provider
 from aiworker.core.providers.registry import (
@@ -34,6 +36,7 @@ from aiworker.core.providers.registry import (
 )
 from aiworker.core.tasks.deadlines import run_limit_s
 from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.workspace import Workspace
 from aiworker.store.engine import Database
 from aiworker.store.observations import record_run, running_jobs
@@ -102,22 +105,29 @@ def admit(
     )
 
 
+def slot_base(job: Job, cache: GitCache) -> tuple[Path, str]:
+    """The slot's pinned base, bundled for the phase's workspace, and the ref it is at."""
+    slot = job.slot or 0
+    path = workspaces_dir(job.env) / f"task-{job.task.id}-{job.phase.name}.bundle"
+    return cache.bundle_out(job.repo.index, slot, path), f"refs/aiworker/slot-{slot}/base"
+
+
 def run_model_phase(
-    env: Environment,
-    db: Database,
-    guard: PhaseGuard,
+    job: Job,
     admission: Admission,
-    *,
-    bundle: Path,
-    ref: str,
-    inputs: dict[str, str | bytes],
+    source: tuple[Path, str],
+    inputs: Mapping[str, str | bytes],
     recorded: dict[str, Any],
+    *,
     read_only: bool = False,
 ) -> ModelRun:
-    """Start the attempt, prepare the workspace from BUNDLE at REF with INPUTS, run the
-    provider and validate its result document. RECORDED joins the attempt's settings.
-    READ_ONLY (review, planning): the checkout is a detached head the job cannot change,
-    and a result from a job that changed it anyway is not accepted."""
+    """Start the attempt, prepare the workspace from SOURCE (a bundle, and the ref to check
+    out) with INPUTS, run the provider and validate its result document. RECORDED joins
+    the attempt's settings. READ_ONLY (review, planning): the checkout is a detached head
+    the job cannot change, and a result from a job that changed it anyway is not accepted."""
+    env, db, guard = job.env, job.db, job.guard
+    assert guard is not None
+    bundle, ref = source
     name = admission.provider
     assert name is not None
     backend = guard.backend

@@ -21,7 +21,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.model_run import admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.model_run import admit, run_model_phase, slot_base
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.phases.plan_decisions import (
     pending_plan,
@@ -115,7 +115,7 @@ def _propose(
 ) -> list[MilestoneSpec] | Outcome:
     """Run the planner at BASE; its milestones once they pass the bounds, else how the
     phase ends (a failed run, a plan out of bounds, questions)."""
-    env, db, task, repo, slot = job.env, job.db, job.task, job.repo, job.slot or 0
+    env, db, task, repo = job.env, job.db, job.task, job.repo
     name = job.phase.name
     cache = GitCache(env.state_dir)
     admission = admit(env, db, name)
@@ -123,27 +123,17 @@ def _propose(
     if admission.provider is None:
         return ended(report, S.READY, "unavailable", "no provider is eligible for planning now")
     limit = env.loaded.config.planning.max_milestones
-    assert job.guard is not None
-    run = run_model_phase(
-        env,
-        db,
-        job.guard,
-        admission,
-        bundle=cache.bundle_out(
-            repo.index, slot, workspaces_dir(env) / f"task-{task.id}-plan.bundle"
+    inputs = {
+        "prompt.md": plan_prompt(issue, limit),
+        "context.json": json.dumps(
+            {"repository": f"{repo.owner}/{repo.name}", "issue": issue.number, "base": base}
         ),
-        ref=f"refs/aiworker/slot-{slot}/base",
-        inputs={
-            "prompt.md": plan_prompt(issue, limit),
-            "context.json": json.dumps(
-                {"repository": f"{repo.owner}/{repo.name}", "issue": issue.number, "base": base}
-            ),
-            "continuation.json": continuation_json(
-                db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
-            ),
-        },
-        read_only=True,
-        recorded={"base": base},
+        "continuation.json": continuation_json(
+            db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
+        ),
+    }
+    run = run_model_phase(
+        job, admission, slot_base(job, cache), inputs, {"base": base}, read_only=True
     )
     report.provider, report.attempt = run.provider, run.attempt
     result: AgentResult | None = run.result

@@ -28,7 +28,12 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
-from aiworker.core.phases.model_run import ModelRun, admit, run_model_phase, workspaces_dir
+from aiworker.core.phases.model_run import (
+    ModelRun,
+    admit,
+    run_model_phase,
+    slot_base,
+)
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.phases.reports import AttemptReport, ended
@@ -67,43 +72,32 @@ def repair(job: Job) -> Outcome:
         # Back to waiting for a slot; nothing was spent.
         return ended(report, S.REPAIRING, "unavailable", "no provider is eligible for a repair now")
     cache.pin(repo.index, slot, "base", request.start)
-    bundle = cache.bundle_out(
-        repo.index, slot, workspaces_dir(env) / f"task-{task.id}-repair.bundle"
-    )
-    assert job.guard is not None
-    run = run_model_phase(
-        env,
-        db,
-        job.guard,
-        admission,
-        bundle=bundle,
-        ref=f"refs/aiworker/slot-{slot}/base",
-        inputs={
-            "prompt.md": repair_prompt(issue, request.cause, finding_lines(request.findings)),
-            "context.json": json.dumps(
-                {
-                    "repository": f"{repo.owner}/{repo.name}",
-                    "issue": issue.number,
-                    "cause": request.cause,
-                    "start": request.start,
-                    "base": request.base,
-                    "conflicts": request.conflicts,
-                }
-            ),
-            "continuation.json": continuation_json(
-                db,
-                cache,
-                task=task,
-                repo=repo,
-                phase=name,
-                issue=issue,
-                base=request.base,
-                head=request.start,
-                findings=request.findings,
-            ),
-        },
-        recorded={"cause": request.cause, "start": request.start, "base": request.base},
-    )
+    inputs = {
+        "prompt.md": repair_prompt(issue, request.cause, finding_lines(request.findings)),
+        "context.json": json.dumps(
+            {
+                "repository": f"{repo.owner}/{repo.name}",
+                "issue": issue.number,
+                "cause": request.cause,
+                "start": request.start,
+                "base": request.base,
+                "conflicts": request.conflicts,
+            }
+        ),
+        "continuation.json": continuation_json(
+            db,
+            cache,
+            task=task,
+            repo=repo,
+            phase=name,
+            issue=issue,
+            base=request.base,
+            head=request.start,
+            findings=request.findings,
+        ),
+    }
+    recorded = {"cause": request.cause, "start": request.start, "base": request.base}
+    run = run_model_phase(job, admission, slot_base(job, cache), inputs, recorded)
     report.provider, report.attempt = run.provider, run.attempt
     return _conclude(job, cache, request, issue.body, report, run)
 

@@ -125,31 +125,21 @@ def _decide(
     bundle = cache.bundle_commit(
         repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{name}.bundle"
     )
-    assert job.guard is not None
-    run = run_model_phase(
-        env,
-        db,
-        job.guard,
-        admission,
-        bundle=bundle,
-        ref=ref,
-        inputs={
-            "prompt.md": review_prompt(pull),
-            "context.json": json.dumps({"pr": pull.number, "head": head}),
-            "continuation.json": continuation_json(
-                db,
-                cache,
-                task=task,
-                repo=repo,
-                phase=name,
-                issue=issue,
-                base=task.base_commit or head,
-                head=head,
-            ),
-        },
-        read_only=True,
-        recorded={"head": head},
-    )
+    inputs = {
+        "prompt.md": review_prompt(pull),
+        "context.json": json.dumps({"pr": pull.number, "head": head}),
+        "continuation.json": continuation_json(
+            db,
+            cache,
+            task=task,
+            repo=repo,
+            phase=name,
+            issue=issue,
+            base=task.base_commit or head,
+            head=head,
+        ),
+    }
+    run = run_model_phase(job, admission, (bundle, ref), inputs, {"head": head}, read_only=True)
     report.provider = run.provider
     if run.result is None:
         report.reason = run.reason
