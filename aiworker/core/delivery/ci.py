@@ -20,13 +20,11 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import artifact_files
 from aiworker.core.evidence.ci_status import CI_CONTEXT
-from aiworker.core.evidence.gate import run_checks
 from aiworker.core.evidence.receipts import receipt_url
-from aiworker.core.evidence.requirements import Requirement
+from aiworker.core.evidence.requirements import default_requirements
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
-from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError
@@ -98,7 +96,7 @@ def ci_finding(check: dict[str, Any], head: str) -> Finding:
 
 
 def ci(job: Job) -> Outcome:
-    env, db, task, repo = job.env, job.db, job.task, job.repo
+    env, task, repo = job.env, job.task, job.repo
     head, base = task.head_commit, task.base_commit
     assert head is not None
     assert base is not None
@@ -121,17 +119,7 @@ def ci(job: Job) -> Outcome:
     # From here every failure posts the terminal `error` that follows this `pending`.
     job.on_failure(lambda reason: post_ci_error(env, repo, head, reason))
     failpoint("ci.after_pending")
-    checked = run_checks(
-        db,
-        Dispatch.of(env, db),
-        index=repo.index,
-        head=head,
-        base=base,
-        task_id=task.id,
-        scope=task.scope_fingerprint,
-        requirements=[Requirement("ci", ("./ci/run",))],
-        phase="ci",
-    )
+    checked = job.check(head, base, default_requirements(), phase=job.phase.name)
     check = checked.checks[0]
     state = "success" if checked.passed else "failure"
     # The receipt's body, as kept in the artifact store: for the operator on this host

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.delivery.plan_approval import Plan, PlanStepReport, approve, pause
-from aiworker.core.evidence.gate import publication_allowed, run_checks
+from aiworker.core.evidence.gate import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.outcome import Job, Outcome
-from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.milestones import (
     accept_milestone,
     cancel_milestones,
@@ -98,14 +97,7 @@ def _milestones(job: Job, plan: Plan, report: PlanStepReport) -> Outcome:
         if child.state == S.IMPLEMENTED:
             assert child.head_commit is not None
             assert child.base_commit is not None
-            allowed, why = publication_allowed(
-                db,
-                child.id,
-                head=child.head_commit,
-                base=child.base_commit,
-                scope=child.scope_fingerprint,
-                requirements=requirements_of(child, ""),
-            )
+            allowed, why = checked_at_head(db, child, requirements_of(child, ""))
             accept_milestone(db, task, child, None if allowed else why)
             if not allowed:
                 return Outcome(report, follow_up=True)
@@ -126,21 +118,12 @@ def _finish(job: Job, plan: Plan, report: PlanStepReport) -> Outcome:
     """Every milestone is in: the combined checks at the final head decide, as an attempt
     of this step (charged to the plan's `milestones` budget): a run that fails or dies is
     retried within the budget, then the plan fails with a comment."""
-    env, db, task, repo = job.env, job.db, plan.task, plan.repo
+    db, task = job.db, plan.task
     head, base = task.head_commit, task.base_commit
     assert head is not None
     assert base is not None
     job.start(None, {"head": head})
-    gate = run_checks(
-        db,
-        Dispatch.of(env, db),
-        index=repo.index,
-        head=head,
-        base=base,
-        task_id=task.id,
-        scope=task.scope_fingerprint,
-        requirements=checks_of(db, task, plan.issue.body),
-    )
+    gate = job.check(head, base, checks_of(db, task, plan.issue.body))
     failpoint("milestones.after_checks")
     failed = gate.failures()
     if failed:

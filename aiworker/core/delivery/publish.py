@@ -18,7 +18,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.refresh import refresh_base
 from aiworker.core.delivery.scope_check import answer_moved_scope
-from aiworker.core.evidence.gate import publication_allowed
+from aiworker.core.evidence.gate import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized
@@ -84,10 +84,7 @@ def _preconditions(
     if base_now != task.base_commit:
         # The receipts are for the old base: bring the work forward and check it again.
         refreshed = refresh_base(
-            env,
-            db,
-            task,
-            repo,
+            job,
             issue,
             worker,
             access.token("worker"),
@@ -102,14 +99,7 @@ def _preconditions(
         report.head = refreshed.head
     assert task.head_commit is not None
     assert task.base_commit is not None
-    allowed, reason = publication_allowed(
-        db,
-        task.id,
-        head=task.head_commit,
-        base=task.base_commit,
-        scope=task.scope_fingerprint,
-        requirements=checks_of(db, task, issue.body),
-    )
+    allowed, reason = checked_at_head(db, task, checks_of(db, task, issue.body))
     if not allowed:
         refuse_publication(db, task, reason)
     return issue, forge_repo.default_branch

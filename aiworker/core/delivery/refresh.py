@@ -19,16 +19,13 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment
-from aiworker.core.evidence.gate import run_checks
-from aiworker.core.phases.outcome import Outcome
+from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
-from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, record_refreshed_base
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
-from aiworker.store.models import Repository, Task
+from aiworker.store.models import Task
 from aiworker.store.receipts import receipts_for
 
 
@@ -40,10 +37,7 @@ class Refreshed:
 
 
 def refresh_base(
-    env: Environment,
-    db: Database,
-    task: Task,
-    repo: Repository,
+    job: Job,
     issue: Issue,
     worker: ForgejoClient,
     token: str,
@@ -53,6 +47,7 @@ def refresh_base(
 ) -> Refreshed | Outcome:
     """The refreshed head and base (recorded on the task), or how the step ends instead:
     a repair episode."""
+    env, db, task, repo = job.env, job.db, job.task, job.repo
     assert task.head_commit is not None
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
@@ -85,17 +80,7 @@ def refresh_base(
             return Outcome(report, repair=request, reason=why)
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
-        gate = run_checks(
-            db,
-            Dispatch.of(env, db),
-            index=repo.index,
-            head=head,
-            base=base_now,
-            task_id=task.id,
-            scope=task.scope_fingerprint,
-            requirements=requirements,
-        )
-        failed = gate.failures()
+        failed = job.check(head, base_now, requirements).failures()
     if failed:
         why = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
         findings = [Finding(severity="blocker", message=f) for f in failed]

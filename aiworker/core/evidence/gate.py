@@ -33,6 +33,7 @@ from aiworker.core.evidence.requirements import Requirement
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.secrets import redact
 from aiworker.store.engine import Database
+from aiworker.store.models import Task
 from aiworker.store.receipts import add_receipt, receipts_for
 
 PHASE = "validation"
@@ -252,6 +253,20 @@ def _measure(
 def _tail(encoded: str, limit: int | None = TAIL_CHARS) -> str:
     text = redact(base64.b64decode(encoded).decode(errors="replace"))
     return text if limit is None else text[-limit:]
+
+
+def checked_at_head(db: Database, task: Task, requirements: list[Requirement]) -> tuple[bool, str]:
+    """publication_allowed for TASK at the head, base and scope it records."""
+    assert task.head_commit is not None
+    assert task.base_commit is not None
+    return publication_allowed(
+        db,
+        task.id,
+        head=task.head_commit,
+        base=task.base_commit,
+        scope=task.scope_fingerprint,
+        requirements=requirements,
+    )
 
 
 def publication_allowed(

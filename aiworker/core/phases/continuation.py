@@ -10,28 +10,26 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.contracts.continuation import Continuation, Evidence, PriorAttempt, Scope
 from aiworker.core.evidence.requirements import requirements_from_issue
+from aiworker.core.phases.outcome import Job
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.attempts import attempts_of
-from aiworker.store.engine import Database
-from aiworker.store.models import Repository, Task
 from aiworker.store.receipts import receipts_of
 
 MAX_ROWS = 200
 
 
 def continuation_json(
-    db: Database,
+    job: Job,
     cache: GitCache,
-    *,
-    task: Task,
-    repo: Repository,
-    phase: str,
     issue: Issue,
     base: str,
     head: str | None = None,
     findings: Sequence[Finding] = (),
 ) -> str:
-    with db.read() as session:
+    """The continuation of JOB's task for its phase: the issue's scope, the commits from
+    BASE to HEAD, FINDINGS to resolve, and what the host measured and tried before."""
+    task, repo, phase = job.task, job.repo, job.phase.name
+    with job.db.read() as session:
         receipts = receipts_of(session, task.id)
         attempts = attempts_of(session, task.id)
         document = Continuation(

@@ -132,16 +132,14 @@ def _run(job: Job, ready: Ready) -> Outcome:
         ready.base,
         ready.simple,
     )
-    name, parent = job.phase.name, ready.parent
+    parent = ready.parent
     images = fetch_images(ready.worker, issue)
     inputs: dict[str, str | bytes] = {
         "prompt.md": _prompt(task, issue),
         "context.json": implementation_context(
             repo, issue.number, base, images, task if parent is not None else None
         ),
-        "continuation.json": continuation_json(
-            db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
-        ),
+        "continuation.json": continuation_json(job, cache, issue, base),
         **images.files,
     }
     run = run_model_phase(

@@ -15,9 +15,12 @@ from typing import Any
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.core.context import Environment
+from aiworker.core.evidence.gate import GateReport, run_checks
+from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
+from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
@@ -81,6 +84,23 @@ class Job:
                 f"the evidence is for {self.task.head_commit}"
             )
         return pull
+
+    def check(
+        self, head: str, base: str, requirements: list[Requirement], **options: Any
+    ) -> GateReport:
+        """Run REQUIREMENTS for the task at HEAD on BASE as worker jobs, its receipts
+        recorded (OPTIONS: the phase they are for, the result a model claimed)."""
+        return run_checks(
+            self.db,
+            Dispatch.of(self.env, self.db),
+            index=self.repo.index,
+            head=head,
+            base=base,
+            task_id=self.task.id,
+            scope=self.task.scope_fingerprint,
+            requirements=requirements,
+            **options,
+        )
 
     def on_failure(self, hook: Callable[[str], None] | None) -> None:
         """Run HOOK with the reason if the body fails from now on (None: no more hooks)."""

@@ -115,7 +115,7 @@ def _propose(
 ) -> list[MilestoneSpec] | Outcome:
     """Run the planner at BASE; its milestones once they pass the bounds, else how the
     phase ends (a failed run, a plan out of bounds, questions)."""
-    env, db, task, repo = job.env, job.db, job.task, job.repo
+    env, db, repo = job.env, job.db, job.repo
     name = job.phase.name
     cache = GitCache(env.state_dir)
     admission = admit(env, db, name)
@@ -128,9 +128,7 @@ def _propose(
         "context.json": json.dumps(
             {"repository": f"{repo.owner}/{repo.name}", "issue": issue.number, "base": base}
         ),
-        "continuation.json": continuation_json(
-            db, cache, task=task, repo=repo, phase=name, issue=issue, base=base
-        ),
+        "continuation.json": continuation_json(job, cache, issue, base),
     }
     run = run_model_phase(
         job, admission, slot_base(job, cache), inputs, {"base": base}, read_only=True

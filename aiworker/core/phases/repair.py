@@ -23,7 +23,6 @@ import json
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.evidence.acceptance import refusals
-from aiworker.core.evidence.gate import run_checks
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.attempt_files import fetch_result_bundle
@@ -37,7 +36,6 @@ from aiworker.core.phases.model_run import (
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.phases.reports import AttemptReport, ended
-from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, finding_lines, latest_request
 from aiworker.core.tasks.states import TaskState as S
@@ -47,7 +45,6 @@ from aiworker.runtime.gitcache import AncestryRejected, GitCache
 
 def repair(job: Job) -> Outcome:
     env, db, task, repo, slot = job.env, job.db, job.task, job.repo, job.slot or 0
-    name = job.phase.name
     request = latest_request(db, task.id)
     if request is None:
         raise Conflict(f"task {task.id} is repairing but no repair was requested")
@@ -85,15 +82,7 @@ def repair(job: Job) -> Outcome:
             }
         ),
         "continuation.json": continuation_json(
-            db,
-            cache,
-            task=task,
-            repo=repo,
-            phase=name,
-            issue=issue,
-            base=request.base,
-            head=request.start,
-            findings=request.findings,
+            job, cache, issue, request.base, head=request.start, findings=request.findings
         ),
     }
     recorded = {"cause": request.cause, "start": request.start, "base": request.base}
@@ -130,17 +119,7 @@ def _conclude(
     marked = cache.with_markers(repo.index, head, request.conflicts)
     if marked:
         refused.append(f"conflict markers remain in {', '.join(marked)}")
-    gate = run_checks(
-        db,
-        Dispatch.of(env, db),
-        index=repo.index,
-        head=head,
-        base=request.base,
-        task_id=job.task.id,
-        scope=job.task.scope_fingerprint,
-        requirements=checks_of(db, job.task, body),
-        claimed=run.result,
-    )
+    gate = job.check(head, request.base, checks_of(db, job.task, body), claimed=run.result)
     report.head = head
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
     refused += gate.failures() + refusals(run.result)

@@ -129,14 +129,7 @@ def _decide(
         "prompt.md": review_prompt(pull),
         "context.json": json.dumps({"pr": pull.number, "head": head}),
         "continuation.json": continuation_json(
-            db,
-            cache,
-            task=task,
-            repo=repo,
-            phase=name,
-            issue=issue,
-            base=task.base_commit or head,
-            head=head,
+            job, cache, issue, task.base_commit or head, head=head
         ),
     }
     run = run_model_phase(job, admission, (bundle, ref), inputs, {"head": head}, read_only=True)

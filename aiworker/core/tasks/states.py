@@ -136,20 +136,7 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     # paused -> the state it was paused in, once authorised again, for work past
     # implementation (each step re-verifies its evidence), a plan past planning (its step
     # re-reads the approval) and a repair episode; -> ready for anything earlier.
-    S.PAUSED: frozenset(
-        {
-            S.PAUSED,
-            S.READY,
-            S.AWAITING_PLAN_APPROVAL,
-            S.MILESTONES,
-            S.REPAIRING,
-            S.IMPLEMENTED,
-            S.AWAITING_CI,
-            S.AWAITING_REVIEW,
-            S.APPROVED,
-            S.CANCELLED,
-        }
-    ),
+    S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}) | RESUMABLE,
     # failed -> ready: an operator's retry, with the budget reset recorded.
     S.FAILED: frozenset({S.READY, S.CANCELLED}),
     S.DONE: frozenset(),
