@@ -167,6 +167,30 @@ def test_a_task_paused_during_its_run_stays_paused_with_its_result_kept(
     assert not (workspace / "home").exists()
 
 
+def test_a_result_for_a_scope_replaced_during_its_run_is_retained_and_the_task_waits_again(
+    forge, claimed, upgraded, state_dir, cli
+):
+    """Poll records an edited issue while the implementation runs: the result answers the
+    old scope, so it is kept, not accepted, and the task waits for a slot again instead
+    of staying claimed by a job that has ended."""
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=6)
+    phase = start_implement(task)
+    _, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
+    wait_for_provider(attempt_tag(state_dir, attempt))
+    edit_issue(forge, 1, body="Fix add(), and keep sub() as it is.")
+    assert cli("--json", "poll").json()["tasks"] == {"updated": 1}
+    out, err = phase.communicate(timeout=60)
+    assert phase.returncode == 1, err
+    report = json.loads(out)
+    assert (report["outcome"], report["state"]) == ("retained", "ready")
+    assert report["reason"] == "the issue changed while the phase ran; its result is retained"
+    assert query(upgraded, "select state, claim_slot, head_commit from tasks") == [
+        ("ready", None, None)
+    ]
+    [kept] = query(upgraded, "select data from events where kind = 'workspace.kept'")
+    assert "the issue changed while the phase ran" in json.loads(kept[0])["reason"]
+
+
 # Two providers that both fail: the first backs off after its failure, the second takes
 # the next attempt, and the budget of two is then spent.
 TWO_FAILING = (

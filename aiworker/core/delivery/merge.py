@@ -133,23 +133,19 @@ def merge(job: Job) -> Outcome:
     milestones = [(c.id, c.head_commit) for c in plan_milestones(db, task)]
     if milestones:
         evidence["milestones"] = [{"task": t, "head": h} for t, h in milestones]
-    base = task.base_commit
-
-    def receipt(session: Any) -> None:
+    # The merge's evidence is kept whatever becomes of the move: the PR is merged.
+    with db.write() as session:
         add_receipt(
             session,
             task_id=task.id,
-            phase="merge",
+            phase=job.phase.name,
             head=head,
-            base=base,
+            base=task.base_commit,
             scope=task.scope_fingerprint,
             check_id=None,
             outcome="merged",
             body=evidence,
         )
-
     why = f"merged as {pull.merge_commit_sha}"
-    landing = Outcome(
-        report, S.DONE, why, kind="merge.done", data=evidence, writes=receipt, follow_up=False
-    )
+    landing = Outcome(report, S.DONE, why, kind="merge.done", data=evidence, follow_up=False)
     return landing.ended("succeeded", why)

@@ -90,6 +90,7 @@ def _milestones(job: Job, plan: Plan, report: PlanStepReport) -> Outcome:
                 S.FAILED,
                 reason,
                 actor="plan",
+                scoped=True,
                 # Nothing of a failed plan starts later.
                 writes=lambda session: cancel_milestones(session, task.id),
                 comment=f"aiworker stopped this plan: {reason}.",
@@ -134,5 +135,6 @@ def _finish(job: Job, plan: Plan, report: PlanStepReport) -> Outcome:
         return landing.ended("failed", "; ".join(failed)[:500])
     reason = f"every milestone is in; the combined checks passed at {head[:12]}"
     report.reason = reason
-    landing = Outcome(report, S.IMPLEMENTED, reason, {"base_commit": base}, actor="plan")
+    changes = {"base_commit": base}
+    landing = Outcome(report, S.IMPLEMENTED, reason, changes, actor="plan", scoped=True)
     return landing.ended("succeeded")

@@ -52,14 +52,15 @@ def approve(job: Job, plan: Plan, report: PlanStepReport) -> Outcome | None:
     if spec.get("fingerprint") != plan.scope and not children_made:
         reason = "the issue changed after the plan was posted; planning again"
         report.reason = reason
-        return Outcome(report, S.READY, reason, {"spec": None}, actor="plan")
+        return Outcome(report, S.READY, reason, {"spec": None}, actor="plan", scoped=True)
     if spec.get("fingerprint") != plan.scope:
         # Changed while it waited: an approval given before this was seen may have been for
         # the earlier scope, so only one given from now on counts.
         spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
         why = "the issue changed while the plan awaited approval; a writer must approve again"
         report.reason = why
-        return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, {"spec": spec}, actor="plan")
+        spec_now = {"spec": spec}
+        return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, spec_now, actor="plan", scoped=True)
     if not plan.approval.approved:
         report.reason = "waiting for a writer's approval"
         return Outcome(report, follow_up=False)
@@ -96,6 +97,7 @@ def pause(env: Environment, plan: Plan, why: str, report: PlanStepReport) -> Out
         why,
         {"spec": spec},
         actor="plan",
+        scoped=True,
         writes=lambda session: hold_milestones(session, task.id, why),
         comment=(
             f"The plan is paused: {why}. A user with write permission approves it again by "

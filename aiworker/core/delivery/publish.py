@@ -160,6 +160,7 @@ def publish(job: Job) -> Outcome:
         f"published as PR #{pull.number}",
         kind="task.published",
         data={"pr": pull.number, "head": task.head_commit, "created": created},
+        scoped=True,
         # The PR is recorded with the move: a run that dies in between finds it again.
         writes=lambda session: advance_publication(session, publication_id, "opened", pull.number),
     )

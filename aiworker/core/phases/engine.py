@@ -46,22 +46,27 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
         lock = _take_up(job)
         exhausted = budget_spent(env, db, task_id, phase.name)
         if exhausted:
-            _fail(job, exhausted)
-            if lock is not None:
-                lock.release()
+            try:
+                _fail(job, exhausted)
+            finally:
+                if lock is not None:
+                    lock.release()
             raise BudgetSpent(f"task {task_id}: the {phase.name} budget is spent")
         backend = backend_for(env, phase.name) if phase.backend else None
         recover = lambda reason: _fail(job, reason)  # noqa: E731
         with PhaseGuard(db, task_id, phase.name, recover, backend, lock) as guard:
             job.guard = guard
+            decided: Outcome | None = None
             try:
-                outcome: Outcome = phase.run()(job)
-                state, refusal = _move(job, outcome)
-            except TransitionRefused as exc:  # a task the body read moved meanwhile
+                decided = phase.run()(job)
+                state, refusal = _move(job, decided)
+            except TransitionRefused as exc:  # the task moved meanwhile
                 if job.report is None:
                     raise
-                outcome = Outcome(job.report)
+                outcome = decided or Outcome(job.report)  # refused in the body: no decision
                 state, refusal = _refused(job, outcome, exc.refusal)
+            else:
+                outcome = decided
             landed(outcome.report, state, refusal)
         failpoint(f"{phase.name}.after_record")
         return outcome
@@ -213,6 +218,10 @@ def _refused(job: Job, outcome: Outcome, refusal: Refusal) -> tuple[str, str | N
         again = Outcome(outcome.report, job.retry, why)
         moved, _ = _move(job, again)
         return moved, why
+    if job.phase.lock != SLOT:
+        # A step's move refused (the task was paused, or a new scope was recorded): the
+        # step failed, as any failure of it, and its next run reads the task again.
+        raise TransitionRefused(refusal)
     job.guard.keep(why)
     log.warning("task %d: %s (%s)", job.task.id, why, refusal.sentence())
     return state, why

@@ -58,15 +58,15 @@ def judge(
     unmet = ([] if gate.passed else ["the quality gate failed"]) + refusals(result)
     outcome = "succeeded" if not unmet else "gate_failed" if not gate.passed else "not_accepted"
     findings = "; ".join(gate.findings or unmet)
+    changes = {"base_commit": report.base, "head_commit": report.head}
     if unmet:
         reason = ("not accepted: " + "; ".join(unmet))[:1000]
         if local:
             return fell_back(job, report, outcome, findings, simple=simple)
         report.outcome, report.reason = "failed", reason
-        return Outcome(report, S.FAILED, reason).ended(outcome, findings)
+        return Outcome(report, S.FAILED, reason, changes).ended(outcome, findings)
     reason = "quality gate passed; the result meets every acceptance rule"
     report.outcome, report.reason = str(S.IMPLEMENTED), reason
-    changes = {"base_commit": report.base, "head_commit": report.head}
     return Outcome(report, S.IMPLEMENTED, reason, changes, scoped=True).ended(outcome, findings)
 
 
