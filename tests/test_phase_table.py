@@ -95,14 +95,15 @@ def test_every_declaration_names_a_body_and_a_command_that_exist(phase, capsys):
 
 
 def _units_the_commands_run() -> set[str]:
-    """Every phase or step a command runs through the driver (run_unit(inv, NAME, ...))."""
+    """Every phase or step a command runs through the driver: run_unit(inv, NAME, ...), or
+    run_step(inv, NAME, ...) for a delivery step."""
     names = set()
     for path in (PACKAGE / "commands").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id == "run_unit"
+                and node.func.id in ("run_unit", "run_step")
                 and isinstance(node.args[1], ast.Constant)
             ):
                 names.add(node.args[1].value)
