@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from aiworker.cli import main
+from aiworker.config.models import PHASES as CONFIG_PHASES
 from aiworker.core.phases.table import COMMANDS, PHASES, SLOT, TASK, Phase, claimable_kinds
 from aiworker.core.tasks.states import EDGES, TaskState, allowed
 from aiworker.store.tasks import TASK_KINDS
@@ -143,3 +144,10 @@ def test_only_the_driver_handles_a_refused_move():
                 advancing.append(where)
     assert catching == ["core/phases/engine.py"]
     assert advancing == []
+
+
+def test_every_phase_command_an_operator_may_replace_is_a_declared_unit():
+    """scheduler.phase_commands is validated against the configuration's own list of
+    phases (the configuration loads before the workflow): each must be declared here."""
+    assert set(CONFIG_PHASES) <= set(COMMANDS)
+    assert set(COMMANDS) - set(CONFIG_PHASES) == {"ci"}  # its command is not replaceable
