@@ -12,15 +12,16 @@ try_advance, which returns the Refusal instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 from aiworker.core.tasks.states import allowed
 from aiworker.errors import Conflict
 from aiworker.store.tasks import Writer, compare_and_update, task_state
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -53,33 +54,6 @@ class TransitionRefused(Conflict):
         self.refusal = refusal
 
 
-def advance(
-    writer: Writer,
-    task_id: int,
-    expected_state: str,
-    expected_version: int,
-    to_state: str,
-    reason: str,
-    **options: Any,
-) -> int:
-    """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON
-    (OPTIONS: those of try_advance, and the task's columns that change with the move).
-
-    Returns the task's new version; raises TransitionRefused, changing nothing, when
-    the edge is not allowed or the task moved on meanwhile. FOLLOW_DATA_CHANGES: when
-    only the version moved (poll recorded a new scope; the state is still the expected
-    one), the move is made against the current version. A caller uses it where its
-    decision does not depend on the scope (a failure, a step's recorded outcome); a
-    changed state (paused, cancelled) is refused all the same.
-    """
-    moved = try_advance(
-        writer, task_id, expected_state, expected_version, to_state, reason, **options
-    )
-    if isinstance(moved, Refusal):
-        raise TransitionRefused(moved)
-    return moved
-
-
 def try_advance(
     writer: Writer,
     task_id: int,
@@ -94,8 +68,17 @@ def try_advance(
     follow_data_changes: bool = False,
     **changes: Any,
 ) -> int | Refusal:
-    """advance() for a caller to whom a refusal is an answer, not an error (a task that
-    moved on meanwhile is left as it is): the new version, or the Refusal, logged."""
+    """Move TASK_ID from EXPECTED_STATE at EXPECTED_VERSION to TO_STATE, recording REASON
+    (CHANGES: the task's columns that change with the move); the task's new version, or
+    the Refusal, logged and changing nothing, when the edge is not allowed or the task
+    moved on meanwhile. For a caller to whom a refusal is an answer (a task that moved
+    on is left as it is); advance() raises it instead.
+
+    FOLLOW_DATA_CHANGES: when only the version moved (poll recorded a new scope; the
+    state is still the expected one), the move is made against the current version. A
+    caller uses it where its decision does not depend on the scope (a failure, a step's
+    recorded outcome); a changed state (paused, cancelled) is refused all the same.
+    """
     if to_state == "paused" and expected_state != "paused" and kind == "task.transition":
         kind = "task.paused"  # what a resumption reads the state to return to from
     if not allowed(expected_state, to_state):
@@ -141,3 +124,18 @@ def try_advance(
         return refusal
     log.info("task %d: %s -> %s: %s", task_id, expected_state, to_state, reason)
     return expected_version + 1
+
+
+def _raising(move: Callable[P, int | Refusal]) -> Callable[P, int]:
+    def raising(*args: P.args, **kwargs: P.kwargs) -> int:
+        moved = move(*args, **kwargs)
+        if isinstance(moved, Refusal):
+            raise TransitionRefused(moved)
+        return moved
+
+    return raising
+
+
+# The way a task changes state: try_advance's move, raising TransitionRefused for a
+# refusal; returns the task's new version.
+advance = _raising(try_advance)
