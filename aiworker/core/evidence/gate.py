@@ -256,14 +256,13 @@ def _tail(encoded: str, limit: int | None = TAIL_CHARS) -> str:
 
 
 def checked_at_head(db: Database, task: Task, requirements: list[Requirement]) -> tuple[bool, str]:
-    """publication_allowed for TASK at the head, base and scope it records."""
-    assert task.head_commit is not None
-    assert task.base_commit is not None
+    """publication_allowed for TASK at the head, base and scope it records (a task that
+    records none has no receipts for it)."""
     return publication_allowed(
         db,
         task.id,
-        head=task.head_commit,
-        base=task.base_commit,
+        head=str(task.head_commit),
+        base=str(task.base_commit),
         scope=task.scope_fingerprint,
         requirements=requirements,
     )
