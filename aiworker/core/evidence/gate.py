@@ -1,6 +1,6 @@
 """The quality gate: the host re-runs every required check itself on the exact result head.
 
-Requirements come from the issue (intake/scope.py: a fenced `aiworker-checks`
+Requirements come from the issue (requirements.py: a fenced `aiworker-checks`
 block of `check_id: ./ci/run ARGS` lines) or default to the repository's `./ci/run`.
 Each check runs as a worker job (runner/dispatch.py) on the exact snapshot of the
 head, and a receipt binds its outcome to the full head and base hashes and the
