@@ -117,7 +117,7 @@ def ci(job: Job) -> Outcome:
         description="./ci/run is running",
     )
     # From here every failure posts the terminal `error` that follows this `pending`.
-    job.on_failure(lambda reason: post_ci_error(env, repo, head, reason))
+    job.failure_hook = lambda reason: post_ci_error(env, repo, head, reason)
     failpoint("ci.after_pending")
     checked = job.check(head, base, default_requirements(), phase=job.phase.name)
     check = checked.checks[0]
@@ -140,7 +140,7 @@ def ci(job: Job) -> Outcome:
         description=description[:140],
         target_url=link,
     )
-    job.on_failure(None)
+    job.failure_hook = None
     report = CiReport(task.id, job.pr, head, state, check, str(evidence), check["receipt"], link)
     why = f"./ci/run {check['status']} (exit {check['exit_code']}) at {head[:12]}"
     if checked.passed:

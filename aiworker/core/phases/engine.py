@@ -130,10 +130,10 @@ def _take_up(job: Job) -> FileLock | None:
 
 
 def _fail(job: Job, reason: str) -> None:
-    """The body failed (or the budget is spent): its hooks run, and the task goes to the
-    phase's retry state while the budget lasts, else to failed with a comment."""
-    for hook in job.failure_hooks:
-        hook(reason)
+    """The body failed (or the budget is spent): the hook it left runs, and the task goes
+    to the phase's retry state while the budget lasts, else to failed with a comment."""
+    if job.failure_hook is not None:
+        job.failure_hook(reason)
     phase = job.phase
     land_after_failure(
         job.env,

@@ -1,5 +1,5 @@
-"""The model-phase engine shared by implementation and review (planning and repair next):
-admission, the attempt record, the workspace, the run, result validation.
+"""What the model phases (plan, implement, repair, review) share: admission, the attempt
+record, the workspace, the run, result validation.
 
 Each step runs inside the caller's PhaseGuard, so an exception anywhere closes the
 attempt and lands the task; the phase module only decides what a valid result

@@ -43,7 +43,7 @@ class Job:
     pr: int | None = None  # the task's open pull request, for a step that needs one
     guard: PhaseGuard | None = None
     report: Report | None = None  # the body's report, once it made one
-    failure_hooks: list[Callable[[str], None]] = field(default_factory=list)
+    failure_hook: Callable[[str], None] | None = None  # run with the reason if the body fails
 
     @property
     def holds(self) -> str:
@@ -102,10 +102,6 @@ class Job:
             **options,
         )
 
-    def on_failure(self, hook: Callable[[str], None] | None) -> None:
-        """Run HOOK with the reason if the body fails from now on (None: no more hooks)."""
-        self.failure_hooks = [] if hook is None else [hook]
-
 
 @dataclass
 class Outcome:
@@ -116,8 +112,9 @@ class Outcome:
     kind: str = "task.transition"  # the move's event
     actor: str | None = None  # who the move's event names; the phase's command if None
     data: dict[str, Any] | None = None
-    # Only a success answers the scope it was done for: a scope poll recorded meanwhile
-    # refuses the move (the result is retained); any other move follows a new scope.
+    # The move answers the scope the body read (an accepted implementation, publish, the
+    # plan step's moves): a scope poll recorded meanwhile refuses it. Any other move (a
+    # failure, a step's recorded result) follows a new scope.
     scoped: bool = False
     comment: str | None = None  # commented on the issue once the move is made
     writes: Callable[[Any], None] | None = None  # more writes in the move's transaction
