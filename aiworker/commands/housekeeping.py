@@ -10,6 +10,10 @@ import typer
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Say what the pass would remove; remove nothing.")
+]
+
 
 def cleanup(ctx: typer.Context) -> None:
     """Remove delivered tasks' workspaces, bundles and logs; keep results, receipts and
@@ -25,12 +29,7 @@ def cleanup(ctx: typer.Context) -> None:
     )
 
 
-def retention(
-    ctx: typer.Context,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what the pass would remove; remove nothing.")
-    ] = False,
-) -> None:
+def retention(ctx: typer.Context, dry_run: DryRun = False) -> None:
     """Remove the payloads of the artifact store no reference keeps any longer, the git
     refs and evidence files of ended tasks and stale transfers; records stay. Every
     tick does the same once per retention.interval_s."""

@@ -16,6 +16,10 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+Cold = Annotated[
+    bool, typer.Option("--cold", help="Boot the kernel instead of restoring the saved state.")
+]
+
 
 @app.command("provision")
 def provision(
@@ -101,12 +105,7 @@ def list_guests(ctx: typer.Context) -> None:
 
 
 @app.command("boot")
-def boot(
-    ctx: typer.Context,
-    cold: Annotated[
-        bool, typer.Option("--cold", help="Boot the kernel instead of restoring the saved state.")
-    ] = False,
-) -> None:
+def boot(ctx: typer.Context, cold: Cold = False) -> None:
     """Start a throwaway guest for an operator and print its NAME (it reaches nothing)."""
     from aiworker.core.guests.operator import boot as run
 

@@ -9,13 +9,12 @@ import typer
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
+EveryState = Annotated[
+    bool, typer.Option("--all", help="List every task state, also those with no task.")
+]
 
-def status(
-    ctx: typer.Context,
-    every_state: Annotated[
-        bool, typer.Option("--all", help="List every task state, also those with no task.")
-    ] = False,
-) -> None:
+
+def status(ctx: typer.Context, every_state: EveryState = False) -> None:
     """The scheduler (running or paused, the last and next check, poll failures), the
     slots and their jobs, then the task states that hold tasks."""
     from aiworker.core.scheduling.overview import collect_status

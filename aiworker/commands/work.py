@@ -9,13 +9,12 @@ import typer
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
+Full = Annotated[
+    bool, typer.Option("--full", help="Re-read every candidate now, not only changes.")
+]
 
-def poll(
-    ctx: typer.Context,
-    full: Annotated[
-        bool, typer.Option("--full", help="Re-read every candidate now, not only changes.")
-    ] = False,
-) -> None:
+
+def poll(ctx: typer.Context, full: Full = False) -> None:
     """Record labelled and assigned issues as tasks, verifying who authorised each; between
     full polls (hourly, or --full) only the issues updated since the last poll are read."""
     from aiworker.core.scheduling.tick import poll_recorded
