@@ -25,6 +25,17 @@ def key_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+def failure_reason(exc: BaseException) -> str:
+    """One line that says why a unit of work failed: an expected error's message, a
+    signal's name, else the unexpected exception's type and first line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, AiworkerError):
+        return exc.message
+    if not isinstance(exc, Exception) and first:  # stopped by a signal
+        return first
+    return f"unexpected {type(exc).__name__}: {first}"[:500]
+
+
 class AiworkerError(Exception):
     """Base of every error the CLI turns into one sentence and an exit code."""
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from aiworker.adapters.forgejo.errors import ForgeUnavailable
-from aiworker.core.phases.guard import PhaseGuard, PhaseInterrupted, signals_raise
+from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.recovery import job_alive
 from aiworker.runtime.execution import Limits, run_job
+from aiworker.runtime.interrupts import Interrupted, signals_raise
 from aiworker.store.engine import Database
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.test_implement import query
@@ -45,7 +46,7 @@ def test_a_sigterm_during_a_run_kills_the_job_before_the_phase_unwinds(tmp_path)
     tag = f"AIWORKER_ATTEMPT_ID=guard-test-{os.getpid()}"
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
-    with pytest.raises(PhaseInterrupted), signals_raise():
+    with pytest.raises(Interrupted), signals_raise():
         run_job(
             [sys.executable, "-c", "import time; time.sleep(30)"],
             cwd=tmp_path,

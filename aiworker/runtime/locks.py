@@ -20,7 +20,6 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 
 from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.processes import process_alive
@@ -160,12 +159,7 @@ class FileLock:
             raise LockHeld(f"{self.description} is held{who}; try again later")
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.release()
 
 

@@ -23,6 +23,7 @@ from aiworker.core.evidence.ci_status import CI_CONTEXT
 from aiworker.core.evidence.receipts import receipt_url
 from aiworker.core.evidence.requirements import default_requirements
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.phases.at_head import gate_at, pull_at_head
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.repairs import RepairRequest
@@ -104,7 +105,7 @@ def ci(job: Job) -> Outcome:
     job.start(None, {"head": head})
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
-    job.pull_at_head(worker)
+    pull_at_head(job, worker)
     clone_url = worker.repository(repo.owner, repo.name).clone_url
     GitCache(env.state_dir).ensure(repo.index, clone_url, access.token("worker"), head, base)
     poster = access.status_writer()
@@ -119,7 +120,7 @@ def ci(job: Job) -> Outcome:
     # From here every failure posts the terminal `error` that follows this `pending`.
     job.failure_hook = lambda reason: post_ci_error(env, repo, head, reason)
     failpoint("ci.after_pending")
-    checked = job.check(head, base, default_requirements(), phase=job.phase.name)
+    checked = gate_at(job, head, base, default_requirements(), phase=job.phase.name)
     check = checked.checks[0]
     state = "success" if checked.passed else "failure"
     # The receipt's body, as kept in the artifact store: for the operator on this host

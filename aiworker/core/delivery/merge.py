@@ -21,6 +21,7 @@ from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
+from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
@@ -102,7 +103,7 @@ def merge(job: Job) -> Outcome:
     job.start(None, {"head": head})
     access = ForgeAccess(env.loaded)
     reviewer = access.required("reviewer")
-    pull = job.pull_at_head(reviewer)
+    pull = pull_at_head(job, reviewer)
     report = MergeReport(task.id, job.pr, head, None, None)
     job.report = report
     if not pull.merged:  # merged already: a run that died after the request

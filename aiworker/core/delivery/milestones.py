@@ -24,6 +24,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.phases.at_head import gate_at
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.tasks.milestones import (
     accept_milestone,
@@ -124,7 +125,7 @@ def _finish(job: Job, plan: Plan, report: PlanStepReport) -> Outcome:
     assert head is not None
     assert base is not None
     job.start(None, {"head": head})
-    gate = job.check(head, base, checks_of(db, task, plan.issue.body))
+    gate = gate_at(job, head, base, checks_of(db, task, plan.issue.body))
     failpoint("milestones.after_checks")
     failed = gate.failures()
     if failed:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
+from aiworker.core.phases.at_head import gate_at
 from aiworker.core.phases.outcome import Job, Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of
@@ -80,7 +81,7 @@ def refresh_base(
             return Outcome(report, repair=request, reason=why)
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
-        failed = job.check(head, base_now, requirements).failures()
+        failed = gate_at(job, head, base_now, requirements).failures()
     if failed:
         why = f"after merging {base_now[:12]} the checks fail: {', '.join(failed)}"
         findings = [Finding(severity="blocker", message=f) for f in failed]

@@ -43,19 +43,18 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
     db = env.open_database()
     try:
         job = _load(env, db, phase, task_id, slot)
-        lock = _take_up(job)
+        guard = job.guard = PhaseGuard(db, task_id, phase.name, lambda why: _fail(job, why))
+        guard.lock = _take_up(job)
         exhausted = budget_spent(env, db, task_id, phase.name)
         if exhausted:
             try:
                 _fail(job, exhausted)
             finally:
-                if lock is not None:
-                    lock.release()
+                if guard.lock is not None:
+                    guard.lock.release()
             raise BudgetSpent(f"task {task_id}: the {phase.name} budget is spent")
-        backend = backend_for(env, phase.name) if phase.backend else None
-        recover = lambda reason: _fail(job, reason)  # noqa: E731
-        with PhaseGuard(db, task_id, phase.name, recover, backend, lock) as guard:
-            job.guard = guard
+        guard.backend = backend_for(env, phase.name) if phase.backend else None
+        with guard:
             decided: Outcome | None = None
             try:
                 decided = phase.run()(job)
@@ -134,16 +133,15 @@ def _fail(job: Job, reason: str) -> None:
     to the phase's retry state while the budget lasts, else to failed with a comment."""
     if job.failure_hook is not None:
         job.failure_hook(reason)
-    phase = job.phase
-    land_after_failure(
-        job.env,
-        job.db,
-        job.task.id,
-        job.holds,
-        job.task.version,
-        phase.name,
-        reason,
-        retry_state=job.retry,
+    _retry(job, reason, job.retry)
+
+
+def _retry(job: Job, reason: str, state: str) -> str | None:
+    """STATE while the phase's budget lasts, else failed; None: the task moved meanwhile."""
+    task = job.task
+    name = job.phase.name
+    return land_after_failure(
+        job.env, job.db, task.id, job.holds, task.version, name, reason, retry_state=state
     )
 
 
@@ -159,16 +157,7 @@ def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:
     if outcome.repair is not None:
         state = request_repair(env, db, task, job.holds, outcome.repair, outcome.reason, **changes)
     elif outcome.retry is not None:
-        retried = land_after_failure(
-            env,
-            db,
-            task.id,
-            job.holds,
-            task.version,
-            job.phase.name,
-            outcome.reason,
-            retry_state=outcome.retry,
-        )
+        retried = _retry(job, outcome.reason, outcome.retry)
         if retried is None:
             refusal = Refusal(task.id, job.holds, task.version, outcome.retry, "stale")
             return _refused(job, outcome, refusal)

@@ -1,10 +1,8 @@
 """The guard around every unit of work: whatever happens, the attempt ends with an outcome
-and a reason, its private home is removed, its workspace is removed or kept with a
-recorded reason, and the task lands in a defined state.
-
-A SIGTERM (an operator's cancel, systemd stopping a unit) becomes an exception
-inside the guarded block, so it takes the same path as any other failure; only
-SIGKILL skips the guard, and recovery closes what it left (tasks/recovery.py).
+and a reason, its workspace is removed or kept with a recorded reason, and the task
+lands in a defined state. A termination signal unwinds through it like any other
+failure (runtime/interrupts.py); only SIGKILL skips it, and recovery closes what it left
+(tasks/recovery.py).
 """
 
 from __future__ import annotations
@@ -12,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
+from collections.abc import Callable
+from typing import Any
 
 from aiworker import logs
-from aiworker.errors import EXIT_UNAVAILABLE, AiworkerError
+from aiworker.errors import EXIT_UNAVAILABLE, failure_reason
+from aiworker.runtime.interrupts import Interrupted, ignore_signals, signals_raise
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
@@ -26,68 +24,25 @@ from aiworker.store.engine import Database
 from aiworker.store.tasks import append_event
 
 log = logging.getLogger(__name__)
-# Called with the reason when the guarded block failed; lands the task.
-Recover = Callable[[str], None]
-
-
-class PhaseInterrupted(BaseException):
-    """A termination signal arrived while a phase ran."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into PhaseInterrupted in the main thread, for the block."""
-
-    def interrupt(signum: int, _frame: FrameType | None) -> None:
-        raise PhaseInterrupted(signum)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, AiworkerError):
-        return exc.message
-    if isinstance(exc, PhaseInterrupted):
-        return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"unexpected {type(exc).__name__}: {first}"[:500]
+Recover = Callable[[str], None]  # called with the reason when the block failed; lands the task
 
 
 class PhaseGuard:
-    """Owns one task's attempt of one phase for the length of a `with` block."""
+    """Owns one task's attempt of one phase for the length of a `with` block; BACKEND
+    tears down the workspace it tracks, and LOCK (the job's, when this process took it)
+    is released at the end."""
 
-    def __init__(
-        self,
-        db: Database,
-        task_id: int,
-        phase: str,
-        recover: Recover,
-        backend: ExecutionBackend | None = None,
-        lock: FileLock | None = None,
-    ) -> None:
-        self.db = db
-        self.task_id = task_id
+    def __init__(self, db: Database, task_id: int, phase: str, recover: Recover) -> None:
+        self.db, self.task_id, self.phase, self.recover = db, task_id, phase, recover
         logs.task_id.set(task_id)  # every log line of this job names its task
-        self.phase = phase
-        self.recover = recover
-        self.backend = backend
-        self.lock = lock  # the job's lock, when this process took it (released at the end)
+        self.backend: ExecutionBackend | None = None
+        self.lock: FileLock | None = None
         self.attempt: int | None = None
         self.workspace: Workspace | None = None
         self.keep_reason: str | None = None
         self.finished = False
         self.spent = False  # a provider ran: inference was spent, so nothing is refunded
-        self._signals = signals_raise()
-        self._heartbeat = Heartbeat(db)
+        self._held = contextlib.ExitStack()
 
     def start(
         self,
@@ -109,21 +64,9 @@ class PhaseGuard:
                 pid=os.getpid(),
                 host=self.db.host,
             )
-            append_event(
-                session,
-                "attempt.started",
-                task_id=self.task_id,
-                actor=provider or self.phase,
-                data={"attempt": self.attempt, "phase": self.phase, **settings},
-            )
+            self._event(session, "attempt.started", provider or self.phase, **settings)
         logs.attempt_id.set(self.attempt)
-        log.info(
-            "task %d: %s attempt %d started (%s)",
-            self.task_id,
-            self.phase,
-            self.attempt,
-            provider or "host",
-        )
+        self._log("started (%s)", provider or "host")
         return self.attempt
 
     def track(self, workspace: Workspace) -> Workspace:
@@ -142,43 +85,25 @@ class PhaseGuard:
             return
         with self.db.write() as session:
             finish_attempt(session, self.attempt, outcome, reason=reason, refunded=refunded)
-            append_event(
-                session,
-                "attempt.finished",
-                task_id=self.task_id,
-                data={
-                    "attempt": self.attempt,
-                    "phase": self.phase,
-                    "outcome": outcome,
-                    "reason": reason,
-                    "refunded": refunded,
-                },
-            )
+            data = {"outcome": outcome, "reason": reason, "refunded": refunded}
+            self._event(session, "attempt.finished", None, **data)
         self.finished = True
-        log.info(
-            "task %d: %s attempt %d %s%s",
-            self.task_id,
-            self.phase,
-            self.attempt,
-            outcome,
-            f": {reason}" if reason else "",
-        )
+        self._log("%s%s", outcome, f": {reason}" if reason else "")
+
+    def _log(self, what: str, *args: object) -> None:
+        log.info("task %d: %s attempt %d " + what, self.task_id, self.phase, self.attempt, *args)
+
+    def _event(self, session: Any, kind: str, actor: str | None, **data: object) -> None:
+        data = {"attempt": self.attempt, "phase": self.phase, **data}
+        append_event(session, kind, task_id=self.task_id, actor=actor, data=data)
 
     def __enter__(self) -> PhaseGuard:
-        self._signals.__enter__()
-        self._heartbeat.__enter__()  # other controllers see this host alive while it runs
+        self._held.enter_context(signals_raise())
+        self._held.enter_context(Heartbeat(self.db))  # others see this host alive meanwhile
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # A second signal must not cut the clean-up short: it is ignored until the end.
-        ignored = {
-            sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGHUP)
-        }
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
+        ignore_signals()  # a second signal must not cut the clean-up short
         try:
             if exc is not None:
                 self._failed(exc)
@@ -186,25 +111,22 @@ class PhaseGuard:
                 self.finish("error", "the phase ended without recording an outcome")
                 self._teardown()
         finally:
-            self._heartbeat.__exit__()
-            for sig in ignored:
-                signal.signal(sig, signal.SIG_DFL)
-            self._signals.__exit__(None, None, None)
+            self._held.close()
             if self.lock is not None:
                 self.lock.release()
 
     def _failed(self, exc: BaseException) -> None:
         reason = failure_reason(exc)
         log.warning("task %d: %s failed: %s", self.task_id, self.phase, reason)
-        outcome = "interrupted" if isinstance(exc, PhaseInterrupted) else "error"
         # Something outside was unavailable (the forge, a lock) before any inference: not
         # this attempt's fault, so it is refunded and retried within the budget.
         transient = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE and not self.spent
-        outcome = "unavailable" if transient else outcome
+        outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
         if self.attempt is None:
             # Failed before its attempt was recorded (reading the issue, fetching): it is
             # recorded now, so that a failure that repeats spends the budget and ends.
             self._settle(lambda: self.start(None, {"failed_before_start": True}))
+        outcome = "unavailable" if transient else outcome
         self._settle(lambda: self.finish(outcome, reason, refunded=transient))
         self._settle(self._teardown)
         self._settle(lambda: self.recover(reason))
@@ -222,14 +144,7 @@ class PhaseGuard:
         workspace, self.workspace = self.workspace, None
         kept = self.keep_reason is not None
         self.backend.teardown(workspace, preserve=kept)
+        reason = self.keep_reason or "the attempt ended"
         with self.db.write() as session:
-            append_event(
-                session,
-                "workspace.kept" if kept else "workspace.removed",
-                task_id=self.task_id,
-                data={
-                    "attempt": self.attempt,
-                    "path": str(workspace.root),
-                    "reason": self.keep_reason or "the attempt ended",
-                },
-            )
+            kind = "workspace.kept" if kept else "workspace.removed"
+            self._event(session, kind, None, path=str(workspace.root), reason=reason)

@@ -12,17 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.core.context import Environment
-from aiworker.core.evidence.gate import GateReport, run_checks
-from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.phases.guard import PhaseGuard
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
-from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.tasks.repairs import RepairRequest
-from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
@@ -73,34 +67,6 @@ class Job:
         """The task as it is recorded now."""
         with self.db.read() as session:
             return session.get(Task, self.task.id)
-
-    def pull_at_head(self, client: ForgejoClient) -> PullRequest:
-        """The task's PR, which must still be open at the task's receipt head."""
-        assert self.pr is not None
-        pull = client.pull(self.repo.owner, self.repo.name, self.pr)
-        if pull.head.sha != self.task.head_commit:
-            raise Conflict(
-                f"PR #{self.pr} head moved to {pull.head.sha}; "
-                f"the evidence is for {self.task.head_commit}"
-            )
-        return pull
-
-    def check(
-        self, head: str, base: str, requirements: list[Requirement], **options: Any
-    ) -> GateReport:
-        """Run REQUIREMENTS for the task at HEAD on BASE as worker jobs, its receipts
-        recorded (OPTIONS: the phase they are for, the result a model claimed)."""
-        return run_checks(
-            self.db,
-            Dispatch.of(self.env, self.db),
-            index=self.repo.index,
-            head=head,
-            base=base,
-            task_id=self.task.id,
-            scope=self.task.scope_fingerprint,
-            requirements=requirements,
-            **options,
-        )
 
 
 @dataclass

@@ -25,6 +25,7 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.standing import withdrawn_at_claim
+from aiworker.core.phases.at_head import gate_at
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.model_run import (
@@ -119,7 +120,7 @@ def _conclude(
     marked = cache.with_markers(repo.index, head, request.conflicts)
     if marked:
         refused.append(f"conflict markers remain in {', '.join(marked)}")
-    gate = job.check(head, request.base, checks_of(db, job.task, body), claimed=run.result)
+    gate = gate_at(job, head, request.base, checks_of(db, job.task, body), claimed=run.result)
     report.head = head
     report.gate = {"passed": gate.passed, "checks": gate.checks, "findings": gate.findings}
     refused += gate.failures() + refusals(run.result)

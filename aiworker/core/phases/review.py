@@ -22,6 +22,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.contracts.agent import Finding
 from aiworker.core.forge_access import ForgeAccess
+from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.model_run import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.outcome import Job, Outcome
@@ -70,7 +71,7 @@ def review(job: Job) -> Outcome:
     job.report = report
     access = ForgeAccess(env.loaded)
     reviewer = access.required("reviewer")
-    pull = job.pull_at_head(reviewer)
+    pull = pull_at_head(job, reviewer)
     # A decision recorded by a run that died before it posted or moved the task is
     # delivered as it was: no second inference, no second review.
     decided = pending_decision(db, task.id, head)

@@ -22,133 +22,60 @@ from aiworker.core.tasks.states import TaskState as S
 SLOT, TASK = "slot", "task"
 # Every kind of task; delivery steps serve the kinds that are published (a milestone is
 # accepted into its plan's branch by the plan's step instead).
-PUBLISHED = frozenset({"issue", "feature", "plan"})
+PUBLISHED = ("issue", "feature", "plan")
 
 
 @dataclass(frozen=True)
 class Phase:
     name: str  # its budget, its attempts' phase and the prefix of its failpoints
     command: str  # `aiworker COMMAND --task ID` (slot phases add `--slot N`)
-    starts: frozenset[str]  # the states it may start from
-    holds: str | None  # the state it holds while it runs; None: the one it started from
-    retry: str | None  # where a retryable failure lands; None: the one it started from
-    lock: str  # SLOT (slot-N.lock, a claim) or TASK (task-N.lock)
-    body: str  # module:function, called with the job; returns an Outcome
-    kinds: frozenset[str]  # the kinds of task it serves
+    body: str  # module:function below aiworker.core, called with the job; returns an Outcome
+    starts: tuple[str, ...]  # the states it may start from
+    kinds: tuple[str, ...] = PUBLISHED  # the kinds of task it serves
+    lock: str = TASK  # SLOT (slot-N.lock, a claim) or TASK (task-N.lock)
+    holds: str | None = None  # the state it holds while it runs; None: the one it started in
+    retry: str | None = None  # where a retryable failure lands; None: the one it started in
+    doing: str = ""  # a slot phase's take-up, as its event says: "implementing on slot 1"
     backend: bool = False  # it runs a provider in a workspace of an execution backend
     needs: str = ""  # "pr": an open pull request of the task; "head": an implemented head
     abandoned: str = ""  # module:function recovery calls for an attempt of it that died
-    doing: str = ""  # a slot phase's take-up, as its event says: "implementing on slot 1"
 
     def run(self) -> Callable[..., Any]:
         return load(self.body)
 
 
-PLAN = Phase(
-    "planning",
-    "plan",
-    frozenset({S.CLAIMED}),
-    S.PLANNING,
-    S.READY,
-    SLOT,
-    "aiworker.core.phases.plan:plan",
-    frozenset({"plan"}),
-    backend=True,
-    doing="planning",
-)
-IMPLEMENT = Phase(
-    "implementation",
-    "implement",
-    frozenset({S.CLAIMED}),
-    S.RUNNING,
-    S.READY,
-    SLOT,
-    "aiworker.core.phases.implement:implement",
-    frozenset({"issue", "feature", "milestone"}),
-    backend=True,
-    doing="implementing",
-)
-REPAIR = Phase(
-    "repair",
-    "repair",
-    frozenset({S.REPAIRING}),
-    S.REPAIRING,
-    S.REPAIRING,
-    SLOT,
-    "aiworker.core.phases.repair:repair",
-    frozenset({"issue", "feature", "plan", "milestone"}),
-    backend=True,
-    doing="repairing",
-)
-PUBLISH = Phase(
-    "publish",
-    "publish",
-    frozenset({S.IMPLEMENTED}),
-    None,
-    None,
-    TASK,
-    "aiworker.core.delivery.publish:publish",
-    PUBLISHED,
-    needs="head",
-)
-CI = Phase(
-    "ci",
-    "ci",
-    frozenset({S.AWAITING_CI}),
-    None,
-    None,
-    TASK,
-    "aiworker.core.delivery.ci:ci",
-    PUBLISHED,
-    needs="pr",
-    abandoned="aiworker.core.delivery.ci:abandoned",  # its pending status gets an error
-)
-REVIEW = Phase(
-    "review",
-    "review",
-    frozenset({S.AWAITING_REVIEW}),
-    None,
-    None,
-    TASK,
-    "aiworker.core.phases.review:review",
-    PUBLISHED,
-    backend=True,
-    needs="pr",
-)
-MERGE = Phase(
-    "merge",
-    "merge",
-    frozenset({S.APPROVED}),
-    None,
-    None,
-    TASK,
-    "aiworker.core.delivery.merge:merge",
-    PUBLISHED,
-    needs="pr",
-)
+# A table: one declaration a row (ruff would give each field a line of its own).
+# fmt: off
+# The slot phases: a provider's run on a claimed slot.
+PLAN = Phase("planning", "plan", "phases.plan:plan", (S.CLAIMED,), ("plan",),
+             SLOT, S.PLANNING, S.READY, "planning", backend=True)
+IMPLEMENT = Phase("implementation", "implement", "phases.implement:implement", (S.CLAIMED,),
+                  ("issue", "feature", "milestone"),
+                  SLOT, S.RUNNING, S.READY, "implementing", backend=True)
+REPAIR = Phase("repair", "repair", "phases.repair:repair", (S.REPAIRING,),
+               (*PUBLISHED, "milestone"),
+               SLOT, S.REPAIRING, S.REPAIRING, "repairing", backend=True)
+# The steps, under the task's own lock.
+PUBLISH = Phase("publish", "publish", "delivery.publish:publish", (S.IMPLEMENTED,), needs="head")
+CI = Phase("ci", "ci", "delivery.ci:ci", (S.AWAITING_CI,), needs="pr",
+           abandoned="delivery.ci:abandoned")  # its pending status gets an error
+REVIEW = Phase("review", "review", "phases.review:review", (S.AWAITING_REVIEW,), needs="pr",
+               backend=True)
+MERGE = Phase("merge", "merge", "delivery.merge:merge", (S.APPROVED,), needs="pr")
 # The plan's step: its approval, its milestones one at a time, its combined checks.
-MILESTONES = Phase(
-    "milestones",
-    "milestones",
-    frozenset({S.AWAITING_PLAN_APPROVAL, S.MILESTONES}),
-    None,
-    None,
-    TASK,
-    "aiworker.core.delivery.milestones:milestones",
-    frozenset({"plan"}),
-)
+MILESTONES = Phase("milestones", "milestones", "delivery.milestones:milestones",
+                   (S.AWAITING_PLAN_APPROVAL, S.MILESTONES), ("plan",))
+# fmt: on
 PHASES: tuple[Phase, ...] = (PLAN, IMPLEMENT, REPAIR, PUBLISH, CI, REVIEW, MERGE, MILESTONES)
 COMMANDS: dict[str, Phase] = {p.command: p for p in PHASES}
 NAMES: dict[str, Phase] = {p.name: p for p in PHASES}
 
 
-def slot_phase(kind: str, state: str) -> Phase | None:
-    """The slot phase that a task of KIND claimed in STATE runs (a claim of a repairing
-    task is a repair episode); None when no slot phase serves it."""
-    for phase in PHASES:
-        if phase.lock == SLOT and state in phase.starts and kind in phase.kinds:
-            return phase
-    return None
+def starting(lock: str, kind: str, state: str) -> Phase | None:
+    """The phase under LOCK that a task of KIND in STATE starts: SLOT, the one a claim
+    runs (a claim of a repairing task is a repair episode); TASK, the step it waits on."""
+    found = (p for p in PHASES if p.lock == lock and state in p.starts and kind in p.kinds)
+    return next(found, None)
 
 
 def held_by(state: str, kind: str) -> Phase:
@@ -158,14 +85,6 @@ def held_by(state: str, kind: str) -> Phase:
         if phase.lock == SLOT and kind in phase.kinds and state in (*phase.starts, phase.holds):
             return phase
     raise LookupError(f"no slot phase holds a {kind} task that is {state}")
-
-
-def step_for(kind: str, state: str) -> Phase | None:
-    """The step (under the task's own lock) that a task of KIND in STATE waits on."""
-    for phase in PHASES:
-        if phase.lock == TASK and state in phase.starts and kind in phase.kinds:
-            return phase
-    return None
 
 
 def step_states() -> list[str]:
@@ -184,7 +103,7 @@ def claimable_kinds() -> dict[str, Phase]:
 
 
 def load(path: str) -> Callable[..., Any]:
-    """The function PATH (module:function) names."""
+    """The function PATH (module:function, below aiworker.core) names."""
     module, _, name = path.partition(":")
-    found: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    found: Callable[..., Any] = getattr(importlib.import_module(f"aiworker.core.{module}"), name)
     return found

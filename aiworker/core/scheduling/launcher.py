@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiworker.core.context import Environment, task_log
-from aiworker.core.phases.table import PUBLISH, step_for, step_states
+from aiworker.core.phases.table import PUBLISH, TASK, starting, step_states
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import update_state
 from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
@@ -109,7 +109,7 @@ def run_step(env: Environment, task_id: int) -> None:
     if not lock.try_acquire():
         raise Unavailable(f"a step of task {task_id} is already running")
     found = _read(env, lambda connection: kind_and_state(connection, task_id))
-    step = None if found is None else step_for(*found)
+    step = None if found is None else starting(TASK, *found)
     command = None if step is None else phase_command(env, step.command)
     if command is None:
         lock.release()
@@ -152,7 +152,7 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
     units = env.loaded.config.scheduler.launcher == "systemd"
     started: list[dict[str, Any]] = []
     for task_id, state, kind in waiting:
-        step = step_for(kind, state)  # none for a milestone: its plan's step accepts it
+        step = starting(TASK, kind, state)  # none for a milestone: its plan's step accepts it
         if step is None or task_id in elsewhere:
             continue  # (another controller holds the commits it publishes)
         lock = env.locks.lock(f"task-{task_id}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from aiworker.core.context import Environment
-from aiworker.core.phases.table import COMMANDS, claimable_kinds, slot_phase
+from aiworker.core.phases.table import COMMANDS, SLOT, claimable_kinds, starting
 
 # Phase commands this version provides: `aiworker <phase> --task ID [--slot N]`.
 BUILTIN_PHASES: frozenset[str] = frozenset(COMMANDS)
@@ -42,7 +42,7 @@ def runnable_kinds(env: Environment) -> tuple[list[str], dict[str, str]]:
 
 def argv_for(env: Environment, kind: str, state: str, task_id: int, slot: int) -> list[str]:
     """The slot job for a claimed task: its kind's next phase, or a repair episode."""
-    phase = slot_phase(kind, state)
+    phase = starting(SLOT, kind, state)
     command = None if phase is None else phase_command(env, phase.command)
     if phase is None or command is None:
         raise LookupError(f"no slot phase runs a {kind} task that is {state}")

@@ -1,0 +1,44 @@
+"""What a phase's body checks at its task's head: that the pull request is still open
+there, and the requirements, run on it as worker jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.core.evidence.gate import GateReport, run_checks
+from aiworker.core.evidence.requirements import Requirement
+from aiworker.core.phases.outcome import Job
+from aiworker.core.runner.dispatch import Dispatch
+from aiworker.errors import Conflict
+
+
+def pull_at_head(job: Job, client: ForgejoClient) -> PullRequest:
+    """The task's PR, which must still be open at the task's receipt head."""
+    assert job.pr is not None
+    pull = client.pull(job.repo.owner, job.repo.name, job.pr)
+    if pull.head.sha != job.task.head_commit:
+        evidence = job.task.head_commit
+        raise Conflict(
+            f"PR #{job.pr} head moved to {pull.head.sha}; the evidence is for {evidence}"
+        )
+    return pull
+
+
+def gate_at(
+    job: Job, head: str, base: str, requirements: list[Requirement], **options: Any
+) -> GateReport:
+    """Run REQUIREMENTS for the task at HEAD on BASE as worker jobs, its receipts recorded
+    (OPTIONS: the phase they are for, the result a model claimed)."""
+    return run_checks(
+        job.db,
+        Dispatch.of(job.env, job.db),
+        index=job.repo.index,
+        head=head,
+        base=base,
+        task_id=job.task.id,
+        scope=job.task.scope_fingerprint,
+        requirements=requirements,
+        **options,
+    )
