@@ -1,4 +1,4 @@
-"""The guard and the lifecycle's small promises, each on a real store and real processes."""
+"""The job's guard and the lifecycle's small promises, each on a real store and real processes."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 
 from aiworker.adapters.forgejo.errors import ForgeUnavailable
-from aiworker.core.phases.guard import PhaseGuard
+from aiworker.config.loader import load_config
+from aiworker.core.context import Environment
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.table import NAMES
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.recovery import job_alive
 from aiworker.runtime.execution import Limits, run_job
 from aiworker.runtime.interrupts import Interrupted, signals_raise
 from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.test_implement import query
 
@@ -60,9 +64,15 @@ def test_a_sigterm_during_a_run_kills_the_job_before_the_phase_unwinds(tmp_path)
 
 
 def guarded(db, task_id, phase, body, recover=lambda reason: None):
-    """Run BODY(guard) inside a PhaseGuard, as a phase does."""
-    with PhaseGuard(db, task_id, phase, recover) as guard:
-        body(guard)
+    """Run BODY(job) inside the job's guard, as the driver does."""
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        repo = session.get(Repository, task.repository_id)
+    state_dir = Path(os.environ["AIWORKER_STATE_DIR"])
+    env = Environment(state_dir, load_config(state_dir / "absent.toml", required=False))
+    job = Job(env, db, NAMES[phase], task, repo, str(task.state), recover=recover)
+    with job:
+        body(job)
 
 
 def _recorded(upgraded):
@@ -76,9 +86,9 @@ def test_an_unavailable_forge_refunds_only_what_spent_no_inference(upgraded, tas
     landed = []
 
     def review(spent):
-        def body(guard):
-            guard.start("script", {})
-            guard.spent = spent
+        def body(job):
+            job.start("script", {})
+            job.spent = spent
             raise ForgeUnavailable("POST", "/reviews", 503, "overloaded")
 
         return body
@@ -95,7 +105,7 @@ def test_an_unavailable_forge_refunds_only_what_spent_no_inference(upgraded, tas
 def test_a_failure_before_the_attempt_started_is_recorded_and_counted(upgraded, task):
     db, task_id = task
 
-    def clone(_guard):
+    def clone(_job):
         raise RuntimeError("the clone URL moved")
 
     with pytest.raises(RuntimeError):

@@ -24,7 +24,8 @@ from aiworker.core.evidence.receipts import receipt_url
 from aiworker.core.evidence.requirements import default_requirements
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.at_head import gate_at, pull_at_head
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.core.tasks.states import TaskState as S

@@ -22,7 +22,8 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
 from aiworker.core.phases.at_head import pull_at_head
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S

@@ -25,7 +25,8 @@ from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.at_head import gate_at
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.tasks.milestones import (
     accept_milestone,
     cancel_milestones,

@@ -10,7 +10,8 @@ from aiworker.adapters.forgejo.models import Issue, TimelineComment
 from aiworker.contracts.agent import MilestoneSpec
 from aiworker.core.context import Environment
 from aiworker.core.intake.approval import Approval, last_item
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import approve_plan, hold_milestones
 from aiworker.core.tasks.notices import comment_on_issue

@@ -22,7 +22,8 @@ from aiworker.core.evidence.gate import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import accepted_milestones, checks_of
 from aiworker.core.tasks.states import TaskState as S

@@ -20,7 +20,8 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.phases.at_head import gate_at
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, record_refreshed_base

@@ -9,7 +9,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.core.evidence.gate import GateReport, run_checks
 from aiworker.core.evidence.requirements import Requirement
-from aiworker.core.phases.outcome import Job
+from aiworker.core.phases.job import Job
 from aiworker.core.runner.dispatch import Dispatch
 from aiworker.errors import Conflict
 

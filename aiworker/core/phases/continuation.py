@@ -10,7 +10,7 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.contracts.continuation import Continuation, Evidence, PriorAttempt, Scope
 from aiworker.core.evidence.requirements import requirements_from_issue
-from aiworker.core.phases.outcome import Job
+from aiworker.core.phases.job import Job
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.attempts import attempts_of
 from aiworker.store.receipts import receipts_of

@@ -16,8 +16,8 @@ import os
 from aiworker import logs
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.core.guests.backends import backend_for
-from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.phases.outcome import Job, Outcome, landed
+from aiworker.core.phases.job import Job
+from aiworker.core.phases.outcome import Outcome, landed
 from aiworker.core.phases.table import SLOT, Phase
 from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
 from aiworker.core.tasks.hosts import hold_task_lock
@@ -43,18 +43,18 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
     db = env.open_database()
     try:
         job = _load(env, db, phase, task_id, slot)
-        guard = job.guard = PhaseGuard(db, task_id, phase.name, lambda why: _fail(job, why))
-        guard.lock = _take_up(job)
+        job.lock = _take_up(job)
         exhausted = budget_spent(env, db, task_id, phase.name)
         if exhausted:
             try:
-                _fail(job, exhausted)
+                _retry(job, exhausted, job.retry)
             finally:
-                if guard.lock is not None:
-                    guard.lock.release()
+                if job.lock is not None:
+                    job.lock.release()
             raise BudgetSpent(f"task {task_id}: the {phase.name} budget is spent")
-        guard.backend = backend_for(env, phase.name) if phase.backend else None
-        with guard:
+        job.backend = backend_for(env, phase.name) if phase.backend else None
+        job.recover = lambda reason: _retry(job, reason, job.retry)
+        with job:
             decided: Outcome | None = None
             try:
                 decided = phase.run()(job)
@@ -128,14 +128,6 @@ def _take_up(job: Job) -> FileLock | None:
     return lock
 
 
-def _fail(job: Job, reason: str) -> None:
-    """The body failed (or the budget is spent): the hook it left runs, and the task goes
-    to the phase's retry state while the budget lasts, else to failed with a comment."""
-    if job.failure_hook is not None:
-        job.failure_hook(reason)
-    _retry(job, reason, job.retry)
-
-
 def _retry(job: Job, reason: str, state: str) -> str | None:
     """STATE while the phase's budget lasts, else failed; None: the task moved meanwhile."""
     task = job.task
@@ -149,9 +141,8 @@ def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:
     """The attempt's end and the task's last move; (the state it is in, why a refused
     move was refused)."""
     env, db, task = job.env, job.db, job.task
-    assert job.guard is not None
     if outcome.attempt is not None:
-        job.guard.finish(outcome.attempt, outcome.attempt_reason, refunded=outcome.refunded)
+        job.finish(outcome.attempt, outcome.attempt_reason, refunded=outcome.refunded)
     release = RELEASE if job.phase.lock == SLOT else {}
     changes = {**release, **outcome.changes}
     if outcome.repair is not None:
@@ -193,16 +184,14 @@ def _refused(job: Job, outcome: Outcome, refusal: Refusal) -> tuple[str, str | N
     """The task moved on while the phase ran: that decision stands and what was made is
     retained. Still claimed by this job, only its scope changed: the result answers the
     old one, so the task goes back to the phase's retry state for the new one."""
-    assert job.guard is not None
-    with job.db.read() as session:
-        now = session.get(Task, job.task.id)
+    now = job.now()
     state = str(now.state) if now is not None else "gone"
     why = f"the task became {state} while the phase ran; its result is retained"
     ours = now is not None and now.state == job.holds and now.claim_token == job.token
     if outcome.scoped and ours and job.token is not None:
         assert now is not None
         why = "the issue changed while the phase ran; its result is retained"
-        job.guard.keep(why)
+        job.keep(why)
         job.task.version = now.version
         again = Outcome(outcome.report, job.retry, why)
         moved, _ = _move(job, again)
@@ -211,6 +200,6 @@ def _refused(job: Job, outcome: Outcome, refusal: Refusal) -> tuple[str, str | N
         # A step's move refused (the task was paused, or a new scope was recorded): the
         # step failed, as any failure of it, and its next run reads the task again.
         raise TransitionRefused(refusal)
-    job.guard.keep(why)
+    job.keep(why)
     log.warning("task %d: %s (%s)", job.task.id, why, refusal.sentence())
     return state, why

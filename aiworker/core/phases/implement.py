@@ -25,13 +25,14 @@ from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.implement_verdict import fell_back, judge, provider_failed, refused
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import (
     Admission,
     admit,
     run_model_phase,
     slot_base,
 )
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.prompts import (
     implementation_context,
     implementation_prompt,
@@ -146,9 +147,8 @@ def _run(job: Job, ready: Ready) -> Outcome:
         job, ready.admission, slot_base(job, cache), inputs, {"base": base, "simple": simple}
     )
     report.provider, report.attempt = run.provider, run.attempt
-    assert job.guard is not None
-    assert job.guard.backend is not None
-    outcome_bundle = fetch_result_bundle(env, db, job.guard.backend, task.id, run)
+    assert job.backend is not None
+    outcome_bundle = fetch_result_bundle(env, db, job.backend, task.id, run)
     # A local model has one try at this snapshot: whatever fails, the next provider goes on.
     local = one_try_per_snapshot(env, run.provider)
     if run.failure is not None:

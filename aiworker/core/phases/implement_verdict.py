@@ -12,8 +12,9 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.evidence.gate import run_gate
 from aiworker.core.evidence.requirements import Requirement
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import ModelRun
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.reports import AttemptReport, needs_input
 from aiworker.core.providers.registry import fallbacks
 from aiworker.core.runner.dispatch import Dispatch
@@ -87,12 +88,11 @@ def provider_failed(
     """The provider failed: ready again for a failure another try may mend (a quota
     failure keeps its work for the next provider), else failed."""
     assert run.failure is not None
-    assert job.guard is not None
     quota = run.failure == "quota_exhausted"
     if quota and outcome_bundle is not None:
         index, slot = job.repo.index, job.slot or 0
         report.head = cache.import_result(index, slot, outcome_bundle, "refs/heads/work")
-        job.guard.keep("a quota failure keeps its work for the next provider")
+        job.keep("a quota failure keeps its work for the next provider")
     retry = run.failure in RETRYABLE
     report.outcome, report.reason = run.failure if retry else "failed", run.reason
     why = f"{run.failure}: {run.reason}"

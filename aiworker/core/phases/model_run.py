@@ -1,7 +1,7 @@
 """What the model phases (plan, implement, repair, review) share: admission, the attempt
 record, the workspace, the run, result validation.
 
-Each step runs inside the caller's PhaseGuard, so an exception anywhere closes the
+Each step runs inside the job's guard (job.py), so an exception anywhere closes the
 attempt and lands the task; the phase module only decides what a valid result
 means for its task.
 """
@@ -22,9 +22,8 @@ from aiworker.contracts.agent import AgentResult
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import host_secrets, provider_homes
 from aiworker.core.phases.attempt_files import keep_attempt_files
-from aiworker.core.phases.guard import PhaseGuard
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.local_route import LocalRoute, route_outcome
-from aiworker.core.phases.outcome import Job
 from aiworker.core.phases.run import RunReport, run_provider
 from aiworker.core.providers.admission import provider_settings, select_provider
 from aiworker.core.providers.registry import (
@@ -125,21 +124,19 @@ def run_model_phase(
     out) with INPUTS, run the provider and validate its result document. RECORDED joins
     the attempt's settings. READ_ONLY (review, planning): the checkout is a detached head
     the job cannot change, and a result from a job that changed it anyway is not accepted."""
-    env, db, guard = job.env, job.db, job.guard
-    assert guard is not None
+    env, db, phase = job.env, job.db, job.phase.name
     bundle, ref = source
     name = admission.provider
     assert name is not None
-    backend = guard.backend
+    backend = job.backend
     assert backend is not None
     # The attempt says where it ran: the backend and, for a guest, its accelerator and image.
-    attempt = guard.start(
+    attempt = job.start(
         name,
         {**admission.settings, **recorded, **backend.describe()},
         admission.model,
         admission.effort,
     )
-    failpoint(f"{guard.phase}.attempt_started")
     inputs = {
         **inputs,
         "result-schema.json": json.dumps(AgentResult.model_json_schema()),
@@ -147,19 +144,19 @@ def run_model_phase(
             {"provider": name, "model": admission.model, "effort": admission.effort}
         ),
     }
-    root = workspaces_dir(env) / f"task-{guard.task_id}-{guard.phase}-{attempt}"
+    root = workspaces_dir(env) / f"task-{job.task.id}-{phase}-{attempt}"
     provider = provider_for(env, name)
     route = None
     try:
         try:
             # Never past the task's deadline, nor the phase's own limit (tasks/deadlines.py).
-            limit_s = run_limit_s(env, db, guard.task_id, guard.phase)
+            limit_s = run_limit_s(env, db, job.task.id, phase)
             # A local model is reached only through the gate that bounds its try.
             route = LocalRoute.open(provider, backend)
-            workspace = guard.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
+            workspace = job.track(backend.prepare(root, bundle, ref, inputs, read_only=read_only))
         finally:
             bundle.unlink(missing_ok=True)
-        guard.spent = True
+        job.spent = True
         if route is not None:
             route.gate.begin()
         run = run_provider(
@@ -167,8 +164,8 @@ def run_model_phase(
             workspace,
             admission.model,
             admission.effort,
-            env.attempt_tag(guard.phase, attempt),
-            guard.phase,
+            env.attempt_tag(phase, attempt),
+            phase,
             backend=backend,
             hidden=[*provider_homes(env), *host_secrets(env)],
             bound=route.bound if route else None,
@@ -178,13 +175,13 @@ def run_model_phase(
         used = route.close() if route else None
     if route is not None and used is not None:
         run = route_outcome(db, attempt, run, used, route.bound.seconds)
-    failpoint(f"{guard.phase}.after_run")
-    _keep_files(env, db, guard, attempt, inputs, run)
+    failpoint(f"{phase}.after_run")
+    _keep_files(job, attempt, inputs, run)
     result, failure, reason = _validated(run)
     changed = backend.altered(workspace) if read_only and failure is None else []
     if changed:
         result, failure = None, "invalid"
-        reason = f"the {guard.phase} changed the checkout it must leave as it was: " + ", ".join(
+        reason = f"the {phase} changed the checkout it must leave as it was: " + ", ".join(
             changed[:10]
         )
     with db.write() as session:
@@ -192,14 +189,7 @@ def run_model_phase(
     return ModelRun(name, attempt, workspace, result, failure, reason)
 
 
-def _keep_files(
-    env: Environment,
-    db: Database,
-    guard: PhaseGuard,
-    attempt: int,
-    inputs: dict[str, str | bytes],
-    run: RunReport,
-) -> None:
+def _keep_files(job: Job, attempt: int, inputs: dict[str, str | bytes], run: RunReport) -> None:
     """The attempt's prompt, result and provider output, and what it was handed (its
     continuation and context documents, the issue's images), for the operator; a file
     system or a database that refuses them costs the operator that view, never the
@@ -208,9 +198,9 @@ def _keep_files(
     text = prompt if isinstance(prompt, str) else prompt.decode(errors="replace")
     handed = {name: data for name, data in inputs.items() if name != "prompt.md"}
     try:
-        keep_attempt_files(env, db, guard.task_id, attempt, text, run, handed)
+        keep_attempt_files(job.env, job.db, job.task.id, attempt, text, run, handed)
     except Exception as exc:
-        log.warning("task %d: the attempt's files were not kept: %s", guard.task_id, exc)
+        log.warning("task %d: the attempt's files were not kept: %s", job.task.id, exc)
 
 
 def _validated(run: RunReport) -> tuple[AgentResult | None, str | None, str]:

@@ -1,4 +1,4 @@
-"""What a phase's body is handed (the Job) and what it hands back (the Outcome).
+"""What a phase's body hands back: the Outcome.
 
 A body decides; it does not move the task. Its Outcome says where the task goes
 (or that it stays), why, what is recorded with the move, how the attempt ended,
@@ -12,61 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.core.context import Environment
-from aiworker.core.phases.guard import PhaseGuard
-from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
 from aiworker.core.tasks.repairs import RepairRequest
-from aiworker.runtime.failpoints import failpoint
-from aiworker.store.engine import Database
-from aiworker.store.models import Repository, Task
-
-
-@dataclass
-class Job:
-    """One run of one phase for one task, as the driver took it up."""
-
-    env: Environment
-    db: Database
-    phase: Phase
-    task: Task  # as loaded; task.version is the version this job set
-    repo: Repository
-    started: str  # the state it started from
-    slot: int | None = None
-    token: str | None = None  # the claim token a slot phase set: SLOT-pidPID
-    pr: int | None = None  # the task's open pull request, for a step that needs one
-    guard: PhaseGuard | None = None
-    report: Report | None = None  # the body's report, once it made one
-    failure_hook: Callable[[str], None] | None = None  # run with the reason if the body fails
-
-    @property
-    def holds(self) -> str:
-        """The state the task is in while the job runs: its phase's, or for a step the
-        state it is in now (the plan step moves its plan on as it goes)."""
-        return self.phase.holds or str(self.task.state)
-
-    @property
-    def retry(self) -> str:
-        """Where a retryable failure lands: its phase's, or a step's state now."""
-        return self.phase.retry or self.holds
-
-    def start(
-        self,
-        provider: str | None = None,
-        settings: dict[str, object] | None = None,
-        model: str | None = None,
-        effort: str | None = None,
-    ) -> int:
-        """Record the attempt (charged to the phase's budget) and pass its failpoint."""
-        assert self.guard is not None
-        attempt = self.guard.start(provider, settings or {}, model, effort)
-        failpoint(f"{self.phase.name}.attempt_started")
-        return attempt
-
-    def now(self) -> Task | None:
-        """The task as it is recorded now."""
-        with self.db.read() as session:
-            return session.get(Task, self.task.id)
 
 
 @dataclass

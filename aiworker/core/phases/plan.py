@@ -21,8 +21,9 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.continuation import continuation_json
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import admit, run_model_phase, slot_base
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.plan_decisions import (
     pending_plan,
     plan_marker,
@@ -74,8 +75,7 @@ def plan(job: Job) -> Outcome:
         failpoint("planning.after_decision")
         pending = decision, proposed
     else:
-        assert job.guard is not None
-        job.guard.start(None, {"base": base, "adopted": pending[0]})
+        job.start(None, {"base": base, "adopted": pending[0]})
     decision, milestones = pending
     marker = plan_marker(task.id, decision)
     where = (repo.owner, repo.name, issue.number)

@@ -28,13 +28,14 @@ from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.at_head import gate_at
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import (
     ModelRun,
     admit,
     run_model_phase,
     slot_base,
 )
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.prompts import repair_prompt
 from aiworker.core.phases.reports import AttemptReport, ended
 from aiworker.core.tasks.milestones import checks_of
@@ -101,9 +102,8 @@ def _conclude(
     run: ModelRun,
 ) -> Outcome:
     env, db, repo, slot = job.env, job.db, job.repo, job.slot or 0
-    assert job.guard is not None
-    assert job.guard.backend is not None
-    outcome_bundle = fetch_result_bundle(env, db, job.guard.backend, job.task.id, run)
+    assert job.backend is not None
+    outcome_bundle = fetch_result_bundle(env, db, job.backend, job.task.id, run)
     head, refused = request.start, []
     # Work is taken from a success, and from a quota failure (the next episode goes on with it).
     if outcome_bundle is not None and run.failure in (None, "quota_exhausted"):

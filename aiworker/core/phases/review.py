@@ -24,8 +24,9 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.continuation import continuation_json
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import admit, run_model_phase, workspaces_dir
-from aiworker.core.phases.outcome import Job, Outcome
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.prompts import review_prompt
 from aiworker.core.phases.review_decisions import (
     Decided,
@@ -81,8 +82,7 @@ def review(job: Job) -> Outcome:
             return reached
         decided = reached
     else:
-        assert job.guard is not None
-        job.guard.start(None, {"head": head, "adopted": decided.event})
+        job.start(None, {"head": head, "adopted": decided.event})
     posted = _post(reviewer, access.logins["reviewer"], job, decided)
     failpoint("review.after_post")
     report.event, report.review, report.provider = decided.event, posted, decided.provider

@@ -1,62 +1,96 @@
-"""The guard around every unit of work: whatever happens, the attempt ends with an outcome
-and a reason, its workspace is removed or kept with a recorded reason, and the task
-lands in a defined state. A termination signal unwinds through it like any other
-failure (runtime/interrupts.py); only SIGKILL skips it, and recovery closes what it left
+"""The Job: one run of one phase for one task, as the driver took it up, and the guard
+around it. Whatever happens inside `with job:`, the attempt ends with an outcome and a
+reason, its workspace is removed or kept with a recorded reason, and the task lands in
+a defined state. A termination signal unwinds through it like any other failure
+(runtime/interrupts.py); only SIGKILL skips it, and recovery closes what it left
 (tasks/recovery.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiworker import logs
+from aiworker.core.context import Environment
+from aiworker.core.phases.table import Phase
+from aiworker.core.report import Report
 from aiworker.errors import EXIT_UNAVAILABLE, failure_reason
+from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.interrupts import Interrupted, ignore_signals, signals_raise
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
 from aiworker.store.controllers import Heartbeat
 from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
 from aiworker.store.tasks import append_event
 
 log = logging.getLogger(__name__)
-Recover = Callable[[str], None]  # called with the reason when the block failed; lands the task
 
 
-class PhaseGuard:
-    """Owns one task's attempt of one phase for the length of a `with` block; BACKEND
-    tears down the workspace it tracks, and LOCK (the job's, when this process took it)
-    is released at the end."""
+@dataclass
+class Job:
+    env: Environment
+    db: Database
+    phase: Phase
+    task: Task  # as loaded; task.version is the version this job set
+    repo: Repository
+    started: str  # the state it started from
+    slot: int | None = None
+    pr: int | None = None  # the task's open pull request, for a step that needs one
+    token: str | None = None  # the claim token a slot phase set: SLOT-pidPID
+    lock: FileLock | None = None  # the job's lock, when this process took it; released at the end
+    recover: Callable[[str], object] | None = None  # lands the task after a failure, with why
+    failure_hook: Callable[[str], None] | None = None  # the body's own, run before recover
+    backend: ExecutionBackend | None = None  # tears down the workspace it tracks
+    report: Report | None = None  # the body's report, once it made one
+    attempt: int | None = None
+    workspace: Workspace | None = None
+    keep_reason: str | None = None
+    finished: bool = False
+    spent: bool = False  # a provider ran: inference was spent, so nothing is refunded
+    _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
-    def __init__(self, db: Database, task_id: int, phase: str, recover: Recover) -> None:
-        self.db, self.task_id, self.phase, self.recover = db, task_id, phase, recover
-        logs.task_id.set(task_id)  # every log line of this job names its task
-        self.backend: ExecutionBackend | None = None
-        self.lock: FileLock | None = None
-        self.attempt: int | None = None
-        self.workspace: Workspace | None = None
-        self.keep_reason: str | None = None
-        self.finished = False
-        self.spent = False  # a provider ran: inference was spent, so nothing is refunded
-        self._held = contextlib.ExitStack()
+    def __post_init__(self) -> None:
+        logs.task_id.set(self.task.id)  # every log line of this job names its task
+
+    @property
+    def holds(self) -> str:
+        """The state the task is in while the job runs: its phase's, or for a step the
+        state it is in now (the plan step moves its plan on as it goes)."""
+        return self.phase.holds or str(self.task.state)
+
+    @property
+    def retry(self) -> str:
+        """Where a retryable failure lands: its phase's, or a step's state now."""
+        return self.phase.retry or self.holds
+
+    def now(self) -> Task | None:
+        """The task as it is recorded now."""
+        with self.db.read() as session:
+            return session.get(Task, self.task.id)
 
     def start(
         self,
-        provider: str | None,
-        settings: dict[str, object],
+        provider: str | None = None,
+        settings: dict[str, object] | None = None,
         model: str | None = None,
         effort: str | None = None,
     ) -> int:
-        """Record the attempt (charged to the task's budget) and its process."""
+        """Record the attempt (charged to the phase's budget), where it runs and the
+        settings it runs with, and pass its failpoint."""
+        name, settings = self.phase.name, settings or {}
         with self.db.write() as session:
             self.attempt = start_attempt(
                 session,
-                self.task_id,
-                self.phase,
+                self.task.id,
+                name,
                 provider,
                 model,
                 effort,
@@ -64,9 +98,10 @@ class PhaseGuard:
                 pid=os.getpid(),
                 host=self.db.host,
             )
-            self._event(session, "attempt.started", provider or self.phase, **settings)
+            self._event(session, "attempt.started", provider or name, **settings)
         logs.attempt_id.set(self.attempt)
         self._log("started (%s)", provider or "host")
+        failpoint(f"{name}.attempt_started")
         return self.attempt
 
     def track(self, workspace: Workspace) -> Workspace:
@@ -90,14 +125,16 @@ class PhaseGuard:
         self.finished = True
         self._log("%s%s", outcome, f": {reason}" if reason else "")
 
-    def _log(self, what: str, *args: object) -> None:
-        log.info("task %d: %s attempt %d " + what, self.task_id, self.phase, self.attempt, *args)
-
     def _event(self, session: Any, kind: str, actor: str | None, **data: object) -> None:
-        data = {"attempt": self.attempt, "phase": self.phase, **data}
-        append_event(session, kind, task_id=self.task_id, actor=actor, data=data)
+        data = {"attempt": self.attempt, "phase": self.phase.name, **data}
+        append_event(session, kind, task_id=self.task.id, actor=actor, data=data)
 
-    def __enter__(self) -> PhaseGuard:
+    def _log(self, what: str, *args: object) -> None:
+        log.info(
+            "task %d: %s attempt %d " + what, self.task.id, self.phase.name, self.attempt, *args
+        )
+
+    def __enter__(self) -> Job:
         self._held.enter_context(signals_raise())
         self._held.enter_context(Heartbeat(self.db))  # others see this host alive meanwhile
         return self
@@ -117,26 +154,28 @@ class PhaseGuard:
 
     def _failed(self, exc: BaseException) -> None:
         reason = failure_reason(exc)
-        log.warning("task %d: %s failed: %s", self.task_id, self.phase, reason)
+        log.warning("task %d: %s failed: %s", self.task.id, self.phase.name, reason)
         # Something outside was unavailable (the forge, a lock) before any inference: not
         # this attempt's fault, so it is refunded and retried within the budget.
         transient = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE and not self.spent
         outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
+        outcome = "unavailable" if transient else outcome
         if self.attempt is None:
             # Failed before its attempt was recorded (reading the issue, fetching): it is
             # recorded now, so that a failure that repeats spends the budget and ends.
             self._settle(lambda: self.start(None, {"failed_before_start": True}))
-        outcome = "unavailable" if transient else outcome
         self._settle(lambda: self.finish(outcome, reason, refunded=transient))
         self._settle(self._teardown)
-        self._settle(lambda: self.recover(reason))
+        for step in (self.failure_hook, self.recover):  # the body's hook, then the landing
+            if step is not None:
+                self._settle(functools.partial(step, reason))
 
     def _settle(self, step: Callable[[], object]) -> None:
         """Run one clean-up step; a failure of one must not skip the others."""
         try:
             step()
         except Exception:
-            log.exception("task %d: clean-up after %s failed", self.task_id, self.phase)
+            log.exception("task %d: clean-up after %s failed", self.task.id, self.phase.name)
 
     def _teardown(self) -> None:
         if self.workspace is None or self.backend is None:
