@@ -6,8 +6,9 @@ import errno
 import gc
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.main import get_command
@@ -55,6 +56,14 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _completion(flag: str, callback: Callable[..., Any], does: str) -> Any:
+    """An eager option that does something with SHELL's completion script and exits."""
+    shells = "for SHELL (bash, zsh, fish; default: this one)."
+    return typer.Option(
+        flag, metavar="[SHELL]", is_eager=True, callback=callback, help=f"{does} {shells}"
+    )
+
+
 def root(
     ctx: typer.Context,
     config: Annotated[
@@ -85,24 +94,10 @@ def root(
         ),
     ] = False,
     _show_completion: Annotated[
-        str | None,
-        typer.Option(
-            "--show-completion",
-            metavar="[SHELL]",
-            is_eager=True,
-            callback=completion.show,
-            help="Print the completion script for SHELL (bash, zsh, fish; default: this one).",
-        ),
+        str | None, _completion("--show-completion", completion.show, "Print the completion script")
     ] = None,
     _install_completion: Annotated[
-        str | None,
-        typer.Option(
-            "--install-completion",
-            metavar="[SHELL]",
-            is_eager=True,
-            callback=completion.install,
-            help="Install completion for SHELL (bash, zsh, fish; default: this one).",
-        ),
+        str | None, _completion("--install-completion", completion.install, "Install completion")
     ] = None,
 ) -> None:
     from aiworker import logs

@@ -12,11 +12,14 @@ from aiworker.commands.phases import run_unit
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
+Implemented = Annotated[int, typer.Option("--task", min=1, help="An implemented task.")]
+Published = Annotated[int, typer.Option("--task", min=1, help="A published task.")]
+Checked = Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")]
+Approved = Annotated[int, typer.Option("--task", min=1, help="An approved task.")]
+Plan = Annotated[int, typer.Option("--task", min=1, help="A plan awaiting approval or running.")]
 
-def publish(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="An implemented task.")],
-) -> int:
+
+def publish(ctx: typer.Context, task: Implemented) -> int:
     """Push the task's branch and open or update its PR, once, after re-checking
     authorisation, scope, the pinned base and the receipts."""
 
@@ -32,36 +35,26 @@ def publish(
     return run_step(ctx.obj, "publish", task, line)
 
 
-def ci(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="A published task.")],
-) -> int:
+def ci(ctx: typer.Context, task: Published) -> int:
     """Run ./ci/run at the PR head through the runner core and post `aiworker / ci`."""
-    return run_step(
-        ctx.obj,
-        "ci",
-        task,
-        lambda r: f"task {r['task']}: aiworker / ci {r['state']} at {r['head']}",
-    )
+
+    def line(report: dict[str, Any]) -> str:
+        return f"task {report['task']}: aiworker / ci {report['state']} at {report['head']}"
+
+    return run_step(ctx.obj, "ci", task, line)
 
 
-def review(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")],
-) -> int:
+def review(ctx: typer.Context, task: Checked) -> int:
     """Review the PR head independently as the reviewer identity and post a formal review."""
-    return run_step(
-        ctx.obj,
-        "review",
-        task,
-        lambda r: f"task {r['task']}: review {r['event'] or 'not posted'} on PR #{r['pr']}",
-    )
+
+    def line(report: dict[str, Any]) -> str:
+        event = report["event"] or "not posted"
+        return f"task {report['task']}: review {event} on PR #{report['pr']}"
+
+    return run_step(ctx.obj, "review", task, line)
 
 
-def merge(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="An approved task.")],
-) -> int:
+def merge(ctx: typer.Context, task: Approved) -> int:
     """Merge when the review approved and CI passed on the exact head, and record evidence."""
 
     def line(report: dict[str, Any]) -> str:
@@ -75,12 +68,7 @@ def merge(
     return run_step(ctx.obj, "merge", task, line)
 
 
-def milestones(
-    ctx: typer.Context,
-    task: Annotated[
-        int, typer.Option("--task", min=1, help="A plan awaiting approval or running.")
-    ],
-) -> int:
+def milestones(ctx: typer.Context, task: Plan) -> int:
     """Move a plan forward: read its approval, accept implemented milestones, start the next,
     run the combined checks once all are in."""
 

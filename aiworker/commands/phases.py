@@ -10,34 +10,27 @@ import typer
 from aiworker.invocation import Invocation
 from aiworker.render import emit
 
+Claimed = Annotated[int, typer.Option("--task", min=1, help="The claimed task.")]
+ClaimedPlan = Annotated[int, typer.Option("--task", min=1, help="The claimed plan task.")]
+Repairing = Annotated[int, typer.Option("--task", min=1, help="The repairing task.")]
+Slot = Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")]
 
-def implement(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="The claimed task.")],
-    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
-) -> int:
+
+def implement(ctx: typer.Context, task: Claimed, slot: Slot) -> int:
     """Implement a claimed task: pin the base, choose a provider, run it in a disposable
     workspace, import its commits and re-run the required checks (exit 75: no provider now)."""
     inv: Invocation = ctx.obj
     return _attempt_report(inv, run_unit(inv, "implement", task, slot))
 
 
-def plan(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="The claimed plan task.")],
-    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
-) -> int:
+def plan(ctx: typer.Context, task: ClaimedPlan, slot: Slot) -> int:
     """Plan a plan-labelled issue: the planner proposes bounded milestones, the host checks
     them and posts the plan on the issue to await approval (exit 75: no provider now)."""
     inv: Invocation = ctx.obj
     return _attempt_report(inv, run_unit(inv, "plan", task, slot))
 
 
-def repair(
-    ctx: typer.Context,
-    task: Annotated[int, typer.Option("--task", min=1, help="The repairing task.")],
-    slot: Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")],
-) -> int:
+def repair(ctx: typer.Context, task: Repairing, slot: Slot) -> int:
     """Run one repair episode after requested changes, a red CI or a moved base: a fresh
     session on the task's branch, then the checks again (exit 75: no provider now)."""
     inv: Invocation = ctx.obj

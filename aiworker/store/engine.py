@@ -199,12 +199,18 @@ class Database:
                 raise
             raise named from None
 
-    @contextlib.contextmanager
-    def write(self) -> Iterator[Session]:
+    def write(self) -> contextlib.AbstractContextManager[Session]:
         """A session whose transaction holds the write lock from its first statement."""
+        return self._session(self.write_engine)
+
+    def read(self) -> contextlib.AbstractContextManager[Session]:
+        return self._session(self.engine)
+
+    @contextlib.contextmanager
+    def _session(self, engine: Engine) -> Iterator[Session]:
         with (
             self.explaining(),
-            Session(self.write_engine, expire_on_commit=False) as session,
+            Session(engine, expire_on_commit=False) as session,
             session.begin(),
         ):
             yield session
@@ -269,15 +275,6 @@ class Database:
             )
             with connection.begin():
                 yield connection
-
-    @contextlib.contextmanager
-    def read(self) -> Iterator[Session]:
-        with (
-            self.explaining(),
-            Session(self.engine, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
 
     def server(self) -> tuple[str, float]:
         """The engine and its version ("PostgreSQL 15.14 at host:port/db", "SQLite 3.40.1"),

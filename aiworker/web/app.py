@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
-from aiworker.web.errors import error_response
+from aiworker.web.errors import api_app, error_response
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import CsrfTokens, Protection
 from aiworker.web.receipt_page import add_receipt_routes
@@ -28,16 +28,8 @@ def create_app(
     origins: set[str] | None = None,
     tokens: CsrfTokens | None = None,
 ) -> Protection:
-    from aiworker import __version__
-
     tokens = tokens or CsrfTokens.of_state_dir(environment().state_dir)
-    app = FastAPI(
-        title="aiworker operator API",
-        version=__version__,
-        openapi_url="/api/v1/openapi.json",
-        docs_url=None,
-        redoc_url=None,
-    )
+    app = api_app("aiworker operator API", "/api/v1/openapi.json")
     app.include_router(build_router(environment, tokens))
     add_receipt_routes(app, environment)
 

@@ -19,10 +19,19 @@ from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.worker_jobs import LeaseLost
-from aiworker.web.errors import error_response
+from aiworker.web.errors import api_app, error_response
 from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
+
+
+def _job_pair(repository_index: Index, worker_job_index: Index) -> tuple[int, int]:
+    """The worker job a route's path names: (its repository's index, its own)."""
+    return (repository_index, worker_job_index)
+
+
+JobPair = Annotated[tuple[int, int], Depends(_job_pair)]
+
 POLL_STEP_S = 0.02  # a waiting claim looks again this often (a read; it claims when it sees one)
 MAX_BODY = 1024 * 1024
 MAX_WAITING = 32  # waiting claims at once; more wait for a place, not for a thread
@@ -62,16 +71,9 @@ class Failure(LeaseProof):
 
 
 def create_runner_app(environment: Callable[[], Environment]) -> Protection:
-    from aiworker import __version__
     from aiworker.core.runner import fleet
 
-    app = FastAPI(
-        title="aiworker runner API",
-        version=__version__,
-        openapi_url="/api/runner/v1/openapi.json",
-        docs_url=None,
-        redoc_url=None,
-    )
+    app = api_app("aiworker runner API", "/api/runner/v1/openapi.json")
 
     service = fleet.RunnerService(environment)
 
@@ -120,10 +122,7 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         return fleet.lease_document(lease, env.loaded.config.runners.lease_seconds)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/heartbeat")
-    def heartbeat(
-        holder: Holder, repository_index: Index, worker_job_index: Index, proof: LeaseProof
-    ) -> dict[str, Any]:
-        pair = (repository_index, worker_job_index)
+    def heartbeat(holder: Holder, pair: JobPair, proof: LeaseProof) -> dict[str, Any]:
         return {"lease_expires_at": service.beat(holder, pair, proof.lease_token)}
 
     def _finish(holder: str, pair: tuple[int, int], kind: str, body: Any) -> dict[str, Any]:
@@ -134,22 +133,15 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
         return {"status": status, "delivery": delivery}  # the stored one, if already
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/complete")
-    def complete(
-        holder: Holder, repository_index: Index, worker_job_index: Index, body: Completion
-    ) -> dict[str, Any]:
-        return _finish(holder, (repository_index, worker_job_index), "complete", body)
+    def complete(holder: Holder, pair: JobPair, body: Completion) -> dict[str, Any]:
+        return _finish(holder, pair, "complete", body)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/fail")
-    def fail(
-        holder: Holder, repository_index: Index, worker_job_index: Index, body: Failure
-    ) -> dict[str, Any]:
-        return _finish(holder, (repository_index, worker_job_index), "fail", body)
+    def fail(holder: Holder, pair: JobPair, body: Failure) -> dict[str, Any]:
+        return _finish(holder, pair, "fail", body)
 
     @app.post("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/release")
-    def release(
-        holder: Holder, repository_index: Index, worker_job_index: Index, proof: LeaseProof
-    ) -> dict[str, Any]:
-        pair = (repository_index, worker_job_index)
+    def release(holder: Holder, pair: JobPair, proof: LeaseProof) -> dict[str, Any]:
         return {"released": service.release(holder, pair, proof.lease_token)}
 
     _transfer_routes(app, service, Holder)

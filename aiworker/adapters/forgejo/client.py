@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, TypeVar
@@ -28,27 +28,9 @@ def rfc3339(moment: datetime) -> str:
 
 
 class ForgejoClient:
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        timeout: float = 30.0,
-        attempts: int = 5,
-        backoff_base: float = 0.5,
-        backoff_max: float = 30.0,
-        sleep: Callable[[float], None] | None = None,
-    ) -> None:
-        extra = {"sleep": sleep} if sleep is not None else {}
-        self.http = Transport(
-            base_url,
-            token,
-            timeout=timeout,
-            attempts=attempts,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            **extra,
-        )
+    def __init__(self, base_url: str, token: str, **options: Any) -> None:
+        """OPTIONS are the transport's: timeout, attempts, backoff_base, backoff_max, sleep."""
+        self.http = Transport(base_url, token, **options)
 
     # plumbing --------------------------------------------------------------------------
     def _get(self, model: type[T], path: str, **params: Any) -> T:

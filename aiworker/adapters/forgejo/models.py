@@ -68,7 +68,9 @@ class PullRequestMeta(Model):
     html_url: str = ""
 
 
-class Issue(Model):
+class Thread(Model):
+    """What an issue and a pull request (an issue with code) both carry."""
+
     id: int
     number: int
     title: str
@@ -76,19 +78,24 @@ class Issue(Model):
     state: str
     user: User
     labels: list[Label] = []
-    assignees: list[User] = []
     html_url: str = ""
-    created_at: datetime
     updated_at: datetime
-    closed_at: datetime | None = None
-    pull_request: PullRequestMeta | None = None
-    assets: list[Attachment] = []
 
-    _lists = field_validator("labels", "assignees", "assets", mode="before")(_list_or_empty)
+    _labels = field_validator("labels", mode="before")(_list_or_empty)
 
     @property
     def label_names(self) -> list[str]:
         return [label.name for label in self.labels]
+
+
+class Issue(Thread):
+    assignees: list[User] = []
+    created_at: datetime
+    closed_at: datetime | None = None
+    pull_request: PullRequestMeta | None = None
+    assets: list[Attachment] = []
+
+    _lists = field_validator("assignees", "assets", mode="before")(_list_or_empty)
 
 
 class Comment(Model):
@@ -145,24 +152,13 @@ class PRBranchInfo(Model):
     label: str = ""
 
 
-class PullRequest(Model):
-    id: int
-    number: int
-    title: str
-    body: str = ""
-    state: str
-    user: User
+class PullRequest(Thread):
     head: PRBranchInfo
     base: PRBranchInfo
     mergeable: bool = False
     merged: bool = False
     merged_at: datetime | None = None
     merge_commit_sha: str | None = None
-    html_url: str = ""
-    updated_at: datetime
-    labels: list[Label] = []
-
-    _lists = field_validator("labels", mode="before")(_list_or_empty)
 
 
 class PullReview(Model):

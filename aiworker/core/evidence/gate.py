@@ -76,35 +76,14 @@ class GateReport:
         ]
 
 
-def run_gate(
-    db: Database,
-    jobs: Dispatch,
-    *,
-    index: int,
-    slot: int,
-    task_id: int | None,
-    scope: str | None,
-    requirements: list[Requirement],
-    claimed: AgentResult | None = None,
-    timeout_ms: int = DEFAULT_TIMEOUT_MS,
-) -> GateReport:
-    """Re-run REQUIREMENTS on the slot's pinned head (after an implementation)."""
+def run_gate(db: Database, jobs: Dispatch, *, index: int, slot: int, **options: Any) -> GateReport:
+    """Re-run the requirements on the slot's pinned head (after an implementation);
+    OPTIONS as run_checks takes them."""
     head = jobs.cache.pinned(index, slot, "head")
     base = jobs.cache.pinned(index, slot, "base")
     if head is None or base is None:
         raise GitCacheError(f"slot {slot} has no pinned base and head to validate")
-    return run_checks(
-        db,
-        jobs,
-        index=index,
-        head=head,
-        base=base,
-        task_id=task_id,
-        scope=scope,
-        requirements=requirements,
-        claimed=claimed,
-        timeout_ms=timeout_ms,
-    )
+    return run_checks(db, jobs, index=index, head=head, base=base, **options)
 
 
 def run_checks(

@@ -54,23 +54,14 @@ class Candidate:
 @dataclass
 class PollReport(Report):
     repositories: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)  # how many issues ended how
     unauthorized: list[dict[str, Any]] = field(default_factory=list)
     paused: list[dict[str, Any]] = field(default_factory=list)
     polls: dict[str, int] = field(default_factory=dict)  # full | incremental
 
     def count(self, outcome: str, bucket: dict[str, int] | None = None) -> None:
-        counts = self.outcomes if bucket is None else bucket
+        counts = self.tasks if bucket is None else bucket
         counts[outcome] = counts.get(outcome, 0) + 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "repositories": self.repositories,
-            "tasks": self.outcomes,
-            "unauthorized": self.unauthorized,
-            "paused": self.paused,
-            "polls": self.polls,
-        }
 
 
 def candidates(
@@ -175,7 +166,7 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
                 )
     finally:
         db.dispose()
-    log.info("polled %d repositories: %s", report.repositories, report.outcomes)
+    log.info("polled %d repositories: %s", report.repositories, report.tasks)
     return report
 
 

@@ -24,12 +24,13 @@ from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.core.tasks.lifecycle import Refusal, TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import request_repair
-from aiworker.errors import Conflict, InvalidInput
+from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
-from aiworker.store.models import Repository, Task
+from aiworker.store.models import Repository
 from aiworker.store.publications import current_publication
+from aiworker.store.task_records import existing_task
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,10 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
 def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int | None) -> Job:
     logs.task_id.set(task_id)  # this job's log lines name its task from here on
     with db.read() as session:
-        task = session.get(Task, task_id)
-        repo = session.get(Repository, task.repository_id) if task else None
-        publication = current_publication(session, task_id) if task else None
-    if task is None or repo is None:
-        raise InvalidInput(f"no task {task_id}")
+        task = existing_task(session, task_id)
+        repo = session.get(Repository, task.repository_id)
+        publication = current_publication(session, task_id)
+    assert repo is not None
     starts = " or ".join(sorted(phase.starts))
     where = f" on slot {task.claim_slot}" if phase.lock == SLOT else ""
     if task.state not in phase.starts or (phase.lock == SLOT and task.claim_slot != slot):

@@ -4,7 +4,7 @@ delivers as it is, so no inference is spent twice and no review is posted twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from aiworker.contracts.agent import AgentResult, Finding
@@ -35,14 +35,9 @@ class Decided:
         return cls(event, head, provider, result.summary, result.completion, list(result.findings))
 
     def to_data(self) -> dict[str, Any]:
-        return {
-            "event": self.event,
-            "head": self.head,
-            "provider": self.provider,
-            "summary": self.summary,
-            "completion": self.completion,
-            "findings": [f.model_dump(exclude_none=True) for f in self.findings],
-        }
+        """What the decision's event records: every field but the event's own id."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "decision"}
+        return {**data, "findings": [f.model_dump(exclude_none=True) for f in self.findings]}
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> Decided:

@@ -35,7 +35,7 @@ from aiworker.core.runner.controllers import Controller
 from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings, run_attempt
 from aiworker.core.runner.lease_keeper import LeaseKeeper
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
-from aiworker.core.runner.requests import RequestRejected, parse_request
+from aiworker.core.runner.requests import RequestRejected, parse_request, source_of
 from aiworker.core.runner.uploads import keep_logs
 from aiworker.errors import AiworkerError, InvalidInput, Refused
 from aiworker.runtime.attempts import default_attempt_root
@@ -170,13 +170,8 @@ def _check(request: JobRequest, pair: tuple[int, int]) -> JobRequest:
 
 
 def _remote(request: JobRequest) -> RemoteSnapshotSource:
-    source = request["source"]
-    if source["kind"] != "remote_snapshot":
-        raise RequestRejected(
-            "source_not_remote",
-            "a fleet job must name a remote snapshot; a runner never runs a local tree",
-            "source.kind",
-        )
+    why = "a fleet job must name a remote snapshot; a runner never runs a local tree"
+    source: RemoteSnapshotSource = source_of(request, "remote_snapshot", "source_not_remote", why)
     return source
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from aiworker.contracts.jsonshape import ShapeError
 from aiworker.contracts.native_job import (
@@ -98,15 +99,18 @@ def _check_working_directory_text(text: str) -> None:
         )
 
 
+def source_of(request: JobRequest, kind: str, code: str, why: str) -> Any:
+    """The request's source, which must be of KIND; else it is rejected as CODE, saying WHY."""
+    source = request["source"]
+    if source["kind"] != kind:
+        raise RequestRejected(code, why, "source.kind")
+    return source
+
+
 def resolve_source(request: JobRequest, source_root: Path) -> Path:
     """The local source directory, which must lie inside SOURCE_ROOT."""
-    source = request["source"]
-    if source["kind"] != "local_directory":
-        raise RequestRejected(
-            "source_unavailable",
-            "remote_snapshot sources are fetched by `runner run-job`, not `runner execute`",
-            "source.kind",
-        )
+    why = "remote_snapshot sources are fetched by `runner run-job`, not `runner execute`"
+    source = source_of(request, "local_directory", "source_unavailable", why)
     root = source_root.resolve()
     candidate = Path(source["path"])
     resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()

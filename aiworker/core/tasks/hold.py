@@ -16,9 +16,9 @@ from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
 from aiworker.core.tasks.states import RESUMABLE, TaskState
-from aiworker.errors import Conflict, InvalidInput
+from aiworker.errors import Conflict
 from aiworker.store.engine import Database
-from aiworker.store.task_records import paused_from, task_row
+from aiworker.store.task_records import existing_task, paused_from
 
 
 @dataclass
@@ -52,9 +52,7 @@ def resume_task(env: Environment, task_id: int) -> ResumeReport:
     db = env.open_database()
     try:
         with db.write() as session:
-            task = task_row(session, task_id)
-            if task is None:
-                raise InvalidInput(f"no task {task_id}")
+            task = existing_task(session, task_id)
             if task.state != TaskState.PAUSED:
                 raise Conflict(f"task {task_id} is {task.state}; only a paused task is resumed")
             before = paused_from(session, task_id)

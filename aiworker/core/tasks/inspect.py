@@ -19,7 +19,12 @@ from aiworker.store.budgets import budgets_of
 from aiworker.store.models import Repository
 from aiworker.store.publications import publications_of
 from aiworker.store.receipts import receipts_of
-from aiworker.store.task_records import events_of, list_tasks, recent_events, task_row
+from aiworker.store.task_records import (
+    events_of,
+    existing_task,
+    list_tasks,
+    recent_events,
+)
 
 LIST_LIMIT = 500
 OUTPUT_TAIL_CHARS = 1500  # of an attempt's kept provider output, in `task show`
@@ -90,9 +95,7 @@ def show_task(env: Environment, task_id: int) -> TaskShowReport:
     db = env.open_database()
     try:
         with db.read() as session:
-            task = task_row(session, task_id)
-            if task is None:
-                raise InvalidInput(f"no task {task_id}")
+            task = existing_task(session, task_id)
             repository = session.get(Repository, task.repository_id)
             assert repository is not None
             return TaskShowReport(

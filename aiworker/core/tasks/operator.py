@@ -23,7 +23,7 @@ from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
 from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.core.tasks.states import TERMINAL, TaskState
-from aiworker.errors import AiworkerError, Conflict, InvalidInput
+from aiworker.errors import AiworkerError, Conflict
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.processes import process_alive
 from aiworker.runtime.reaper import process_tree, signal_all, tagged_processes
@@ -33,6 +33,7 @@ from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.publications import publications_of
+from aiworker.store.task_records import existing_task
 from aiworker.store.tasks import append_event
 
 STOP_GRACE_S = 10.0
@@ -59,10 +60,7 @@ class CancelReport(Report):
 
 def _task(db: Database, task_id: int) -> Task:
     with db.read() as session:
-        task = session.get(Task, task_id)
-    if task is None:
-        raise InvalidInput(f"no task {task_id}")
-    return task
+        return existing_task(session, task_id)
 
 
 def retry_task(env: Environment, task_id: int) -> RetryReport:
