@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -13,6 +14,8 @@ from aiworker.config.database import DEFAULT_LEASE, Controller, Database
 from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
 from aiworker.config.limits import Budgets, Deadlines, Housekeeping, Retention, Storage
 from aiworker.config.strict import Strict
+
+T = TypeVar("T")
 
 PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
 ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
@@ -213,6 +216,18 @@ class Planning(Strict):
     approve_command: Annotated[str, Field(min_length=2, max_length=100)] = "/aiworker approve"
 
 
+def phases_among(known: tuple[str, ...]) -> Callable[[dict[str, T]], dict[str, T]]:
+    """A check that a table's keys name only phases among KNOWN."""
+
+    def check(value: dict[str, T]) -> dict[str, T]:
+        unknown = set(value) - set(known)
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; known: {', '.join(known)}")
+        return value
+
+    return check
+
+
 PHASES = ("plan", "implement", "repair", "review", "publish", "merge", "milestones")
 
 
@@ -227,13 +242,7 @@ class Scheduler(Strict):
     # `--task ID --slot N` are appended.
     phase_commands: dict[str, Annotated[list[str], Field(min_length=1)]] = {}
 
-    @field_validator("phase_commands")
-    @classmethod
-    def _known(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        unknown = set(value) - set(PHASES)
-        if unknown:
-            raise ValueError(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
-        return value
+    _known = field_validator("phase_commands")(phases_among(PHASES))
 
 
 class Runners(Strict):
@@ -285,13 +294,7 @@ class Execution(Strict):
     # Start every guest from this cache layer of the current image (qemu provision --layer).
     cache_layer: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")] | None = None
 
-    @field_validator("egress")
-    @classmethod
-    def _phases(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        unknown = set(value) - set(EGRESS_PHASES)
-        if unknown:
-            raise ValueError(f"unknown phases {sorted(unknown)}; known: {', '.join(EGRESS_PHASES)}")
-        return value
+    _phases = field_validator("egress")(phases_among(EGRESS_PHASES))
 
     @field_validator("trusted_networks")
     @classmethod

@@ -25,9 +25,7 @@ def resolve(git: BareRepo, ref: str) -> str:
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     @route("GET", "/repos/{owner}/{repo}/commits")
     def commits(req: Request, owner: str, repo: str) -> Reply:

@@ -48,9 +48,7 @@ def creation_fields(body: dict[str, Any]) -> tuple[str, list[int], list[str]]:
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     def issue_for(
         req: Request, owner: str, repo: str, index: str, needed: str = "read"
@@ -141,8 +139,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             for login in set(new) - set(issue["assignees"]):
                 state.record(issue, "assignees", user, assignee=login)
             issue["assignees"] = new
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(201, render.issue(found, issue))
 
     @route("GET", "/repos/{owner}/{repo}/issues/{index}/comments")
@@ -168,8 +165,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         }
         issue["comments"].append(comment)
         state.record(issue, "comment", user, body=text, id=comment["id"])
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(201, render.comment(found, issue, comment))
 
     def find_comment(
@@ -182,6 +178,16 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
                     return found, issue, comment
         raise HttpError(404, "comment not found")
 
+    def own_comment(
+        req: Request, owner: str, repo: str, comment_id: str, verb: str
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The comment, which the caller must have written or may VERB as a writer."""
+        user = login_required(req)
+        found, issue, comment = find_comment(req, owner, repo, comment_id)
+        if comment["user"] != user and not state.can(found, user, "write"):
+            raise HttpError(403, f"user may not {verb} this comment")
+        return found, issue, comment
+
     @route("GET", "/repos/{owner}/{repo}/issues/comments/{comment_id}")
     def get_comment(req: Request, owner: str, repo: str, comment_id: str) -> Reply:
         found, issue, comment = find_comment(req, owner, repo, comment_id)
@@ -189,10 +195,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
 
     @route("PATCH", "/repos/{owner}/{repo}/issues/comments/{comment_id}")
     def edit_comment(req: Request, owner: str, repo: str, comment_id: str) -> Reply:
-        user = login_required(req)
-        found, issue, comment = find_comment(req, owner, repo, comment_id)
-        if comment["user"] != user and not state.can(found, user, "write"):
-            raise HttpError(403, "user may not edit this comment")
+        found, issue, comment = own_comment(req, owner, repo, comment_id, "edit")
         text = req.json().get("body")
         if not isinstance(text, str) or not text:
             raise HttpError(422, "body is required")
@@ -206,10 +209,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
 
     @route("DELETE", "/repos/{owner}/{repo}/issues/comments/{comment_id}")
     def delete_comment(req: Request, owner: str, repo: str, comment_id: str) -> Reply:
-        user = login_required(req)
-        found, issue, comment = find_comment(req, owner, repo, comment_id)
-        if comment["user"] != user and not state.can(found, user, "write"):
-            raise HttpError(403, "user may not delete this comment")
+        _found, issue, comment = own_comment(req, owner, repo, comment_id, "delete")
         issue["comments"].remove(comment)
         issue["timeline"] = [e for e in issue["timeline"] if e["id"] != comment["id"]]
         state.save()
@@ -222,8 +222,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         for label_id in [i for i in ids if i not in issue["labels"]]:
             issue["labels"].append(label_id)
             state.record(issue, "label", user, label=label_id, body="1")
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
 
     def labels_of(found: dict[str, Any], issue: dict[str, Any]) -> list[dict[str, Any]]:
         return [render.label(found, lb) for lb in found["labels"] if lb["id"] in issue["labels"]]
@@ -278,8 +277,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         if label["id"] in issue["labels"]:
             issue["labels"].remove(label["id"])
             state.record(issue, "label", user, label=label["id"], body="")
-            state.touch(issue)
-            state.save()
+            state.changed(issue)
         return Reply(204)
 
     @route("GET", "/repos/{owner}/{repo}/issues/{index}/assets")

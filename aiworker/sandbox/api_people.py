@@ -15,9 +15,7 @@ TRUE = ("true", "1")
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     @route("GET", "/repos/{owner}/{repo}/collaborators")
     def collaborators(req: Request, owner: str, repo: str) -> Reply:

@@ -17,9 +17,7 @@ UPDATE_STYLES = ("merge", "rebase")
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     def span(found: dict[str, Any], issue: dict[str, Any]) -> tuple[str, str]:
         """The pull request's base and head commits (the merged head once merged)."""

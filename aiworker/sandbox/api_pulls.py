@@ -17,9 +17,7 @@ if TYPE_CHECKING:
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     pull_for = app.pull_for
 
@@ -100,8 +98,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             if app.git(found).branch_sha(body["base"]) is None:
                 raise HttpError(404, "base branch does not exist")
             issue["pull"]["base"] = body["base"]
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(201, shaped(found, issue, req))
 
     @route("GET", "/repos/{owner}/{repo}/pulls/{index}/merge")

@@ -30,9 +30,7 @@ def page(app: SandboxApp, req: Request, items: list[Any]) -> Reply:
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     @route("GET", "/version")
     def version(_req: Request) -> Reply:

@@ -16,9 +16,7 @@ REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
 
 
 def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
-    route = app.router.add
-    state = app.state
-    render = app.render
+    route, state, render = app.tools()
 
     def head_of(found: dict[str, Any], issue: dict[str, Any]) -> str:
         meta = issue["pull"]
@@ -84,8 +82,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         meta["reviews"].append(item)
         if event != "PENDING":
             state.record(issue, "review", req.user, body=text, review_id=item["id"])
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(200, shaped(found, issue, item))
 
     @route("GET", "/repos/{owner}/{repo}/pulls/{index}/reviews/{review_id}")
@@ -120,8 +117,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             item["dismissed"] = dismissed
             if dismissed:
                 state.record(issue, "dismiss_review", req.user, body=message, review_id=item["id"])
-            state.touch(issue)
-            state.save()
+            state.changed(issue)
         return Reply(200, shaped(found, issue, item))
 
     @route("POST", "/repos/{owner}/{repo}/pulls/{index}/reviews/{review_id}/dismissals")
@@ -179,8 +175,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
             }
             issue["pull"]["reviews"].append(item)
             created.append(shaped(found, issue, item))
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(201, created)
 
     @route("DELETE", "/repos/{owner}/{repo}/pulls/{index}/requested_reviewers")
@@ -193,8 +188,7 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
                 requested.remove(login)
                 meta["reviews"] = [r for r in meta["reviews"] if not _request_of(r, login)]
                 state.record(issue, "review_request", user, assignee=login, removed=True)
-        state.touch(issue)
-        state.save()
+        state.changed(issue)
         return Reply(204)
 
 

@@ -5,14 +5,25 @@ smart HTTP."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aiworker.sandbox.gitrepo import BareRepo, GitFailed, http_backend
-from aiworker.sandbox.http import HttpError, Reply, Request, Router, credentials, number
+from aiworker.sandbox.http import (
+    Handler,
+    HttpError,
+    Reply,
+    Request,
+    Router,
+    credentials,
+    number,
+)
 from aiworker.sandbox.pushes import record_pushes
 from aiworker.sandbox.render import Renderer
 from aiworker.sandbox.state import ForgeState
+
+Routed = Callable[[Handler], Handler]  # a route decorator
 
 
 class SandboxApp:
@@ -23,6 +34,11 @@ class SandboxApp:
         self.git_root = data_dir / "git"
         self.router = Router()
         self.api_calls: Counter[str] = Counter()  # "METHOD /path": what tests count
+
+    def tools(self) -> tuple[Callable[[str, str], Routed], ForgeState, Renderer]:
+        """What a module's route table works with: the route decorator, the forge's state
+        and the renderer of its documents."""
+        return self.router.add, self.state, self.render
 
     def git(self, repo: dict[str, Any]) -> BareRepo:
         return BareRepo(self.git_root / repo["owner"] / f"{repo['name']}.git")

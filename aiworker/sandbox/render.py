@@ -188,17 +188,23 @@ class Renderer:
             },
         }
 
+    def _links(
+        self, repo: dict[str, Any], issue: dict[str, Any], item: int, kind: str
+    ) -> dict[str, str]:
+        """A comment's or a timeline item's links: ITEM's on the issue's KIND page."""
+        at = f"{self.root}{repo['owner']}/{repo['name']}"
+        return {
+            "html_url": f"{at}/{kind}/{issue['number']}#issuecomment-{item}",
+            "pull_request_url": f"{at}/pulls/{issue['number']}" if issue["pull"] else "",
+            "issue_url": f"{at}/issues/{issue['number']}",
+        }
+
     def comment(
         self, repo: dict[str, Any], issue: dict[str, Any], comment: dict[str, Any]
     ) -> dict[str, Any]:
-        full = f"{repo['owner']}/{repo['name']}"
         return {
             "id": comment["id"],
-            "html_url": f"{self.root}{full}/issues/{issue['number']}#issuecomment-{comment['id']}",
-            "pull_request_url": f"{self.root}{full}/pulls/{issue['number']}"
-            if issue["pull"]
-            else "",
-            "issue_url": f"{self.root}{full}/issues/{issue['number']}",
+            **self._links(repo, issue, comment["id"], "issues"),
             "user": self.user(comment["user"]),
             "original_author": "",
             "original_author_id": 0,
@@ -212,17 +218,12 @@ class Renderer:
         self, repo: dict[str, Any], issue: dict[str, Any], event: dict[str, Any]
     ) -> dict[str, Any]:
         """Forgejo's full TimelineComment: every key, whatever the event's type."""
-        full = f"{repo['owner']}/{repo['name']}"
         kind = "pulls" if issue["pull"] else "issues"
         label = self.state.label(repo, event["label"]) if "label" in event else None
         return {
             "id": event["id"],
             "type": event["type"],
-            "html_url": f"{self.root}{full}/{kind}/{issue['number']}#issuecomment-{event['id']}",
-            "pull_request_url": f"{self.root}{full}/pulls/{issue['number']}"
-            if issue["pull"]
-            else "",
-            "issue_url": f"{self.root}{full}/issues/{issue['number']}",
+            **self._links(repo, issue, event["id"], kind),
             "user": self.user(event["user"]),
             "body": event.get("body", ""),
             "created_at": event["created_at"],

@@ -188,6 +188,11 @@ class ForgeState:
     def touch(self, issue: dict[str, Any]) -> None:
         issue["updated_at"] = now_iso()
 
+    def changed(self, issue: dict[str, Any]) -> None:
+        """The issue changed: it is updated now, and the state is saved."""
+        self.touch(issue)
+        self.save()
+
     def label(self, repo: dict[str, Any], ident: str | int) -> dict[str, Any] | None:
         for label in repo["labels"]:
             if label["id"] == ident or label["name"] == ident or str(label["id"]) == str(ident):
