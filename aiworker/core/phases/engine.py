@@ -75,7 +75,7 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
 
 
 def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int | None) -> Job:
-    logs.task_id.set(task_id)  # this job's log lines name its task from here on
+    logs.task_id.set(task_id)  # every log line of this job names its task from here on
     with db.read() as session:
         task = existing_task(session, task_id)
         repo = session.get(Repository, task.repository_id)

@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiworker import logs
 from aiworker.core.context import Environment
@@ -29,7 +28,7 @@ from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
 from aiworker.store.controllers import Heartbeat
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.tasks import append_event
+from aiworker.store.tasks import Writer, append_event
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +55,6 @@ class Job:
     finished: bool = False
     spent: bool = False  # a provider ran: inference was spent, so nothing is refunded
     _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
-
-    def __post_init__(self) -> None:
-        logs.task_id.set(self.task.id)  # every log line of this job names its task
 
     @property
     def holds(self) -> str:
@@ -125,7 +121,7 @@ class Job:
         self.finished = True
         self._log("%s%s", outcome, f": {reason}" if reason else "")
 
-    def _event(self, session: Any, kind: str, actor: str | None, **data: object) -> None:
+    def _event(self, session: Writer, kind: str, actor: str | None, **data: object) -> None:
         data = {"attempt": self.attempt, "phase": self.phase.name, **data}
         append_event(session, kind, task_id=self.task.id, actor=actor, data=data)
 
