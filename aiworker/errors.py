@@ -7,6 +7,8 @@ runner's token is not accepted, or the server speaks no contract the runner does
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -26,14 +28,22 @@ def key_path(loc: tuple[int | str, ...]) -> str:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """One line that says why a unit of work failed: an expected error's message, a
-    signal's name, else the unexpected exception's type and first line."""
-    first = (str(exc).strip().splitlines() or [""])[0]
+    """One line that says why a unit of work failed: an expected error's message, the
+    signal that stopped it, else the unexpected exception's type and first line."""
     if isinstance(exc, AiworkerError):
         return exc.message
-    if not isinstance(exc, Exception) and first:  # stopped by a signal
-        return first
+    if isinstance(exc, Interrupted):
+        return str(exc)
+    first = (str(exc).strip().splitlines() or [""])[0]
     return f"unexpected {type(exc).__name__}: {first}"[:500]
+
+
+class Interrupted(BaseException):
+    """A termination signal arrived while a unit of work ran (runtime/interrupts.py)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 class AiworkerError(Exception):

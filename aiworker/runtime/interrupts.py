@@ -9,15 +9,9 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
+from aiworker.errors import Interrupted
+
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Interrupted(BaseException):
-    """A termination signal arrived while the block ran."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
 
 
 @contextlib.contextmanager

@@ -196,20 +196,15 @@ def _transfer_routes(app: FastAPI, service: Any, Holder: Any) -> None:
 
     @app.get("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/artifacts/{digest}")
     def artifact_state(
-        holder: Holder,
-        repository_index: Index,
-        worker_job_index: Index,
-        digest: Digest,
-        lease: Lease,
+        holder: Holder, pair: JobPair, digest: Digest, lease: Lease
     ) -> dict[str, Any]:
         """How much of an artifact this job has sent (to resume from there)."""
-        return dict(service.transfer(holder, (repository_index, worker_job_index), lease, digest))
+        return dict(service.transfer(holder, pair, lease, digest))
 
     @app.put("/api/runner/v1/jobs/{repository_index}/{worker_job_index}/artifacts/{digest}")
     async def artifact_chunk(
         holder: Holder,
-        repository_index: Index,
-        worker_job_index: Index,
+        pair: JobPair,
         digest: Digest,
         lease: Lease,
         offset: Annotated[int, Query(ge=0)],
@@ -218,7 +213,6 @@ def _transfer_routes(app: FastAPI, service: Any, Holder: Any) -> None:
     ) -> dict[str, Any]:
         """Bytes of an artifact from OFFSET (SIZE in all); the last ones publish it."""
         data = await http.body()
-        pair = (repository_index, worker_job_index)
         state = await run_in_threadpool(
             service.transfer, holder, pair, lease, digest, (offset, size, data)
         )

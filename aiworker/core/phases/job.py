@@ -12,16 +12,16 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiworker import logs
 from aiworker.core.context import Environment
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
-from aiworker.errors import EXIT_UNAVAILABLE, failure_reason
+from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, failure_reason
 from aiworker.runtime.failpoints import failpoint
-from aiworker.runtime.interrupts import Interrupted, ignore_signals, signals_raise
+from aiworker.runtime.interrupts import ignore_signals, signals_raise
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
@@ -78,9 +78,12 @@ class Job:
         settings: dict[str, object] | None = None,
         model: str | None = None,
         effort: str | None = None,
+        *,
+        checkpoint: bool = True,
     ) -> int:
         """Record the attempt (charged to the phase's budget), where it runs and the
-        settings it runs with, and pass its failpoint."""
+        settings it runs with; CHECKPOINT: then pass its failpoint (the failure path's own
+        record of an attempt passes none)."""
         name, settings = self.phase.name, settings or {}
         with self.db.write() as session:
             self.attempt = start_attempt(
@@ -94,10 +97,11 @@ class Job:
                 pid=os.getpid(),
                 host=self.db.host,
             )
-            self._event(session, "attempt.started", provider or name, **settings)
+            self._event(session, "attempt.started", provider or name, settings)
         logs.attempt_id.set(self.attempt)
         self._log("started (%s)", provider or "host")
-        failpoint(f"{name}.attempt_started")
+        if checkpoint:
+            failpoint(f"{name}.attempt_started")
         return self.attempt
 
     def track(self, workspace: Workspace) -> Workspace:
@@ -117,11 +121,13 @@ class Job:
         with self.db.write() as session:
             finish_attempt(session, self.attempt, outcome, reason=reason, refunded=refunded)
             data = {"outcome": outcome, "reason": reason, "refunded": refunded}
-            self._event(session, "attempt.finished", None, **data)
+            self._event(session, "attempt.finished", None, data)
         self.finished = True
         self._log("%s%s", outcome, f": {reason}" if reason else "")
 
-    def _event(self, session: Writer, kind: str, actor: str | None, **data: object) -> None:
+    def _event(
+        self, session: Writer, kind: str, actor: str | None, data: Mapping[str, object]
+    ) -> None:
         data = {"attempt": self.attempt, "phase": self.phase.name, **data}
         append_event(session, kind, task_id=self.task.id, actor=actor, data=data)
 
@@ -159,7 +165,8 @@ class Job:
         if self.attempt is None:
             # Failed before its attempt was recorded (reading the issue, fetching): it is
             # recorded now, so that a failure that repeats spends the budget and ends.
-            self._settle(lambda: self.start(None, {"failed_before_start": True}))
+            failed: dict[str, object] = {"failed_before_start": True}
+            self._settle(lambda: self.start(None, failed, checkpoint=False))
         self._settle(lambda: self.finish(outcome, reason, refunded=transient))
         self._settle(self._teardown)
         for step in (self.failure_hook, self.recover):  # the body's hook, then the landing
@@ -182,4 +189,4 @@ class Job:
         reason = self.keep_reason or "the attempt ended"
         with self.db.write() as session:
             kind = "workspace.kept" if kept else "workspace.removed"
-            self._event(session, kind, None, path=str(workspace.root), reason=reason)
+            self._event(session, kind, None, {"path": str(workspace.root), "reason": reason})
