@@ -117,6 +117,29 @@ def test_a_failure_before_the_attempt_started_is_recorded_and_counted(upgraded, 
     assert reason == "unexpected RuntimeError: the clone URL moved"
 
 
+def test_a_failing_hook_does_not_keep_the_task_from_landing(upgraded, task, caplog):
+    # CI's hook posts the terminal `error` status; with the forge away that fails too,
+    # and the task must land all the same (else it would wait in awaiting_ci for ever).
+    db, task_id = task
+    landed = []
+
+    def ci(job):
+        job.start(None, {"head": "a" * 40})
+
+        def post_error(reason):
+            raise ForgeUnavailable("POST", "/statuses", 503, f"down ({reason})")
+
+        job.failure_hook = post_error
+        raise RuntimeError("the runner went away")
+
+    with pytest.raises(RuntimeError):
+        guarded(db, task_id, "ci", ci, landed.append)
+    assert landed == ["unexpected RuntimeError: the runner went away"]
+    attempts, _ = _recorded(upgraded)
+    assert attempts == [("error", 0)]
+    assert "clean-up after ci failed" in caplog.text
+
+
 def test_a_scope_change_does_not_block_a_failure_but_a_pause_does(task):
     db, task_id = task
     with db.write() as session:
