@@ -96,7 +96,7 @@ def follow(
     """Print every new transition of the plan and its milestones until the plan reaches
     UNTIL."""
     from aiworker.store.engine import Database, default_url
-    from aiworker.store.task_records import children_of, events_of, task_row
+    from aiworker.store.task_records import children_of, events_of_tasks, task_row
 
     db = Database(os.environ.get("AIWORKER_DEMO_DATABASE_URL") or default_url(state_dir))
     seen = SEEN
@@ -106,10 +106,7 @@ def follow(
             with db.read() as session:
                 plan = task_row(session, task_id)
                 ids = [task_id, *(c.id for c in children_of(session, task_id))]
-                events = sorted(
-                    (e for i in ids for e in events_of(session, i) if e.to_state),
-                    key=lambda e: e.id,
-                )
+                events = [e for e in events_of_tasks(session, ids) if e.to_state]
                 kinds = {i: task_row(session, i).kind for i in ids}  # type: ignore[union-attr]
             for event in events:
                 if event.id in seen or event.from_state == event.to_state:

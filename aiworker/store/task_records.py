@@ -168,6 +168,14 @@ def events_of(session: Session, task_id: int) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()
 
 
+def events_of_tasks(session: Session, task_ids: Sequence[int]) -> Sequence[Event]:
+    """The events of TASK_IDS in the order they were recorded, read in one statement: on
+    PostgreSQL one statement is one snapshot, so a later move is never read without an
+    earlier one that committed before it."""
+    query = select(Event).where(Event.task_id.in_(task_ids)).order_by(Event.id)
+    return session.scalars(query).all()
+
+
 # How a task is paused: by intake (its authorisation was withdrawn; a poll that finds it
 # authorised again resumes it) or held for an operator (a restore could not verify it;
 # only `task resume` takes it back).
