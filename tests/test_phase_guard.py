@@ -63,16 +63,28 @@ def test_a_sigterm_during_a_run_kills_the_job_before_the_phase_unwinds(tmp_path)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-def guarded(db, task_id, phase, body, recover=lambda reason: None):
-    """Run BODY(job) inside the job's guard, as the driver does."""
+def guarded(db, task_id, phase, body, state=None):
+    """Run BODY(job) inside the job's guard, as the driver does, the task in STATE."""
+    if state is not None:
+        with db.write() as session:
+            session.get(Task, task_id).state = state
     with db.read() as session:
         task = session.get(Task, task_id)
         repo = session.get(Repository, task.repository_id)
     state_dir = Path(os.environ["AIWORKER_STATE_DIR"])
     env = Environment(state_dir, load_config(state_dir / "absent.toml", required=False))
-    job = Job(env, db, NAMES[phase], task, repo, str(task.state), recover=recover)
+    job = Job(env, db, NAMES[phase], task, repo, str(task.state))
     with job:
         body(job)
+
+
+def _landings(upgraded):
+    """How the guard landed the task after each failure: (state, reason)."""
+    return query(
+        upgraded,
+        "select to_state, json_extract(data, '$.reason') from events"
+        " where kind in ('task.retry_scheduled', 'task.failed') order by id",
+    )
 
 
 def _recorded(upgraded):
@@ -83,7 +95,6 @@ def _recorded(upgraded):
 
 def test_an_unavailable_forge_refunds_only_what_spent_no_inference(upgraded, task):
     db, task_id = task
-    landed = []
 
     def review(spent):
         def body(job):
@@ -95,11 +106,12 @@ def test_an_unavailable_forge_refunds_only_what_spent_no_inference(upgraded, tas
 
     for spent in (False, True):
         with pytest.raises(ForgeUnavailable):
-            guarded(db, task_id, "review", review(spent), landed.append)
+            guarded(db, task_id, "review", review(spent), "awaiting_review")
     attempts, budgets = _recorded(upgraded)
     assert attempts == [("unavailable", 1), ("error", 0)]
     assert budgets == [("review", 1)]
-    assert len(landed) == 2
+    why = "forge request POST /reviews failed: HTTP 503: overloaded"
+    assert _landings(upgraded) == [("awaiting_review", why)] * 2
 
 
 def test_a_failure_before_the_attempt_started_is_recorded_and_counted(upgraded, task):
@@ -121,7 +133,6 @@ def test_a_failing_hook_does_not_keep_the_task_from_landing(upgraded, task, capl
     # CI's hook posts the terminal `error` status; with the forge away that fails too,
     # and the task must land all the same (else it would wait in awaiting_ci for ever).
     db, task_id = task
-    landed = []
 
     def ci(job):
         job.start(None, {"head": "a" * 40})
@@ -133,8 +144,8 @@ def test_a_failing_hook_does_not_keep_the_task_from_landing(upgraded, task, capl
         raise RuntimeError("the runner went away")
 
     with pytest.raises(RuntimeError):
-        guarded(db, task_id, "ci", ci, landed.append)
-    assert landed == ["unexpected RuntimeError: the runner went away"]
+        guarded(db, task_id, "ci", ci, "awaiting_ci")
+    assert _landings(upgraded) == [("awaiting_ci", "unexpected RuntimeError: the runner went away")]
     attempts, _ = _recorded(upgraded)
     assert attempts == [("error", 0)]
     assert "clean-up after ci failed" in caplog.text

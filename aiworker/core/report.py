@@ -23,6 +23,12 @@ class Report:
     def exit_code(self) -> int:
         return EXIT_OK
 
+    def landed(self, state: str, refusal: str | None) -> None:
+        """Hear where a phase's move left the task (REFUSAL: why the move was refused);
+        a report with a `state` field says it."""
+        if hasattr(self, "state"):
+            self.state = state
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, Report):

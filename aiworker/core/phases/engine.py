@@ -11,22 +11,21 @@ a scope that poll replaced meanwhile sends a still-claimed task back to its retr
 from __future__ import annotations
 
 import logging
-import os
 
 from aiworker import logs
-from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.context import Environment
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.job import Job
-from aiworker.core.phases.outcome import Outcome, landed
+from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.table import SLOT, Phase
-from aiworker.core.tasks.budgets import RELEASE, budget_spent, land_after_failure
+from aiworker.core.tasks.budgets import RELEASE, budget_spent
+from aiworker.core.tasks.claim_jobs import claim_token, take_up
 from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.core.tasks.lifecycle import Refusal, TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
 from aiworker.core.tasks.repairs import request_repair
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
-from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository
 from aiworker.store.publications import current_publication
@@ -44,17 +43,13 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
     db = env.open_database()
     try:
         job = _load(env, db, phase, task_id, slot)
-        job.lock = _take_up(job)
+        _take_up(job)
         exhausted = budget_spent(env, db, task_id, phase.name)
         if exhausted:
-            try:
-                _retry(job, exhausted, job.retry)
-            finally:
-                if job.lock is not None:
-                    job.lock.release()
+            with job.held:  # the lock goes once the task landed
+                job.land(exhausted)
             raise BudgetSpent(f"task {task_id}: the {phase.name} budget is spent")
         job.backend = backend_for(env, phase.name) if phase.backend else None
-        job.recover = lambda reason: _retry(job, reason, job.retry)
         with job:
             decided: Outcome | None = None
             try:
@@ -67,7 +62,7 @@ def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = N
                 state, refusal = _refused(job, outcome, exc.refusal)
             else:
                 outcome = decided
-            landed(outcome.report, state, refusal)
+            outcome.report.landed(state, refusal)
         failpoint(f"{phase.name}.after_record")
         return outcome
     finally:
@@ -81,14 +76,14 @@ def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int 
         repo = session.get(Repository, task.repository_id)
         publication = current_publication(session, task_id)
     assert repo is not None
-    starts = " or ".join(sorted(phase.starts))
-    where = f" on slot {task.claim_slot}" if phase.lock == SLOT else ""
-    if task.state not in phase.starts or (phase.lock == SLOT and task.claim_slot != slot):
-        wanted = f"{starts} on slot {slot}" if phase.lock == SLOT else starts
+    on_slot = phase.lock == SLOT
+    if task.state not in phase.starts or (on_slot and task.claim_slot != slot):
+        where = f" on slot {task.claim_slot}" if on_slot else ""
+        wanted = " or ".join(sorted(phase.starts)) + (f" on slot {slot}" if on_slot else "")
         raise Conflict(f"task {task_id} is {task.state}{where}, not {wanted}")
     if task.kind not in phase.kinds:
         raise Conflict(f"task {task_id} is a {task.kind} task; {phase.command} is not for it")
-    if phase.lock == SLOT and task.claim_host not in (None, db.host):
+    if on_slot and task.claim_host not in (None, db.host):
         raise Conflict(f"task {task_id} is claimed on controller {task.claim_host}'s slot {slot}")
     if phase.needs == "head" and not task.head_commit:
         raise Conflict(f"task {task_id} has no implemented head to publish")
@@ -98,43 +93,19 @@ def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int 
     return Job(env, db, phase, task, repo, str(task.state), slot=slot, pr=pr)
 
 
-def _take_up(job: Job) -> FileLock | None:
-    """Take the phase's lock (None: inherited from the tick) and, for a slot phase, the
-    task: the claim names this process, which is how recovery tells a live job."""
-    env, db, task = job.env, job.db, job.task
-    if job.phase.lock != SLOT:
-        return hold_task_lock(env, db, task.id, task.state, task.version)
-    lock = hold_job_lock(env, f"slot-{job.slot}")
-    job.token = f"{job.slot}-pid{os.getpid()}"
-    try:
-        with db.write() as session:
-            task.version = advance(
-                session,
-                task.id,
-                job.started,
-                task.version,
-                job.holds,
-                f"{job.phase.doing} on slot {job.slot}",
-                actor=job.phase.command,
-                kind="job.started" if job.holds == job.started else "task.transition",
-                follow_data_changes=True,  # the tick named this job's pid meanwhile
-                claim_token=job.token,
-            )
-        task.state = job.holds
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    return lock
-
-
-def _retry(job: Job, reason: str, state: str) -> str | None:
-    """STATE while the phase's budget lasts, else failed; None: the task moved meanwhile."""
-    task = job.task
-    name = job.phase.name
-    return land_after_failure(
-        job.env, job.db, task.id, job.holds, task.version, name, reason, retry_state=state
-    )
+def _take_up(job: Job) -> None:
+    """Take the phase's lock (none when the tick's is inherited) and, for a slot phase,
+    the task."""
+    env, db, task, phase = job.env, job.db, job.task, job.phase
+    if phase.lock == SLOT:
+        assert job.slot is not None
+        job.token = claim_token(job.slot)
+        why = f"{phase.doing} on slot {job.slot}"
+        lock = take_up(env, db, task, job.slot, job.holds, why, phase.command)
+    else:
+        lock = hold_task_lock(env, db, task.id, task.state, task.version)
+    if lock is not None:
+        job.held.callback(lock.release)
 
 
 def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:
@@ -148,7 +119,7 @@ def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:
     if outcome.repair is not None:
         state = request_repair(env, db, task, job.holds, outcome.repair, outcome.reason, **changes)
     elif outcome.retry is not None:
-        retried = _retry(job, outcome.reason, outcome.retry)
+        retried = job.land(outcome.reason, outcome.retry)
         if retried is None:
             refusal = Refusal(task.id, job.holds, task.version, outcome.retry, "stale")
             return _refused(job, outcome, refusal)

@@ -19,10 +19,10 @@ from aiworker import logs
 from aiworker.core.context import Environment
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
+from aiworker.core.tasks.budgets import land_after_failure
 from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, failure_reason
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.interrupts import ignore_signals, signals_raise
-from aiworker.runtime.locks import FileLock
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
 from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
 from aiworker.store.controllers import Heartbeat
@@ -44,17 +44,16 @@ class Job:
     slot: int | None = None
     pr: int | None = None  # the task's open pull request, for a step that needs one
     token: str | None = None  # the claim token a slot phase set: SLOT-pidPID
-    lock: FileLock | None = None  # the job's lock, when this process took it; released at the end
-    recover: Callable[[str], object] | None = None  # lands the task after a failure, with why
-    failure_hook: Callable[[str], None] | None = None  # the body's own, run before recover
+    failure_hook: Callable[[str], None] | None = None  # the body's own, run before the landing
     backend: ExecutionBackend | None = None  # tears down the workspace it tracks
     report: Report | None = None  # the body's report, once it made one
     attempt: int | None = None
     workspace: Workspace | None = None
     keep_reason: str | None = None
-    finished: bool = False
     spent: bool = False  # a provider ran: inference was spent, so nothing is refunded
-    _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    # What the job holds until it ends: its lock (when this process took it), then, inside
+    # `with job:`, its heartbeat and its signal handlers.
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     @property
     def holds(self) -> str:
@@ -66,6 +65,21 @@ class Job:
     def retry(self) -> str:
         """Where a retryable failure lands: its phase's, or a step's state now."""
         return self.phase.retry or self.holds
+
+    def land(self, reason: str, state: str | None = None) -> str | None:
+        """After a failure: STATE (the phase's retry state) while the budget lasts, else
+        failed; None: the task moved meanwhile and is left as it is."""
+        task, state = self.task, state or self.retry
+        return land_after_failure(
+            self.env,
+            self.db,
+            task.id,
+            self.holds,
+            task.version,
+            self.phase.name,
+            reason,
+            retry_state=state,
+        )
 
     def now(self) -> Task | None:
         """The task as it is recorded now."""
@@ -116,13 +130,14 @@ class Job:
         self.keep_reason = reason
 
     def finish(self, outcome: str, reason: str = "", *, refunded: bool = False) -> None:
-        if self.attempt is None or self.finished:
+        """End the attempt so, unless it was ended already."""
+        if self.attempt is None:
             return
         with self.db.write() as session:
-            finish_attempt(session, self.attempt, outcome, reason=reason, refunded=refunded)
+            if not finish_attempt(session, self.attempt, outcome, reason=reason, refunded=refunded):
+                return
             data = {"outcome": outcome, "reason": reason, "refunded": refunded}
             self._event(session, "attempt.finished", None, data)
-        self.finished = True
         self._log("%s%s", outcome, f": {reason}" if reason else "")
 
     def _event(
@@ -137,8 +152,8 @@ class Job:
         )
 
     def __enter__(self) -> Job:
-        self._held.enter_context(signals_raise())
-        self._held.enter_context(Heartbeat(self.db))  # others see this host alive meanwhile
+        self.held.enter_context(signals_raise())
+        self.held.enter_context(Heartbeat(self.db))  # others see this host alive meanwhile
         return self
 
     def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
@@ -150,9 +165,7 @@ class Job:
                 self.finish("error", "the phase ended without recording an outcome")
                 self._teardown()
         finally:
-            self._held.close()
-            if self.lock is not None:
-                self.lock.release()
+            self.held.close()
 
     def _failed(self, exc: BaseException) -> None:
         reason = failure_reason(exc)
@@ -169,7 +182,7 @@ class Job:
             self._settle(lambda: self.start(None, failed, checkpoint=False))
         self._settle(lambda: self.finish(outcome, reason, refunded=transient))
         self._settle(self._teardown)
-        for step in (self.failure_hook, self.recover):  # the body's hook, then the landing
+        for step in (self.failure_hook, self.land):  # the body's hook, then the landing
             if step is not None:
                 self._settle(functools.partial(step, reason))
 

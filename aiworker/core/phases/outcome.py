@@ -41,12 +41,3 @@ class Outcome:
     def ended(self, attempt: str, reason: str = "", *, refunded: bool = False) -> Outcome:
         self.attempt, self.attempt_reason, self.refunded = attempt, reason[:1000], refunded
         return self
-
-
-def landed(report: Report, state: str, refusal: str | None) -> None:
-    """Tell REPORT where the task is after the move (REFUSAL: why the move was refused)."""
-    hook = getattr(report, "landed", None)
-    if hook is not None:
-        hook(state, refusal)
-    elif hasattr(report, "state"):
-        report.state = state

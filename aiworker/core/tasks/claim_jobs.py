@@ -3,10 +3,49 @@ without waiting out the hand-over grace that a claim made by hand gets."""
 
 from __future__ import annotations
 
-from aiworker.core.tasks.lifecycle import try_advance
+import os
+
+from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.tasks.lifecycle import advance, try_advance
 from aiworker.core.tasks.states import TaskState as S
+from aiworker.runtime.locks import FileLock
 from aiworker.store.engine import Database
+from aiworker.store.models import Task
 from aiworker.store.tasks import task_state
+
+
+def claim_token(slot: int, pid: int | None = None) -> str:
+    """What a claim records of the job that took it up on SLOT (this process: PID None)."""
+    return f"{slot}-pid{pid or os.getpid()}"
+
+
+def take_up(
+    env: Environment, db: Database, task: Task, slot: int, holds: str, why: str, actor: str
+) -> FileLock | None:
+    """Hold slot SLOT's lock and take TASK, claimed on it, up: it moves to HOLDS (a repair
+    episode stays repairing) and its claim names this process, as name_job does, which is
+    how recovery tells a live job. Returns what hold_job_lock returns; TASK follows."""
+    lock = hold_job_lock(env, f"slot-{slot}")
+    try:
+        with db.write() as session:
+            task.version = advance(
+                session,
+                task.id,
+                task.state,
+                task.version,
+                holds,
+                why,
+                actor=actor,
+                kind="job.started" if holds == task.state else "task.transition",
+                follow_data_changes=True,  # the tick named this job's pid meanwhile
+                claim_token=claim_token(slot),
+            )
+        task.state = holds
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
 
 
 def name_job(db: Database, task_id: int, slot: int, pid: int) -> None:
@@ -28,5 +67,5 @@ def name_job(db: Database, task_id: int, slot: int, pid: int) -> None:
             actor=f"slot-{slot}",
             kind="job.started",
             data={"slot": slot, "pid": pid},
-            claim_token=f"{slot}-pid{pid}",
+            claim_token=claim_token(slot, pid),
         )
