@@ -8,6 +8,7 @@ whose slot holds it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,10 +110,12 @@ def _with_event(claim: Update) -> Insert:
     )
 
 
-_CLAIM_ANY = DriverStatement(_claim_oldest(of_kinds=False))
-_CLAIM_OF_KINDS = DriverStatement(_claim_oldest(of_kinds=True))
-_CLAIM_ANY_WITH_EVENT = DriverStatement(_with_event(_claim_oldest(of_kinds=False)))
-_CLAIM_OF_KINDS_WITH_EVENT = DriverStatement(_with_event(_claim_oldest(of_kinds=True)))
+@functools.cache
+def _claim(of_kinds: bool, with_event: bool) -> DriverStatement:
+    """Built on first use: a process builds only the one its engine and caller need (an
+    idle tick's start-up pays for one, not four)."""
+    claim = _claim_oldest(of_kinds)
+    return DriverStatement(_with_event(claim) if with_event else claim)
 
 
 def claim_next(
@@ -125,7 +128,6 @@ def claim_next(
     would otherwise hold every other writer back for the milliseconds that takes.
     """
     params: dict[str, Any] = {"slot": slot, "holder": holder_token, "host": db.host}
-    statement, with_event = _CLAIM_ANY, _CLAIM_ANY_WITH_EVENT
     if kinds is not None:
         unknown = set(kinds) - set(TASK_KINDS)
         if unknown:
@@ -135,14 +137,14 @@ def claim_next(
         padded = [*kinds, *[kinds[-1]] * (len(TASK_KINDS) - len(kinds))]
         params.update({f"kind_{n}": kind for n, kind in enumerate(padded)})
         params.update({f"in_flight_{n}": state for n, state in enumerate(IN_FLIGHT)})
-        statement, with_event = _CLAIM_OF_KINDS, _CLAIM_OF_KINDS_WITH_EVENT
+    statement = _claim(of_kinds=kinds is not None, with_event=not db.sqlite)
     dialect = db.engine.dialect
     if not db.sqlite:
-        with_event.prepare(dialect)
+        statement.prepare(dialect)
         params.update(actor=f"slot-{slot}", data={"slot": slot, "holder": holder_token})
         with db.driver_transaction(one_statement=True) as connection:
             params["now"] = utcnow()
-            rows = with_event.execute(connection, params).fetchall()
+            rows = statement.execute(connection, params).fetchall()
         return int(rows[0][0]) if rows else None
     statement.prepare(dialect)
     INSERT_EVENT.prepare(dialect)

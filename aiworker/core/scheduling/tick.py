@@ -83,8 +83,9 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
                         if claimed_on(connection, slot, db.host) is not None:
                             continue  # a fresh claim made by hand keeps its slot
                     claim = claim_for_slot(env, db, slot, kinds)
-                    if claim is not None:
-                        report.started.append(launch(env, db, slot, lock, claim.task_id))
+                    if claim is None:
+                        break  # nothing eligible: the other slots would find nothing either
+                    report.started.append(launch(env, db, slot, lock, claim.task_id))
         finally:
             for _, lock in own:
                 lock.release()

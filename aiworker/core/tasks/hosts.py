@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.errors import LockHeld
 from aiworker.runtime.locks import FileLock
-from aiworker.store.attempts import open_attempts, work_hosts
 from aiworker.store.controllers import Sighting, last_seen, lease_of, silent_since
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow
@@ -51,6 +50,8 @@ def published_elsewhere(env: Environment, db: Database, task_ids: list[int]) -> 
     host of their last implementation or repair); one gone leaves them to any host."""
     if not task_ids:
         return set()
+    from aiworker.store.attempts import work_hosts  # the ORM: not for an idle tick (12 ms)
+
     with db.read() as session:
         hosts = {t: h for t, h in work_hosts(session, task_ids).items() if h != env.controller_id}
     alive = _alive(db, set(hosts.values())) if hosts else set()
@@ -65,6 +66,8 @@ def hold_task_lock(
     controller may have an open attempt of the task (a step whose lock the database lost
     in a restart still runs); and the task must still be at STATE and VERSION once held
     (a step that finished meanwhile moved it on). Returns what hold_job_lock returns."""
+    from aiworker.store.attempts import open_attempts  # the ORM: not for an idle tick
+
     name = f"task-{task_id}"
     lock = hold_job_lock(env, name)
     try:
