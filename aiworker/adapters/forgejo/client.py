@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 from urllib.parse import urlsplit
 
 import requests
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from aiworker.adapters.forgejo import models as m
 from aiworker.adapters.forgejo.errors import ForgeError, ForgeNotFound, ForgeUnavailable
-from aiworker.adapters.forgejo.transport import Transport, segment
+from aiworker.adapters.forgejo.transport import Transport, TransportOptions, segment
 
 T = TypeVar("T", bound=BaseModel)
 REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
@@ -28,7 +28,7 @@ def rfc3339(moment: datetime) -> str:
 
 
 class ForgejoClient:
-    def __init__(self, base_url: str, token: str, **options: Any) -> None:
+    def __init__(self, base_url: str, token: str, **options: Unpack[TransportOptions]) -> None:
         """OPTIONS are the transport's: timeout, attempts, backoff_base, backoff_max, sleep."""
         self.http = Transport(base_url, token, **options)
 

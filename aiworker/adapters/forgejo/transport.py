@@ -14,7 +14,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -106,6 +106,17 @@ def _port(parts: Any) -> int | None:
 
 def segment(value: str | int, *, slashes: bool = False) -> str:
     return quote(str(value), safe="/" if slashes else "")
+
+
+class TransportOptions(TypedDict, total=False):
+    """What a Transport may be given beyond its address and token (ForgejoClient passes
+    them on)."""
+
+    timeout: float
+    attempts: int
+    backoff_base: float
+    backoff_max: float
+    sleep: Callable[[float], None]
 
 
 class Transport:

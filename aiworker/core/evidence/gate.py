@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import Delivery, JobResult
@@ -76,7 +76,25 @@ class GateReport:
         ]
 
 
-def run_gate(db: Database, jobs: Dispatch, *, index: int, slot: int, **options: Any) -> GateReport:
+class CheckExtras(TypedDict, total=False):
+    """What run_checks may be given besides its task and requirements."""
+
+    claimed: AgentResult | None
+    timeout_ms: int
+    phase: str
+
+
+class CheckOptions(CheckExtras):
+    """What run_checks takes besides the snapshot (run_gate passes it on)."""
+
+    task_id: int | None
+    scope: str | None
+    requirements: list[Requirement]
+
+
+def run_gate(
+    db: Database, jobs: Dispatch, *, index: int, slot: int, **options: Unpack[CheckOptions]
+) -> GateReport:
     """Re-run the requirements on the slot's pinned head (after an implementation);
     OPTIONS as run_checks takes them."""
     head = jobs.cache.pinned(index, slot, "head")

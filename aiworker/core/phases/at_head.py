@@ -3,11 +3,11 @@ there, and the requirements, run on it as worker jobs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
-from aiworker.core.evidence.gate import GateReport, run_checks
+from aiworker.core.evidence.gate import CheckExtras, GateReport, run_checks
 from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.phases.job import Job
 from aiworker.core.runner.dispatch import Dispatch
@@ -27,7 +27,7 @@ def pull_at_head(job: Job, client: ForgejoClient) -> PullRequest:
 
 
 def gate_at(
-    job: Job, head: str, base: str, requirements: list[Requirement], **options: Any
+    job: Job, head: str, base: str, requirements: list[Requirement], **options: Unpack[CheckExtras]
 ) -> GateReport:
     """Run REQUIREMENTS for the task at HEAD on BASE as worker jobs, its receipts recorded
     (OPTIONS: the phase they are for, the result a model claimed)."""
