@@ -121,12 +121,13 @@ def test_a_failure_before_the_attempt_started_is_recorded_and_counted(upgraded, 
         raise RuntimeError("the clone URL moved")
 
     with pytest.raises(RuntimeError):
-        guarded(db, task_id, "implementation", clone)
+        guarded(db, task_id, "implementation", clone, "running")
     attempts, budgets = _recorded(upgraded)
     assert attempts == [("error", 0)]
     assert budgets == [("implementation", 1)]
     reason = query(upgraded, "select reason from attempts")[0][0]
     assert reason == "unexpected RuntimeError: the clone URL moved"
+    assert _landings(upgraded) == [("ready", reason)]
 
 
 def test_a_failing_hook_does_not_keep_the_task_from_landing(upgraded, task, caplog):
