@@ -19,6 +19,7 @@ from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.core.tasks.recovery import job_alive
 from aiworker.runtime.execution import Limits, run_job
 from aiworker.runtime.interrupts import Interrupted, signals_raise
+from aiworker.store.attempts import finish_attempt
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.task_records import create_task, ensure_repository
@@ -174,3 +175,22 @@ def test_a_recorded_pid_counts_only_while_it_runs_that_tasks_job():
     assert job_alive(os.getpid(), 7) is False
     assert job_alive(None, 7) is False
     assert job_alive(2**22 + 12345, 7) is False
+
+
+def test_an_attempt_closed_meanwhile_keeps_its_outcome_and_gets_no_second_event(upgraded, task):
+    # An operator's cancel closes the running job's attempt, then stops the job; the
+    # job's own ending must not write an attempt.finished that contradicts the record.
+    db, task_id = task
+
+    def body(job):
+        attempt = job.start("script", {})
+        with db.write() as session:
+            finish_attempt(session, attempt, "cancelled", reason="cancelled by an operator")
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError):
+        guarded(db, task_id, "review", body, "awaiting_review")
+    assert query(upgraded, "select outcome, reason from attempts") == [
+        ("cancelled", "cancelled by an operator")
+    ]
+    assert query(upgraded, "select count(*) from events where kind = 'attempt.finished'") == [(0,)]

@@ -50,6 +50,7 @@ class Job:
     attempt: int | None = None
     workspace: Workspace | None = None
     keep_reason: str | None = None
+    finished: bool = False  # finish() ran: the exit's fallback writes nothing more
     spent: bool = False  # a provider ran: inference was spent, so nothing is refunded
     # What the job holds until it ends: its lock (when this process took it), then, inside
     # `with job:`, its heartbeat and its signal handlers.
@@ -130,15 +131,20 @@ class Job:
         self.keep_reason = reason
 
     def finish(self, outcome: str, reason: str = "", *, refunded: bool = False) -> None:
-        """End the attempt so, unless it was ended already."""
-        if self.attempt is None:
+        """End the attempt so, once; one that recovery or an operator's cancel closed
+        meanwhile keeps their outcome, and no event says otherwise."""
+        if self.attempt is None or self.finished:
             return
         with self.db.write() as session:
-            if not finish_attempt(session, self.attempt, outcome, reason=reason, refunded=refunded):
-                return
-            data = {"outcome": outcome, "reason": reason, "refunded": refunded}
-            self._event(session, "attempt.finished", None, data)
-        self._log("%s%s", outcome, f": {reason}" if reason else "")
+            closed = finish_attempt(
+                session, self.attempt, outcome, reason=reason, refunded=refunded
+            )
+            if closed:
+                data = {"outcome": outcome, "reason": reason, "refunded": refunded}
+                self._event(session, "attempt.finished", None, data)
+        self.finished = True
+        if closed:
+            self._log("%s%s", outcome, f": {reason}" if reason else "")
 
     def _event(
         self, session: Writer, kind: str, actor: str | None, data: Mapping[str, object]
