@@ -165,7 +165,7 @@ def recent_events(session: Session, limit: int, before: int | None = None) -> Se
 
 
 def events_of(session: Session, task_id: int) -> Sequence[Event]:
-    return session.scalars(select(Event).where(Event.task_id == task_id).order_by(Event.id)).all()
+    return events_of_tasks(session, [task_id])
 
 
 def events_of_tasks(session: Session, task_ids: Sequence[int]) -> Sequence[Event]:
