@@ -79,3 +79,21 @@ def test_a_database_locked_past_the_busy_timeout_says_so_and_exits_75(cli, upgra
     error = result.json()["error"]
     assert error["code"] == "lock_held"
     assert error["message"].startswith(f"{upgraded} stayed locked by another process")
+
+
+def test_a_table_damaged_after_the_schema_check_is_named_with_the_fix(cli, upgraded):
+    """The schema reads fine but the tasks table's page is garbage: a command that reads
+    it says the database is damaged and how to restore it, not the driver's error."""
+    connection = sqlite3.connect(upgraded)
+    page = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'tasks'").fetchone()
+    size = connection.execute("PRAGMA page_size").fetchone()
+    connection.close()
+    with upgraded.open("r+b") as handle:
+        handle.seek((page[0] - 1) * size[0])
+        handle.write(b"\xff" * size[0])
+    for args in (("task", "list"), ("scheduler", "tick")):
+        result = cli("--json", *args)
+        assert result.exit_code == 2, (args, result)
+        assert result.json()["error"]["message"] == (
+            f"{upgraded} is damaged; restore it from a backup (`aiworker db backup` made one)"
+        )

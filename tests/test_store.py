@@ -21,6 +21,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert, select, text
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
+from aiworker.config.loader import load_config
+from aiworker.core.context import Environment
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
 from aiworker.store.claims import claim_next
@@ -412,3 +414,47 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_do(cli, postgres, tmp
     assert message.startswith(f"PostgreSQL at 127.0.0.1:{postgres.port}/{name} does not let")
     assert "make the role the database's owner" in message
     assert postgres.password not in result.output
+
+
+OTHER_PROCESS = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("PRAGMA journal_mode=WAL")
+if len(sys.argv) > 2:
+    connection.execute(sys.argv[2])
+connection.close()
+"""
+
+
+def test_opening_the_store_again_keeps_its_open_connection_safe(upgraded, state_dir):
+    """A tick opens the store a second time to poll while its first connection is open.
+    That must not drop the process's lock on the file: another process closing the
+    database would then take it for unused, checkpoint it and delete the WAL under this
+    one, and this one's later commits would be lost or overwrite the other's pages."""
+    env = Environment(state_dir, load_config(state_dir / "absent.toml", required=False))
+    db = env.open_database()
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "o", "r")
+        repo_id = repo.id
+    env.open_database().dispose()  # the second opening, as poll's
+    other = [sys.executable, "-c", OTHER_PROCESS, str(upgraded)]
+    subprocess.run(other, check=True)  # another process opens and closes the database
+    assert Path(f"{upgraded}-wal").exists(), "the WAL of an open connection was deleted"
+    with db.write() as session:
+        for number in range(1, 51):
+            create_task(session, repo_id, "issue", issue_number=number)
+    subprocess.run(
+        [*other, "UPDATE tasks SET title = 'by the other' WHERE issue_number = 1"], check=True
+    )
+    with db.write() as session:
+        create_task(session, repo_id, "issue", issue_number=51)
+    db.dispose()
+    connection = sqlite3.connect(upgraded)
+    try:
+        assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        rows = connection.execute("SELECT count(*) FROM tasks").fetchone()
+        title = connection.execute("SELECT title FROM tasks WHERE issue_number = 1").fetchone()
+    finally:
+        connection.close()
+    assert rows == (51,)
+    assert title == ("by the other",)

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -195,6 +195,12 @@ class Database:
             if isinstance(exc, ProgrammingError | privilege) and not refused:
                 raise  # a statement's own mistake (a missing table, say): not the setup's
             named = explained(self.url, exc)
+            if named is None:
+                raise
+            raise named from None
+        except (DatabaseError, sqlite3.DatabaseError) as exc:
+            # A damaged SQLite file is the driver's DatabaseError, not an operational one.
+            named = explained(self.url, exc) if self.sqlite else None
             if named is None:
                 raise
             raise named from None

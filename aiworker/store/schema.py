@@ -7,6 +7,7 @@ knows; a test pins KNOWN_REVISIONS to the migration scripts.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from urllib.parse import quote
@@ -76,17 +77,19 @@ def probe_file(path: Path) -> None:
     """Refuse a file that is not an aiworker database, or one newer than this code, before
     anything touches it (the engine's connect hook switches the journal to WAL).
 
-    The header is read as bytes first. The revision is then read without writing: when no
-    connection has the database open (no -shm file) as an immutable file, which takes no
-    lock and creates nothing; otherwise read-only through SQLite's locks, which is what a
-    database that another process is writing needs."""
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(16)
-    except OSError as exc:
-        raise StateUnusable(f"{path}: cannot be read: {exc.strerror}") from None
-    if header and header != b"SQLite format 3\x00":
-        raise StateUnusable(f"{path}: not a usable aiworker database (file is not a database)")
+    Only SQLite opens the file here, never a plain open(): closing any descriptor of a file
+    drops every POSIX lock this process holds on it, the shared lock of a connection that
+    is open on the same database included (a tick opens the store again to poll). Another
+    process would then take the database for unused, checkpoint it and delete its WAL
+    under this one, whose later commits are lost or overwrite others' pages. SQLite's own
+    connections share its record of the locks and keep such a descriptor open.
+
+    The revision is read without writing: when no connection has the database open (no
+    -shm file) as an immutable file, which takes no lock and creates nothing; otherwise
+    read-only through SQLite's locks, which is what a database that another process is
+    writing needs."""
+    if not os.access(path, os.R_OK):
+        raise StateUnusable(f"{path}: cannot be read: permission denied")
     quiet = not Path(f"{path}-shm").exists()
     try:
         revision = _read_revision(path, immutable=quiet)
