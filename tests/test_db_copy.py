@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
+
 from aiworker.store.attempts import start_attempt
 from aiworker.store.engine import Database
 from aiworker.store.schema import upgrade
@@ -103,6 +106,26 @@ def test_a_copy_writes_nothing_to_a_target_it_refuses(cli, upgraded, postgres, t
     assert "tables of another application: tasks" in refused.stderr
     listed = rows(theirs, "select tablename from pg_tables where schemaname = 'public'")
     assert listed == [("tasks",)]
+
+
+def test_a_sqlite_target_it_refuses_is_left_byte_for_byte(cli, upgraded, tmp_path):
+    """A SQLite file of another application is read read-only: refused, it keeps its
+    bytes and its journal mode (opening it for writing would have switched it to WAL)."""
+    seed(f"sqlite:///{upgraded}")
+    theirs = tmp_path / "theirs.db"
+    connection = sqlite3.connect(theirs)
+    connection.execute("CREATE TABLE foo (x INTEGER)")
+    connection.execute("INSERT INTO foo VALUES (1)")
+    connection.commit()
+    connection.close()
+    before = hashlib.sha256(theirs.read_bytes()).hexdigest()
+    refused = cli("db", "copy", "--to", f"sqlite:///{theirs}")
+    assert refused.exit_code == 2, refused
+    assert "tables of another application: foo" in refused.stderr
+    assert hashlib.sha256(theirs.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("theirs")) == [
+        "theirs.db"
+    ]
 
 
 def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(

@@ -4,20 +4,29 @@ be at the same schema revision and hold no task, event or repository yet."""
 
 from __future__ import annotations
 
-from sqlalchemy import Integer, func, insert, inspect, select
+import contextlib
+import sqlite3
+from collections.abc import Iterator
 
-from aiworker.store.engine import Database
+from sqlalchemy import Connection, Integer, create_engine, func, insert, inspect, select
+
+from aiworker.store.backup import read_only_uri
+from aiworker.store.engine import Database, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, revision_on
 from aiworker.store.tables import metadata
 
 BATCH = 1000
 
 
-def occupied(target: Database) -> list[str]:
-    """What keeps TARGET from taking a copy, read before anything is written to it: the
+def occupied(url: str) -> list[str]:
+    """What keeps the database at URL from taking a copy, read before anything is written
+    to it (a SQLite file is read read-only: its journal mode stays as it was): the
     tables of another application, a schema at another revision than this version's, or
     tables that hold rows. Empty: no tables at all, or this version's schema, empty."""
-    with target.read_connection() as connection:
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return []
+    with _reading(url) as connection:
         names = set(inspect(connection).get_table_names()) - {"alembic_version"}
         if not names:
             return []
@@ -33,6 +42,27 @@ def occupied(target: Database) -> list[str]:
             for table in metadata.sorted_tables
             if connection.scalar(select(func.count()).select_from(table))
         ]
+
+
+@contextlib.contextmanager
+def _reading(url: str) -> Iterator[Connection]:
+    path = sqlite_path(url)
+    if path is None:
+        target = Database(url)
+        try:
+            with target.read_connection() as connection:
+                yield connection
+        finally:
+            target.dispose()
+        return
+    engine = create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(read_only_uri(path), uri=True)
+    )
+    try:
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
 
 
 def copy_rows(source: Database, target: Database) -> dict[str, int]:

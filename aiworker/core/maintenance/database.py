@@ -207,7 +207,7 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
     maintenance = env.locks.lock("maintenance")
     if not maintenance.try_acquire():
         raise LockHeld("another maintenance operation holds maintenance.lock; try later")
-    source, target = env.open_database(), Database(to_url)
+    source, target = env.open_database(), None
     try:
         with source.read_connection() as connection:
             if has_open_attempts(connection):
@@ -215,13 +215,15 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
                     "work is running (open attempts): pause the scheduler, let the jobs "
                     "finish, then copy"
                 )
-        full = occupied(target)  # before anything is written there
+        full = occupied(to_url)  # before anything is written there
         if full:
             raise InvalidInput(f"--to is not empty ({'; '.join(full)}); name a new database")
+        target = Database(to_url)
         upgrade(target)
         rows = copy_rows(source, target)
     finally:
-        target.dispose()
+        if target is not None:
+            target.dispose()
         source.dispose()
         maintenance.release()
     log.info("copied %s to %s", redact_url_password(env.database_url), redact_url_password(to_url))
