@@ -186,6 +186,68 @@ def test_canary_never_appears_in_output_or_logs(tmp_path, config_file):
     assert CANARY not in joined
 
 
+def test_a_forge_url_password_is_redacted_in_both_output_modes(cli, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(f'[forge]\nurl = "http://bot:{CANARY}@127.0.0.1:1"\n')
+    for args in (("config", "show"), ("--json", "config", "show")):
+        result = cli("--config", str(path), *args)
+        assert result.exit_code == 0, result
+        assert "http://bot:***@127.0.0.1:1" in result.stdout, args
+        assert CANARY not in result.output, args
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("forge.url", "http://[::1", "forge.url: not a usable URL (Invalid IPv6 URL)"),
+        ("forge.url", "http://127.0.0.1:99999", "forge.url: not a usable URL (Port out of range"),
+        ("forge.url", "http://127.0.0.1:abc", "forge.url: not a usable URL (Port could not be"),
+        ("forge.url", "http://forge?x=1", "forge.url: must be http(s)://HOST[:PORT][/PATH]"),
+        ("repositories", '[{index=1, owner="..", name="app"}]', "repositories[0].owner: may not"),
+    ],
+)
+def test_a_forge_address_requests_cannot_use_is_refused_when_set(cli, tmp_path, key, value, said):
+    path = tmp_path / "config.toml"
+    path.write_text("shares = 1\n")
+    result = cli("--config", str(path), "config", "set", key, value)
+    assert result.exit_code == 2, result
+    assert said in result.stderr
+    assert path.read_text() == "shares = 1\n"
+
+
+def test_set_writes_through_a_link_and_refuses_what_is_no_file(cli, tmp_path):
+    """A symbolic link stays a link and its file changes; a directory or a device is
+    refused with exit 2 and left as it was (a device replaced by a file would be
+    /dev/null turned into a regular file)."""
+    real = tmp_path / "real.toml"
+    real.write_text("shares = 1\n")
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    assert cli("--config", str(link), "config", "set", "shares", "2").exit_code == 0
+    assert link.is_symlink()
+    assert real.read_text() == "shares = 2\n"
+    device = tmp_path / "null"
+    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    for target in (device, tmp_path):
+        result = cli("--config", str(target), "config", "set", "shares", "3")
+        assert result.exit_code == 2, (target, result)
+        assert f"{target}: not a regular file" in result.stderr
+    assert stat.S_ISCHR(device.stat().st_mode)
+
+
+def test_an_endless_config_or_token_source_is_refused_after_a_bounded_read(cli, tmp_path):
+    result = cli("--config", "/dev/zero", "config", "show")
+    assert result.exit_code == 2, result
+    assert "/dev/zero: larger than 1 MiB; not a configuration file" in result.stderr
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[forge]\nurl = "http://127.0.0.1:1"\n[forge.identities.worker]\ntoken_file = "/dev/zero"\n'
+    )
+    shown = cli("--json", "--config", str(path), "config", "show")
+    assert shown.exit_code == 0, shown
+    assert shown.json()["tokens"]["worker"]["state"] == "malformed"
+
+
 def test_set_creates_a_private_file(cli, tmp_path):
     path = tmp_path / "new" / "config.toml"
     result = cli("--json", "--config", str(path), "config", "set", "shares", "3")

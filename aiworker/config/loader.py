@@ -63,10 +63,25 @@ def validate_document(document: dict[str, Any], origin: str) -> Config:
         raise ConfigInvalid(f"{origin}: invalid configuration ({count})", problems) from None
 
 
+# Far more than any configuration: a larger file (or a device such as /dev/zero) is
+# refused after reading this much, not read until memory runs out.
+CONFIG_MAX_BYTES = 1 << 20
+TOKEN_MAX_BYTES = 8192
+
+
+def read_config_bytes(path: Path) -> bytes:
+    """PATH's bytes; ConfigInvalid for a file larger than any configuration."""
+    with path.open("rb") as handle:
+        data = handle.read(CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigInvalid(f"{path}: larger than 1 MiB; not a configuration file")
+    return data
+
+
 def load_config(path: Path, *, required: bool) -> LoadedConfig:
     """Load PATH; a missing file gives embedded defaults unless REQUIRED."""
     try:
-        data = path.read_bytes()
+        data = read_config_bytes(path)
     except FileNotFoundError:
         if required:
             raise ConfigInvalid(f"{path}: configuration file does not exist") from None
@@ -101,7 +116,9 @@ def _raw_token(identity: Identity, base: Path) -> str:
     if identity.token_env is not None:
         return os.environ.get(identity.token_env, "").strip()
     try:
-        return token_path(identity, base).read_text(encoding="utf-8").strip()
+        # Read no more than a token can be: more (or a device) is a malformed source.
+        with token_path(identity, base).open("rb") as handle:
+            return handle.read(TOKEN_MAX_BYTES + 1).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return ""
 
@@ -137,9 +154,9 @@ def register_config_secrets(loaded: LoadedConfig) -> None:
             token = _raw_token(identity, loaded.path.parent)
             for part in {token, *token.split()}:
                 register_secret(part)
-    url = loaded.config.database.url
-    if url:
-        for password in url_passwords(url):
+    forge = loaded.config.forge
+    for url in (loaded.config.database.url, forge.url if forge is not None else None):
+        for password in url_passwords(url) if url else ():
             register_secret(password)
 
 

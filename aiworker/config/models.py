@@ -66,6 +66,19 @@ class Forge(Strict):
     identities: Identities = Identities()
     timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 30.0
 
+    @field_validator("url")
+    @classmethod
+    def _reachable(cls, value: str) -> str:
+        """A URL requests can reach: a host, a port that is a number in range, no query."""
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as exc:
+            raise ValueError(f"not a usable URL ({exc})") from None
+        if not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("must be http(s)://HOST[:PORT][/PATH], with no query or fragment")
+        return value
+
 
 class Web(Strict):
     """The web plane as others reach it. PUBLIC_URL: the origin an authenticated reverse
@@ -107,6 +120,8 @@ class Repository(Strict):
     def _slug(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("may contain only letters, digits, '.', '_' and '-'")
+        if value in (".", ".."):
+            raise ValueError("may not be '.' or '..'")
         return value
 
     @property

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from aiworker.config.loader import parse_config, parse_toml, revision_of
+from aiworker.config.loader import parse_config, parse_toml, read_config_bytes, revision_of
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock
@@ -16,9 +16,20 @@ SAVE_WAIT_SECONDS = 10.0
 
 def _current_bytes(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        return read_config_bytes(path)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def saved_at(path: Path) -> Path:
+    """The file a save replaces: PATH, or the file a symbolic link PATH names (the link
+    stays a link); never something that is not a regular file (a directory, a device)."""
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        raise InvalidInput(f"{path}: not a regular file; a configuration is saved to one")
+    return target
 
 
 def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
@@ -28,6 +39,7 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
     raises Conflict and nothing is written.
     """
     parse_config(data, str(path))
+    path = saved_at(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = FileLock(path.with_name(f".{path.name}.lock"), description=f"{path} (being saved)")
     # A save holds the lock for one read and one rename: a second writer waits its turn and
@@ -89,7 +101,7 @@ def set_config_value(
     path: Path, key: str, raw_value: str, expected_revision: str | None
 ) -> tuple[str, str]:
     """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
-    data = _current_bytes(path)
+    data = _current_bytes(saved_at(path))
     revision = revision_of(data)
     new = edited(data, path, {key: parse_value(raw_value)})
     return revision, save_config_bytes(path, new, expected_revision or revision)

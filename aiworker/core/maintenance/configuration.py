@@ -29,6 +29,7 @@ def describe_config(loaded: LoadedConfig) -> ConfigReport:
             f"env:{identity.token_env}" if identity.token_env else f"file:{identity.token_file}"
         )
         tokens[name] = {"source": source, "present": state == "present", "state": state}
-    if document["database"]["url"]:
-        document["database"]["url"] = redact_url_password(document["database"]["url"])
+    for section in (document["database"], document.get("forge") or {}):
+        if section.get("url"):
+            section["url"] = redact_url_password(section["url"])
     return ConfigReport(str(loaded.path), loaded.exists, loaded.revision, document, tokens)
