@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# The largest id a row can have (a signed 64-bit integer): a larger one names no task,
+# and the driver could not even bind it.
+ID_MAX = 2**63 - 1
+
 if TYPE_CHECKING:
     from aiworker.config.loader import LoadedConfig
     from aiworker.core.context import Environment

@@ -124,3 +124,29 @@ def test_install_completion_writes_the_script_into_the_users_shell_setup(tmp_pat
     assert "bash completion installed in" in done.stdout
     assert "_aiworker_completion" in (tmp_path / ".bash_completions" / "aiworker.sh").read_text()
     assert ".bash_completions/aiworker.sh" in (tmp_path / ".bashrc").read_text()
+
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("task", "show", HUGE),
+        ("task", "retry", HUGE),
+        ("task", "cancel", HUGE),
+        ("task", "list", "--after", HUGE),
+        ("implement", "--task", HUGE, "--slot", "1"),
+        ("publish", "--task", HUGE),
+        ("ci", "--task", HUGE),
+        ("scheduler", "run-step", HUGE),
+    ],
+)
+def test_an_id_past_what_a_row_can_hold_is_refused_as_input(cli, upgraded, args):
+    """Beyond a signed 64-bit integer no row can have the id, and SQLite cannot bind it:
+    the command says the value is out of range (exit 2), not an internal error."""
+    result = cli("--json", *args)
+    assert result.exit_code == 2, (args, result)
+    message = result.json()["error"]["message"]
+    assert f"{HUGE} is not in the range" in message
+    assert "9223372036854775807" in message

@@ -9,14 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from aiworker.commands.phases import run_unit
-from aiworker.invocation import Invocation
+from aiworker.invocation import ID_MAX, Invocation
 from aiworker.render import emit
 
-Implemented = Annotated[int, typer.Option("--task", min=1, help="An implemented task.")]
-Published = Annotated[int, typer.Option("--task", min=1, help="A published task.")]
-Checked = Annotated[int, typer.Option("--task", min=1, help="A task whose CI passed.")]
-Approved = Annotated[int, typer.Option("--task", min=1, help="An approved task.")]
-Plan = Annotated[int, typer.Option("--task", min=1, help="A plan awaiting approval or running.")]
+Implemented = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="An implemented task.")]
+Published = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="A published task.")]
+Checked = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="A task whose CI passed.")]
+Approved = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="An approved task.")]
+Plan = Annotated[
+    int, typer.Option("--task", min=1, max=ID_MAX, help="A plan awaiting approval or running.")
+]
 
 
 def publish(ctx: typer.Context, task: Implemented) -> int:

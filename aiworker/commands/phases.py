@@ -7,12 +7,14 @@ from typing import Annotated, Any
 
 import typer
 
-from aiworker.invocation import Invocation
+from aiworker.invocation import ID_MAX, Invocation
 from aiworker.render import emit
 
-Claimed = Annotated[int, typer.Option("--task", min=1, help="The claimed task.")]
-ClaimedPlan = Annotated[int, typer.Option("--task", min=1, help="The claimed plan task.")]
-Repairing = Annotated[int, typer.Option("--task", min=1, help="The repairing task.")]
+Claimed = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="The claimed task.")]
+ClaimedPlan = Annotated[
+    int, typer.Option("--task", min=1, max=ID_MAX, help="The claimed plan task.")
+]
+Repairing = Annotated[int, typer.Option("--task", min=1, max=ID_MAX, help="The repairing task.")]
 Slot = Annotated[int, typer.Option("--slot", min=1, max=3, help="Its slot.")]
 
 

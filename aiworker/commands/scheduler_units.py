@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from aiworker.invocation import Invocation
+from aiworker.invocation import ID_MAX, Invocation
 from aiworker.render import emit
 
 
@@ -25,7 +25,7 @@ def run_slot(
 
 def run_step(
     ctx: typer.Context,
-    task: Annotated[int, typer.Argument(min=1, help="Task id.")],
+    task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")],
 ) -> None:
     """Used by aiworker-step@TASK.service: take the task's lock and run the step it waits on."""
     from aiworker.core.scheduling.launcher import run_step as run

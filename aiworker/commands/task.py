@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aiworker.invocation import Invocation
+from aiworker.invocation import ID_MAX, Invocation
 from aiworker.render import emit
 
 app = typer.Typer(help="Inspect and steer tasks.", no_args_is_help=True, rich_markup_mode=None)
@@ -16,7 +16,9 @@ app = typer.Typer(help="Inspect and steer tasks.", no_args_is_help=True, rich_ma
 def list_(
     ctx: typer.Context,
     state: Annotated[str | None, typer.Option("--state", help="Only tasks in this state.")] = None,
-    after: Annotated[int, typer.Option("--after", min=0, help="Only tasks with a larger id.")] = 0,
+    after: Annotated[
+        int, typer.Option("--after", min=0, max=ID_MAX, help="Only tasks with a larger id.")
+    ] = 0,
 ) -> None:
     """Tasks by id with their kind, issue and state (500 per page; --after continues)."""
     from aiworker.core.tasks.inspect import list_task_rows
@@ -34,7 +36,9 @@ def list_(
 
 
 @app.command("show")
-def show(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]) -> None:
+def show(
+    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")]
+) -> None:
     """One task: state, its history of events, attempts, budgets, receipts, publication,
     and where its files are."""
     from aiworker.core.tasks.inspect import show_task
@@ -51,7 +55,9 @@ def show(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Ta
 
 
 @app.command("retry")
-def retry(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]) -> None:
+def retry(
+    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")]
+) -> None:
     """Put a failed or needs_input task back to ready, resetting its budgets (recorded)."""
     from aiworker.core.tasks.operator import retry_task
 
@@ -62,7 +68,7 @@ def retry(ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="T
 
 @app.command("resume")
 def resume(
-    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]
+    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")]
 ) -> None:
     """Take a paused task back (one a restore held, or any other): to the state it was
     paused in where each step re-verifies its evidence, else to ready."""
@@ -76,7 +82,7 @@ def resume(
 
 @app.command("cancel")
 def cancel(
-    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, help="Task id.")]
+    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")]
 ) -> None:
     """Cancel a task: stop its running job, close its attempts, remove its workspaces; an
     open PR is left open with a comment."""
