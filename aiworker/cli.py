@@ -67,7 +67,7 @@ def _completion(flag: str, callback: Callable[..., Any], does: str) -> Any:
 def root(
     ctx: typer.Context,
     config: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--config",
             help="Configuration file (default: $AIWORKER_CONFIG, else "
@@ -75,7 +75,7 @@ def root(
         ),
     ] = None,
     state_dir: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--state-dir",
             help="State directory (default: $AIWORKER_STATE_DIR, else $XDG_STATE_HOME/aiworker).",
@@ -103,11 +103,15 @@ def root(
     from aiworker import logs
 
     logs.configure(verbose, json_output)
+    for option, value in (("--config", config), ("--state-dir", state_dir)):
+        if value is not None and not value.strip():
+            # Path("") is the working directory: an empty value would quietly use it.
+            raise typer.BadParameter("must not be empty", param_hint=f"'{option}'")
     default_config, explicit = default_config_path()
     ctx.obj = Invocation(
-        config_path=config or default_config,
+        config_path=Path(config) if config is not None else default_config,
         config_required=config is not None or explicit,
-        state_dir=state_dir or default_state_dir(),
+        state_dir=Path(state_dir) if state_dir is not None else default_state_dir(),
         json=json_output,
         verbose=verbose,
     )

@@ -47,7 +47,17 @@ class Invocation:
             self._config = load_config(self.config_path, required=self.config_required)
         return self._config
 
+    def usable_state_dir(self) -> Path:
+        """The state directory, absolute; refused here when it is something else than a
+        directory (every command would otherwise fail its own way on it)."""
+        state_dir = self.state_dir.absolute()
+        if state_dir.exists() and not state_dir.is_dir():
+            from aiworker.errors import StateUnusable
+
+            raise StateUnusable(f"state directory {state_dir} exists and is not a directory")
+        return state_dir
+
     def environment(self) -> Environment:
         from aiworker.core.context import Environment
 
-        return Environment(state_dir=self.state_dir.absolute(), loaded=self.config())
+        return Environment(state_dir=self.usable_state_dir(), loaded=self.config())

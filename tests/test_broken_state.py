@@ -97,3 +97,57 @@ def test_a_table_damaged_after_the_schema_check_is_named_with_the_fix(cli, upgra
         assert result.json()["error"]["message"] == (
             f"{upgraded} is damaged; restore it from a backup (`aiworker db backup` made one)"
         )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("task", "list"),
+        ("task", "show", "1"),
+        ("providers", "status"),
+        ("scheduler", "status"),
+        ("scheduler", "tick"),
+        ("retention",),
+    ],
+)
+def test_a_command_on_an_uninitialised_store_leaves_nothing_behind(cli, state_dir, args):
+    """It says to run `db upgrade` and makes no empty database and no instance key:
+    `restore` refuses a state directory that holds them."""
+    result = cli("--json", *args)
+    assert result.exit_code == 2, result
+    assert "is not initialised; run `aiworker db upgrade` first" in result.stdout
+    assert not state_dir.exists() or list(state_dir.iterdir()) == []
+    assert cli("db", "current").exit_code == 0
+    assert not state_dir.exists() or list(state_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("scheduler", "pause"),
+        ("scheduler", "start-now"),
+        ("scheduler", "status"),
+        ("scheduler", "tick"),
+        ("scheduler", "run-slot", "1"),
+        ("web", "serve", "--listen", "127.0.0.1:0"),
+        ("cleanup",),
+    ],
+)
+def test_a_state_directory_that_is_a_file_is_named_by_every_command(cli, tmp_path, args):
+    path = tmp_path / "not-a-directory"
+    path.write_text("x\n")
+    result = cli("--json", "--state-dir", str(path), *args)
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["message"] == (
+        f"state directory {path} exists and is not a directory"
+    )
+    assert path.read_text() == "x\n"
+
+
+def test_a_scheduler_state_of_another_shape_reads_as_none(cli, upgraded, state_dir):
+    (state_dir / "scheduler.json").write_text("[1, 2]")
+    result = cli("--json", "status")
+    assert result.exit_code == 0, result
+    assert cli("scheduler", "pause", "--reason", "maintenance").exit_code == 0
+    assert json.loads((state_dir / "scheduler.json").read_text())["paused"] is True

@@ -150,3 +150,14 @@ def test_an_id_past_what_a_row_can_hold_is_refused_as_input(cli, upgraded, args)
     message = result.json()["error"]["message"]
     assert f"{HUGE} is not in the range" in message
     assert "9223372036854775807" in message
+
+
+@pytest.mark.parametrize("option", ["--state-dir", "--config"])
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
+    cli, tmp_path, monkeypatch, option
+):
+    monkeypatch.chdir(tmp_path)
+    result = cli(option, "", "db", "upgrade")
+    assert result.exit_code == 2, result
+    assert f"Invalid value for '{option}': must not be empty" in result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -49,7 +49,7 @@ def serve(
     run(
         inv.config_path,
         inv.config_required,
-        inv.state_dir,
+        inv.usable_state_dir(),
         listen,
         allow_remote,
         public_origin,

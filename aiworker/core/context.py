@@ -95,13 +95,16 @@ class Environment:
         file that is not a database, or is newer than this code, is refused before
         anything is written to it."""
         from aiworker.store.engine import Database, default_url, sqlite_path
-        from aiworker.store.schema import ensure_current, probe_file
+        from aiworker.store.schema import ensure_current, not_initialised, probe_file
 
         path = sqlite_path(self.database_url)
         if self.database_url == default_url(self.state_dir):
             self.ensure_state_dir()
         if path is not None and path.exists():
             probe_file(path)
+        elif path is not None and require_current:
+            # Said before anything is made for it: no empty database, no instance key.
+            raise not_initialised(self.database_url)
         lease = self.loaded.config.controller_lease
         db = Database(
             self.database_url,

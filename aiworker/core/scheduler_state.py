@@ -36,8 +36,10 @@ class SchedulerState:
     @classmethod
     def load(cls, state_dir: Path) -> SchedulerState:
         try:
-            data: dict[str, Any] = json.loads(cls.path(state_dir).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = json.loads(cls.path(state_dir).read_text())
+        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            return cls()
+        if not isinstance(data, dict):  # not what save() writes: as if there were none
             return cls()
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
@@ -90,6 +92,7 @@ def login() -> str:
 
 def update_state(env: Environment, **changes: Any) -> SchedulerState:
     """Change the scheduler's state under its lock (pause, resume, check requests)."""
+    env.ensure_state_dir()  # named when unusable, before its locks are made there
     with env.locks.held("scheduler-state", timeout=10):
         state = SchedulerState.load(env.state_dir)
         for key, value in changes.items():
@@ -101,6 +104,7 @@ def update_state(env: Environment, **changes: Any) -> SchedulerState:
 def record_poll(env: Environment, error: str | None, when: datetime) -> SchedulerState:
     """A poll's outcome, for status and doctor: its error (None when it worked) and how
     many polls in a row have failed."""
+    env.ensure_state_dir()
     with env.locks.held("scheduler-state", timeout=10):
         state = SchedulerState.load(env.state_dir)
         state.poll_failures = state.poll_failures + 1 if error else 0

@@ -52,6 +52,10 @@ def ensure_not_newer(revision: str | None) -> None:
         )
 
 
+def not_initialised(url: str) -> SchemaMismatch:
+    return SchemaMismatch(f"database {url} is not initialised; run `aiworker db upgrade` first")
+
+
 def ensure_current(db: Database) -> None:
     try:
         revision = current_revision(db)
@@ -63,9 +67,7 @@ def ensure_current(db: Database) -> None:
         raise StateUnusable(f"{where}: cannot be used: {exc.orig}") from None
     ensure_not_newer(revision)
     if revision is None:
-        raise SchemaMismatch(
-            f"database {db.url} is not initialised; run `aiworker db upgrade` first"
-        )
+        raise not_initialised(db.url)
     if revision != HEAD_REVISION:
         raise SchemaMismatch(
             f"database schema revision {revision} is older than this aiworker "

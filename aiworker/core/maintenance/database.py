@@ -48,6 +48,9 @@ def upgrade_database(env: Environment) -> RevisionReport:
 
 
 def database_revision(env: Environment) -> RevisionReport:
+    path = sqlite_path(env.database_url)
+    if path is not None and not path.exists():  # none yet, and reading makes none
+        return RevisionReport(env.database_url, None, None, HEAD_REVISION)
     db = env.open_database(require_current=False)
     try:
         revision = current_revision(db)
