@@ -382,3 +382,18 @@ def test_a_slot_units_command_becomes_the_claimed_phase_and_logs_to_the_task(cla
     again = run_process("scheduler", "run-slot", "1")
     assert again.exit_code == 75
     assert "nothing is claimed on slot 1" in again.stderr
+
+
+def test_a_refused_option_is_named_as_the_operator_wrote_it(cli, tmp_path, state_dir):
+    taken = tmp_path / "a-file"
+    taken.write_text("x\n")
+    refused = cli("--json", "scheduler", "install", "--dir", str(taken))
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["message"] == f"--dir {taken}: exists and is not a directory"
+    assert taken.read_text() == "x\n"
+    web = cli("--json", "scheduler", "install", "--dir", str(tmp_path / "u"), "--web", "nonsense")
+    assert web.exit_code == 2, web
+    assert web.json()["error"]["message"].startswith("--web 'nonsense': expected ADDRESS:PORT")
+    runner = cli("--json", "web", "serve", "--listen", "127.0.0.1:0", "--runner-listen", "bogus")
+    assert runner.exit_code == 2, runner
+    assert runner.json()["error"]["message"].startswith("--runner-listen 'bogus': expected")

@@ -83,7 +83,7 @@ def serve(
     if public_origin is not None:
         public_origin_of(public_origin)  # refused before anything is bound
     if runner_listen is not None:
-        runner_host, _ = parse_listen(runner_listen)
+        runner_host, _ = parse_listen(runner_listen, "--runner-listen")
         if not is_loopback(runner_host) and not allow_remote:
             raise InvalidInput(
                 f"--runner-listen {runner_listen}: not a loopback address; pass --allow-remote "

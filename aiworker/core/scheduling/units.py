@@ -101,7 +101,7 @@ def install_units(
     web: str | None = None,
     runner_server: str | None = None,
 ) -> list[Path]:
-    if web is not None and not is_loopback(parse_listen(web)[0]):
+    if web is not None and not is_loopback(parse_listen(web, "--web")[0]):
         raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
     if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
         raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
@@ -113,6 +113,8 @@ def install_units(
         config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if runner_server is not None:
         private_directory(state_dir / "runner-attempts")
+    if target.exists() and not target.is_dir():
+        raise InvalidInput(f"--dir {target}: exists and is not a directory")
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in units.items():
