@@ -12,6 +12,13 @@ _secrets: set[str] = set()
 MIN_SECRET_LENGTH = 6
 
 
+# A token is one printable ASCII word: anything else (two lines, spaces, control or
+# non-ASCII characters) is refused before it can reach a header (HTTP headers carry
+# Latin-1 at most), an error message or a log.
+TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")
+TOKEN_RULE = "one token of printable ASCII characters, no spaces"  # noqa: S105 (a rule)
+
+
 def register_secret(value: str) -> None:
     """Mask VALUE, and the forms it takes when it is escaped into JSON, a Python repr or
     a URL, wherever text leaves the process."""

@@ -201,6 +201,15 @@ def test_deepseek_needs_an_enabled_key_and_a_usable_balance(http):
         == "insufficient balance"
     )
     assert classify_text("402 Insufficient Balance") == "quota_exhausted"
+    asked = len(seen)
+    # A key no HTTP header can carry (a pasted non-ASCII character): refused by name,
+    # never sent, never shown.
+    odd = DeepSeekProvider("sk-canary-1234\u2603", True, url).admission(NOW)
+    assert not odd.valid
+    assert odd.reason == (
+        "the API key is malformed: expected one token of printable ASCII characters, no spaces"
+    )
+    assert len(seen) == asked
 
 
 def test_opencode_is_opt_in_behind_a_zero_spend_guard(tmp_path):

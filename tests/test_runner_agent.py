@@ -161,6 +161,10 @@ def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_pa
     missing = run(argv, token="")
     assert missing.returncode == 2
     assert "AIWORKER_SERVER_TOKEN" in missing.stdout
+    non_ascii = run(argv, token="canary-runner-token-12345678901234\u2603")
+    assert non_ascii.returncode == 2, non_ascii.stdout
+    assert "AIWORKER_SERVER_TOKEN is malformed" in non_ascii.stdout
+    assert "canary-runner-token" not in non_ascii.stdout + non_ascii.stderr
     bad_url = argv.copy()
     bad_url[bad_url.index(url)] = "ftp://host"
     assert run(bad_url).returncode == 2

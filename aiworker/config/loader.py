@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from pydantic import ValidationError
 
 from aiworker.config.models import Config, Identity
 from aiworker.errors import ConfigInvalid, key_path
-from aiworker.secrets import register_secret, url_passwords
+from aiworker.secrets import TOKEN, register_secret, url_passwords
 
 
 @dataclass(frozen=True)
@@ -94,11 +93,6 @@ def load_config(path: Path, *, required: bool) -> LoadedConfig:
     return loaded
 
 
-# A token is one printable word: anything else (two lines, spaces, control characters)
-# is refused before it can reach a header, an error message or a log.
-_TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")
-
-
 def token_source(identity: Identity, base: Path) -> str:
     """Where an identity's token comes from, as an operator writes it (never the value)."""
     if identity.token_env is not None:
@@ -128,7 +122,7 @@ def token_state(identity: Identity, base: Path) -> str:
     value = _raw_token(identity, base)
     if not value:
         return "missing"
-    return "present" if _TOKEN.match(value) else "malformed"
+    return "present" if TOKEN.match(value) else "malformed"
 
 
 def read_token(identity: Identity, base: Path) -> str | None:
@@ -137,7 +131,7 @@ def read_token(identity: Identity, base: Path) -> str | None:
     A source that holds anything but exactly one token raises ConfigInvalid naming the
     source, never its content."""
     value = _raw_token(identity, base)
-    if value and not _TOKEN.match(value):
+    if value and not TOKEN.match(value):
         raise ConfigInvalid(
             f"{token_source(identity, base)}: must hold exactly one token on one line "
             "(printable characters, no spaces)"

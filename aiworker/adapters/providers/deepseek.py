@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from aiworker.adapters.providers import base
-from aiworker.secrets import register_secret
+from aiworker.secrets import TOKEN, TOKEN_RULE, register_secret
 
 
 class DeepSeekProvider(base.CliProvider):
@@ -33,6 +33,8 @@ class DeepSeekProvider(base.CliProvider):
             )
         if not self.api_key:
             return self.refused("config", now, "DEEPSEEK_API_KEY is not set")
+        if not TOKEN.match(self.api_key):  # it would not even fit in a header
+            return self.refused("config", now, f"the API key is malformed: expected {TOKEN_RULE}")
         status, body = base.http_get(
             f"{self.base_url}/user/balance", {"Authorization": f"Bearer {self.api_key}"}
         )

@@ -98,6 +98,7 @@ def remote_controller(server: str, timeout_s: float = 10.0) -> RemoteController:
     from urllib.parse import urlsplit
 
     from aiworker.errors import InvalidInput
+    from aiworker.secrets import TOKEN, TOKEN_RULE
 
     parts = urlsplit(server)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
@@ -105,4 +106,6 @@ def remote_controller(server: str, timeout_s: float = 10.0) -> RemoteController:
     token = os.environ.get(TOKEN_VARIABLE, "").strip()
     if not token:
         raise InvalidInput(f"{TOKEN_VARIABLE} is not set: the runner's token is read from it")
+    if not TOKEN.match(token):
+        raise InvalidInput(f"{TOKEN_VARIABLE} is malformed: expected {TOKEN_RULE}")
     return RemoteController(RunnerApi(server, token, timeout_s))
