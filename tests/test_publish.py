@@ -67,6 +67,11 @@ def test_a_crash_at_any_point_still_leaves_exactly_one_pr(forge, implemented, up
         assert rerun.json()["created"] is (point == "publish.before_request")
     the_only_pull(forge, head)
     assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
+    # Run by hand, the step closed what its killed run left before it was charged again.
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    if point != "publish.after_record":
+        outcomes = query(upgraded, "select outcome from attempts where phase = 'publish'")
+        assert outcomes == [("abandoned",), ("succeeded",)]
 
 
 def move_main(forge, tmp_path, path: str, text: str) -> str:

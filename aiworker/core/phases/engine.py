@@ -17,12 +17,13 @@ from aiworker.core.context import Environment
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
-from aiworker.core.phases.table import SLOT, Phase
+from aiworker.core.phases.table import SLOT, TASK, Phase
 from aiworker.core.tasks.budgets import RELEASE, budget_spent
 from aiworker.core.tasks.claim_jobs import claim_token, take_up
 from aiworker.core.tasks.hosts import hold_task_lock
 from aiworker.core.tasks.lifecycle import Refusal, TransitionRefused, advance
 from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.recovery import recover_task
 from aiworker.core.tasks.repairs import request_repair
 from aiworker.errors import Conflict
 from aiworker.runtime.failpoints import failpoint
@@ -106,6 +107,8 @@ def _take_up(job: Job) -> None:
         lock = hold_task_lock(env, db, task.id, task.state, task.version)
     if lock is not None:
         job.held.callback(lock.release)
+    if phase.lock == TASK:  # held: an attempt of the task still open here died
+        recover_task(env, db, task.id)
 
 
 def _move(job: Job, outcome: Outcome) -> tuple[str, str | None]:

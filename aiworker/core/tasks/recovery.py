@@ -180,3 +180,20 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
         recovered.append(Recovered(task_id, state, reason))
         log.warning("closed the %s attempt of task %d: %s", step, task_id, reason)
     return recovered
+
+
+def recover_task(env: Environment, db: Database, task_id: int) -> None:
+    """Close the task's attempts on this controller whose process died, for a step that
+    holds task-N.lock (run by hand after its last run was killed, say): nothing of the
+    task runs here meanwhile, and they are closed before the step is charged, so a spent
+    budget's comment names them abandoned rather than open."""
+    with db.read() as session:
+        dead = {
+            a.phase
+            for a in open_attempts(session, task_id)
+            if ours(db, a.host) and not job_alive(a.pid, task_id)
+        }
+    if dead:
+        phases = tuple(sorted(dead))
+        reason = abandon(env, db, task_id, phases, phases[0], None)
+        log.warning("closed the %s attempt of task %d: %s", phases[0], task_id, reason)
