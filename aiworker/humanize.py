@@ -7,8 +7,20 @@ as its header) and long cells fold onto more lines instead of ending in an ellip
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
+
+# Control characters but the line break and the tab: an issue's title, a provider's
+# reason or an operator's pause reason can carry escape sequences that would recolour,
+# retitle or rewrite the operator's terminal. Shown as \xNN instead.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """TEXT with every terminal control character shown as its \\xNN escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
 
 _UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
 
@@ -65,7 +77,12 @@ def table(*headers: str, title: str | None = None) -> Any:
     from rich import box
     from rich.table import Table
 
-    grid = Table(
+    class Printable(Table):
+        def add_row(self, *cells: Any, **options: Any) -> None:
+            shown = [printable(c) if isinstance(c, str) else c for c in cells]
+            super().add_row(*shown, **options)
+
+    grid = Printable(
         title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False
     )
     for header in headers:

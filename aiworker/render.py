@@ -27,6 +27,9 @@ class PlainConsole:
     """Prints text lines without importing rich; anything richer (a table) goes through rich."""
 
     def print(self, *objects: Any, markup: bool = True, **options: Any) -> None:
+        from aiworker.humanize import printable
+
+        objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
         if all(isinstance(o, str) for o in objects) and not markup:
             sys.stdout.write(" ".join(objects) + "\n")
             return
@@ -100,7 +103,9 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
 
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:
-    message = redact(message)
+    from aiworker.humanize import printable
+
+    message = redact(message) if json_mode else printable(redact(message))
     if json_mode:
         import json
 
@@ -112,5 +117,5 @@ def emit_error(json_mode: bool, code: str, message: str, details: list[str] | No
     else:
         sys.stderr.write(f"aiworker: error: {message}\n")
         for detail in details or []:
-            sys.stderr.write(f"  - {redact(detail)}\n")
+            sys.stderr.write(f"  - {printable(redact(detail))}\n")
         sys.stderr.flush()

@@ -15,6 +15,8 @@ from typer.main import get_command
 from aiworker.arguments import normalized
 from aiworker.cli import build_app
 from aiworker.cli_help import EXAMPLES, describe, leaves
+from aiworker.store.engine import Database
+from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
 
 TREE = describe(get_command(build_app()))
@@ -161,3 +163,26 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
     assert result.exit_code == 2, result
     assert f"Invalid value for '{option}': must not be empty" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded):
+    """An issue's title is anyone's text: its escape sequences (recolour, retitle the
+    window) are shown as \\xNN in every human rendering, and kept as they are in JSON."""
+    title = "evil \x1b[31mRED\x1b[0m \x1b]0;pwned\x07 title"
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        create_task(session, repo.id, "issue", issue_number=1, title=title)
+    db.dispose()
+    shown = r"evil \x1b[31mRED\x1b[0m \x1b]0;pwned\x07 title"
+    for args in (("task", "list"), ("task", "show", "1")):
+        result = cli(*args)
+        assert result.exit_code == 0, result
+        assert "\x1b" not in result.stdout, args
+        assert "\x07" not in result.stdout, args
+        assert shown in result.stdout, args
+    assert cli("scheduler", "pause", "--reason", "disk\x1b[2J").exit_code == 0
+    status = cli("status")
+    assert "disk\\x1b[2J" in status.stdout
+    assert "\x1b" not in status.stdout
+    assert cli("--json", "task", "show", "1").json()["title"] == title
