@@ -4,6 +4,7 @@ the forge that decides, per task, whether it carries on or is held."""
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import stat
 
 from tests.forge_fixtures import git
@@ -156,6 +157,18 @@ def test_what_cannot_be_restored_is_refused_and_nothing_is_written(upgraded, tmp
     assert refused.exit_code == 2
     assert "is not a SQLite database" in refused.json()["error"]["message"]
     assert not target.exists()
+    for name, tables in (("foreign.db", "CREATE TABLE tasks (a, b)"), ("empty.db", None)):
+        other = tmp_path / name
+        connection = sqlite3.connect(other)
+        connection.execute(tables or "PRAGMA user_version = 1")
+        connection.commit()
+        connection.close()
+        refused = _restore(target, other)
+        assert refused.exit_code == 2, refused
+        assert refused.json()["error"]["message"] == (
+            f"--from {other}: not a snapshot of an aiworker store"
+        )
+        assert not target.exists()
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     refused = _restore(target, snapshot, unfinished)
@@ -191,6 +204,7 @@ def test_a_restore_that_did_not_finish_starts_no_work_and_odd_paths_are_kept_who
     assert not (target / "restore.incomplete").exists()
     # As a restore that died before its check leaves it: the tick refuses to start work.
     (target / "restore.incomplete").write_text("restoring\n")
-    refused = run_process("--state-dir", str(target), "--json", "scheduler", "tick")
-    assert refused.exit_code == 75
-    assert "did not finish" in refused.json()["error"]["message"]
+    for args in (("scheduler", "tick"), ("db", "upgrade"), ("status",)):
+        refused = run_process("--state-dir", str(target), "--json", *args)
+        assert refused.exit_code == 75, (args, refused)
+        assert "did not finish" in refused.json()["error"]["message"]

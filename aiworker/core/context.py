@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiworker.config.loader import LoadedConfig
-from aiworker.errors import LockHeld, StateUnusable
+from aiworker.errors import LockHeld, StateUnusable, Unavailable
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock, LockDir
 
@@ -90,6 +90,15 @@ class Environment:
             raise StateUnusable(f"state directory {path} is not writable by this user")
         return path
 
+    def ensure_restored(self) -> None:
+        """Refuse a state directory that a restore began and did not finish: until its
+        check against the forge is done, nothing may start or migrate there."""
+        if (self.state_dir / RESTORING).exists():
+            raise Unavailable(
+                f"a restore into {self.state_dir} did not finish ({RESTORING} is there): "
+                "nothing was checked against the forge; remove the directory and restore again"
+            )
+
     def open_database(self, *, require_current: bool = True) -> Database:
         """Open the store; by default refuse a schema that is missing, older or newer. A
         file that is not a database, or is newer than this code, is refused before
@@ -100,6 +109,7 @@ class Environment:
         path = sqlite_path(self.database_url)
         if self.database_url == default_url(self.state_dir):
             self.ensure_state_dir()
+            self.ensure_restored()
         if path is not None and path.exists():
             probe_file(path)
         elif path is not None and require_current:
@@ -127,6 +137,8 @@ def task_log(env: Environment, task_id: int) -> Path:
     return env.state_dir / "logs" / f"task-{task_id}.log"
 
 
+# Written by restore before it copies anything, removed once its check is done.
+RESTORING = "restore.incomplete"
 _TASK_FILE = re.compile(r"^task-(\d+)[-.]")
 # Where a task's files lie: workspaces, attempts' kept files (prompt, result, output).
 TASK_FOLDERS = ("workspaces", "attempts")

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.context import Environment
+from aiworker.core.context import RESTORING, Environment
 from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
 from aiworker.core.maintenance.database import MANIFEST
 from aiworker.core.report import Report
@@ -34,7 +34,6 @@ from aiworker.store.engine import Database, default_url, sqlite_path
 from aiworker.store.schema import ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
-RESTORING = "restore.incomplete"
 
 
 @dataclass
@@ -79,6 +78,8 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
         revision = snapshot_revision(backup)
     except NotASnapshot as exc:
         raise InvalidInput(f"--from: {exc}") from None
+    if revision is None:  # another application's database, or an empty one
+        raise InvalidInput(f"--from {backup}: not a snapshot of an aiworker store")
     ensure_not_newer(revision)
     env.ensure_state_dir()
     # Until the check is done no tick starts work here, even after a crash: the marker

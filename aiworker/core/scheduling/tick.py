@@ -118,11 +118,7 @@ def _refuse_during_maintenance(env: Environment, paused: bool) -> None:
     maintenance = env.locks.lock("maintenance")
     if maintenance.is_locked() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
-    if (env.state_dir / "restore.incomplete").exists():
-        raise Unavailable(
-            f"a restore into {env.state_dir} did not finish (restore.incomplete is there): "
-            "nothing was checked against the forge; remove the directory and restore again"
-        )
+    env.ensure_restored()
 
 
 def _short_of_space(env: Environment, report: TickReport) -> bool:
