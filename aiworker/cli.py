@@ -16,7 +16,13 @@ from typer.main import get_command
 from aiworker import __version__, completion
 from aiworker.arguments import normalized
 from aiworker.cli_help import describe
-from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_UNAVAILABLE, AiworkerError
+from aiworker.errors import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_UNAVAILABLE,
+    AiworkerError,
+    Interrupted,
+)
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
 
@@ -202,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         message = format_message() if format_message else str(exc)
         emit_error(json_mode, "usage", message)
         return int(getattr(exc, "exit_code", 2))
-    except KeyboardInterrupt:
-        emit_error(json_mode, "interrupted", "interrupted")
-        return 130
+    except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C; SIGTERM where it unwinds
+        emit_error(json_mode, "interrupted", str(exc) or "interrupted")
+        return 128 + getattr(exc, "signum", 2)  # 130 for Ctrl-C (SIGINT), 143 for SIGTERM
     except Exception as exc:
         return _unexpected(json_mode, verbose, exc)
     return result if isinstance(result, int) else 0

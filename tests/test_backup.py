@@ -95,6 +95,45 @@ def test_backup_without_database_is_refused(cli, tmp_path):
     assert not (tmp_path / "b.db").exists()
 
 
+def test_backup_targets_it_cannot_make_are_refused_and_leave_nothing(cli, upgraded, tmp_path):
+    (tmp_path / "out").mkdir()
+    same = tmp_path / "out" / "pair"
+    refused = cli("--json", "db", "backup", "--to", str(same), "--with-artifacts", str(same))
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["message"] == (
+        "--to and --with-artifacts name the same path; name two"
+    )
+    assert list((tmp_path / "out").iterdir()) == []
+    proc = cli("--json", "db", "backup", "--to", "/proc/aiworker-backup.db")
+    assert proc.exit_code == 2, proc
+    assert proc.json()["error"]["message"].startswith(
+        "backup target /proc/aiworker-backup.db cannot be created"
+    )
+
+
+def test_a_backup_stopped_by_sigterm_says_so_and_leaves_nothing(upgraded, tmp_path):
+    """SIGTERM (systemd stopping the unit, an operator) arrives while the snapshot is
+    being copied: the command removes its temporary file, prints one JSON error and
+    exits 143; the live store is untouched."""
+    target = tmp_path / "out" / "b.db"
+    target.parent.mkdir()
+    stopped = run_process(
+        "--json",
+        "db",
+        "backup",
+        "--to",
+        str(target),
+        env={"AIWORKER_FAILPOINT": "backup.copying:term"},
+    )
+    assert stopped.exit_code == 143, stopped
+    assert stopped.json()["error"] == {"code": "interrupted", "message": "stopped by SIGTERM"}
+    assert list(target.parent.iterdir()) == []
+    check = sqlite3.connect(upgraded)
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    check.close()
+    assert run_process("db", "backup", "--to", str(target)).exit_code == 0  # nothing in the way
+
+
 def logged_clients(folder, log) -> str:
     """A PATH whose pg_dump and pg_restore log their command lines, then run the real ones
     (another user on the host reads a command line in /proc)."""

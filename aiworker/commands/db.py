@@ -63,9 +63,11 @@ def backup(
     --with-artifacts the artifact store's payloads it names, for `aiworker restore`. On
     PostgreSQL the snapshot is pg_dump's custom format, checked with `pg_restore --list`."""
     from aiworker.core.maintenance.database import backup_database
+    from aiworker.runtime.interrupts import signals_raise
 
     inv: Invocation = ctx.obj
-    report = backup_database(inv.environment(), to, with_artifacts).to_json()
+    with signals_raise():  # stopped, it removes what it had begun (then exits 143)
+        report = backup_database(inv.environment(), to, with_artifacts).to_json()
     line = f"backed up {report['source']} to {report['target']} ({report['bytes']} bytes)"
     if report["artifacts"]:
         kept = report["artifacts"]
@@ -84,9 +86,11 @@ def copy(
     """Copy the whole store into an empty database, migrated first, while no work runs:
     how an installation moves from SQLite to PostgreSQL (then set database.url to it)."""
     from aiworker.core.maintenance.database import copy_database
+    from aiworker.runtime.interrupts import signals_raise
 
     inv: Invocation = ctx.obj
-    report = copy_database(inv.environment(), to).to_json()
+    with signals_raise():  # stopped, its one transaction on the target is rolled back
+        report = copy_database(inv.environment(), to).to_json()
     total = sum(report["rows"].values())
     line = f"copied {total} rows of {len(report['rows'])} tables to {report['target']}"
     emit(inv.json, report, lambda c: c.print(line, markup=False))

@@ -26,9 +26,11 @@ def restore(
     `aiworker task resume`. Restoring an old snapshot while the original installation
     still runs can make both write to the forge."""
     from aiworker.core.maintenance.restore import restore as run
+    from aiworker.runtime.interrupts import signals_raise
 
     inv: Invocation = ctx.obj
-    report = run(inv.environment(), source.absolute(), artifacts).to_json()
+    with signals_raise():  # stopped, its marker stays: nothing starts there until redone
+        report = run(inv.environment(), source.absolute(), artifacts).to_json()
     kept = report["artifacts"]
     lines = [
         f"restored {report['restored_from']} into {report['state_dir']} "

@@ -1,5 +1,6 @@
 """Crash points for the fault tests: AIWORKER_FAILPOINT=NAME kills the process right there
-(SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead.
+(SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead, and
+NAME:term sends the process SIGTERM there (a stop request arriving at that moment).
 
 Nothing happens unless that variable names the point; operators never set it. Every
 point is listed in POINTS under the step whose job passes it, in the order it does: the
@@ -43,6 +44,7 @@ POINTS: dict[str, tuple[str, ...]] = {
     ),
     "runner": ("runner_api.after_chunk", "runner_api.after_finish"),
     "guests": ("guest_transfer.after_chunk",),
+    "maintenance": ("backup.copying",),
 }
 
 
@@ -56,3 +58,5 @@ def failpoint(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if wanted == f"{name}:raise":
         raise FailpointError(f"failpoint {name}")
+    if wanted == f"{name}:term":
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import new_file
+from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import is_postgresql
 
 
@@ -25,10 +26,12 @@ def backup_sqlite(source: Path, target: Path) -> int:
     """
     with new_file(target) as tmp:
         src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
+        journal = Path(f"{tmp}-journal")  # left by a copy that failed part-way
         try:
             src.execute("PRAGMA busy_timeout = 30000")
             dst = sqlite3.connect(tmp)
             try:
+                failpoint("backup.copying")
                 # pages=-1 copies everything in one step under one read snapshot, so
                 # concurrent writers in WAL mode neither block it nor restart it.
                 src.backup(dst, pages=-1)
@@ -38,6 +41,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
                 dst.close()
         finally:
             src.close()
+            journal.unlink(missing_ok=True)
     return target.stat().st_size
 
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import shutil
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput, LockHeld
+from aiworker.errors import InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
-from aiworker.store.engine import sqlite_path
+from aiworker.store.engine import explained, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,8 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     _new_file(target)
     if artifacts is not None:
         _new_directory(artifacts, "--with-artifacts")
+        if artifacts == target:
+            raise InvalidInput("--to and --with-artifacts name the same path; name two")
     source = sqlite_path(env.database_url)
     if source is None:
         return _dump_server(env, target, artifacts)
@@ -118,21 +123,54 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
             maintenance.release()
             raise LockHeld("a retention pass holds retention.lock; try again later")
     try:
-        try:
-            size = backup_sqlite(source, target)
-        except FileExistsError:
-            raise InvalidInput(
-                f"backup target {target} already exists; choose a new path"
-            ) from None
+        size = _snapshot(source, target)
         log.info("backed up %s to %s (%d bytes)", source, target, size)
         report = BackupReport(source, target, size, revision)
         if artifacts is not None:
-            report.artifacts = _copy_artifacts(env, target, artifacts)
+            made = not artifacts.exists()
+            try:
+                report.artifacts = _copy_artifacts(env, target, artifacts)
+            except BaseException:
+                # A pair or nothing: a snapshot left without its payloads would only
+                # block the retry ("already exists").
+                target.unlink(missing_ok=True)
+                _empty(artifacts, remove=made)
+                raise
     finally:
         for lock in (retention, maintenance):
             if lock.held:
                 lock.release()
     return report
+
+
+def _snapshot(source: Path, target: Path) -> int:
+    """backup_sqlite, its failures named: the target taken meanwhile or not creatable
+    there (exit 2), its disk full (exit 75)."""
+    try:
+        return backup_sqlite(source, target)
+    except FileExistsError:
+        raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
+    except sqlite3.OperationalError as exc:
+        named = explained(f"sqlite:///{target}", exc)
+        if named is None:
+            raise
+        raise named from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise Unavailable(f"backup target {target}: the disk is full; free space") from None
+        raise InvalidInput(f"backup target {target} cannot be created: {exc.strerror}") from None
+
+
+def _empty(folder: Path, *, remove: bool) -> None:
+    """Remove what a failed backup wrote into FOLDER (and FOLDER itself when it made it)."""
+    if remove:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for child in folder.iterdir() if folder.is_dir() else ():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _dump_server(env: Environment, target: Path, artifacts: Path | None) -> BackupReport:
