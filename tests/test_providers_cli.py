@@ -203,3 +203,26 @@ def test_provider_homes_are_private_and_separate(upgraded, state_dir, tmp_path, 
     assert set(report["providers"]) == {"claude", "codex"}
     assert (shared / "claude").stat().st_mode & 0o777 == 0o700
     assert (state_dir / "providers" / "codex").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_home_that_holds_the_state_directory_is_refused(
+    upgraded, state_dir, tmp_path, monkeypatch
+):
+    """A provider's home is copied for every run: one that holds the state directory
+    would copy the live database with plain file reads, which drops the job's own
+    SQLite locks, and would copy itself into its copy."""
+    configure(
+        tmp_path,
+        monkeypatch,
+        'providers = ["claude"]\n[provider_options.claude]\nhome = "."\n',
+    )
+    for args in (("providers", "check", "claude"), ("providers", "status")):
+        refused = run_process("--json", *args)
+        assert refused.exit_code == 2, (args, refused)
+        assert refused.json()["error"]["message"] == (
+            f"provider_options.claude.home {tmp_path} holds aiworker's state directory "
+            f"({state_dir}); give the provider a home of its own"
+        )
+    doctor = run_process("--json", "doctor").json()
+    [check] = [c for c in doctor["checks"] if c["name"] == "provider:claude"]
+    assert check["status"] == "fail"

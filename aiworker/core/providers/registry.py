@@ -32,7 +32,7 @@ from aiworker.core.providers.admission import (
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory
-from aiworker.store.engine import Database, Session
+from aiworker.store.engine import Database, Session, sqlite_path
 from aiworker.store.observations import consecutive_failures, record_observation, running_jobs
 
 REPORTED_PHASES = ("planning", "implementation", "review")
@@ -53,6 +53,23 @@ def _path(loaded: LoadedConfig, value: str) -> Path:
     return path if path.is_absolute() else loaded.path.parent / path
 
 
+def _home(env: Environment, name: str, value: str) -> Path:
+    """The configured home of provider NAME; refused when it holds aiworker's own state.
+    A home is copied for every run with plain file reads, and closing a descriptor of
+    the database drops this process's SQLite locks (another process would then delete
+    the WAL under it); the state directory would also copy itself into the copy."""
+    home = _path(env.loaded, value)
+    database = sqlite_path(env.database_url)
+    for what, inside in (("state directory", env.state_dir), ("database", database)):
+        held = inside.resolve() if inside is not None else None
+        if held is not None and (home.resolve() == held or home.resolve() in held.parents):
+            raise InvalidInput(
+                f"provider_options.{name}.home {home} holds aiworker's {what} ({inside}); "
+                "give the provider a home of its own"
+            )
+    return home
+
+
 def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per provider
     """The adapter for NAME built from the configuration; a scenario replaces any of them."""
     loaded = env.loaded
@@ -60,11 +77,11 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     if options.scenario:
         real = {"llama": LlamaProvider(None, options.diff_budget_lines, options.bounds)}
         # With `home` set, the replay is lent that home as a CLI would be (its login).
-        home = _path(loaded, options.home) if options.home else None
+        home = _home(env, name, options.home) if options.home else None
         return ScriptProvider(
             _path(loaded, options.scenario), name=name, like=real.get(name), home=home
         )
-    home = _path(loaded, options.home) if options.home else env.state_dir / "providers" / name
+    home = _home(env, name, options.home) if options.home else env.state_dir / "providers" / name
     if name in ("codex", "claude", "kimi"):
         # Each provider's own private home: no CLI can read another's credentials.
         private_directory(home)
