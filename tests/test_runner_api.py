@@ -5,6 +5,7 @@ runner route on the operator's)."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 
@@ -122,7 +123,21 @@ def test_a_runner_claims_beats_and_finishes_with_its_lease(fleet):
     assert (forged.status_code, forged.json()["error"]["code"]) == (409, "lease_lost")
     proof = lease["lease_token"]
     # Only a valid result of this job's own request is accepted.
-    for wrong in ({"exit_code": 0}, job_result("another", "s")):
+    # Evidence beyond the runner's 64 KiB tail, or whose count or digest says otherwise.
+    big = base64.b64encode(b"x" * 600_000).decode()
+    oversized = {"total_bytes": 600_000, "sha256": "0" * 64, "tail_base64": big}
+    miscounted = {"total_bytes": 10, "sha256": "0" * 64, "tail_base64": "eHh4", "tail_bytes": 9}
+    unhashed = {"sha256": "not a digest"}
+    stretched = [
+        {**result, "evidence": {**result["evidence"], "stdout": {**stream, **change}}}
+        for stream in [result["evidence"]["stdout"]]
+        for change in (
+            {**oversized, "tail_bytes": 600_000},
+            miscounted,
+            unhashed,
+        )
+    ]
+    for wrong in ({"exit_code": 0}, job_result("another", "s"), *stretched):
         refused = call(runner, f"{job}/complete", {"lease_token": proof, "result": wrong})
         assert refused.status_code == 400, refused.text
     done = call(runner, f"{job}/complete", {"lease_token": proof, "result": result})
@@ -178,7 +193,12 @@ def test_a_waiting_runner_picks_a_job_up_as_soon_as_it_is_queued(fleet):
 
 def test_each_listener_serves_only_its_own_routes(fleet):
     operator, runner, _ = fleet
-    assert requests.get(f"{runner}/api/v1/status", timeout=10).status_code == 404
+    elsewhere = requests.get(f"{runner}/api/v1/status", timeout=10)
+    assert elsewhere.status_code == 404
+    # What the framework refuses answers in the CLI's error shape, as everything else.
+    assert elsewhere.json() == {"error": {"code": "http", "message": "Not Found"}}
+    wrong = requests.delete(f"{runner}/api/runner/v1/claim", timeout=10)
+    assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "http")
     assert requests.get(f"{operator}/api/runner/v1/health", timeout=10).status_code in (404, 421)
     assert requests.get(f"{operator}/api/v1/status", timeout=10).status_code == 200
     shown = requests.get(f"{operator}/api/v1/settings", timeout=10).text

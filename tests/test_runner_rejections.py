@@ -73,6 +73,7 @@ def test_oversized_and_malformed_requests(setup, tmp_path):
     for expected, raw in (
         ("request_too_large", huge),
         ("invalid_json", b"{not json"),
+        ("invalid_json", b"[" * 5000 + b"]" * 5000),  # 10 KB, deeper than the parser goes
         ("invalid_request", b"[1, 2]"),
     ):
         result = execute(raw, source_root=tmp_path, attempt_root=attempts)

@@ -4,9 +4,11 @@ host checks without pydantic."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictInt, StringConstraints
+from pydantic import Field, StrictInt, StringConstraints, model_validator
 
 from aiworker.contracts.base import Contract
 from aiworker.contracts.native_job import (
@@ -32,13 +34,28 @@ __all__ = [
 Status = Literal["succeeded", "command_failed", "timed_out"]
 
 
+# A stream's tail as a job delivers it: at most the runner's 64 KiB (base64 grows it by a
+# third), and its count and digest must say what it is.
+MAX_TAIL_BYTES = 64 * 1024
+
+
 class StreamEvidence(Contract):
-    total_bytes: int
-    sha256: str
-    tail_base64: str
-    tail_bytes: int
+    total_bytes: Annotated[int, Field(ge=0)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    tail_base64: Annotated[str, StringConstraints(max_length=(MAX_TAIL_BYTES + 2) // 3 * 4)]
+    tail_bytes: Annotated[int, Field(ge=0, le=MAX_TAIL_BYTES)]
     truncated: bool
     masked: bool
+
+    @model_validator(mode="after")
+    def _tail_as_counted(self) -> StreamEvidence:
+        try:
+            tail = base64.b64decode(self.tail_base64, validate=True)
+        except binascii.Error:
+            raise ValueError("tail_base64 is not base64") from None
+        if len(tail) != self.tail_bytes or self.tail_bytes > self.total_bytes:
+            raise ValueError("tail_bytes does not match the tail or exceeds total_bytes")
+        return self
 
 
 class Evidence(Contract):

@@ -10,7 +10,6 @@ from importlib import resources
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from starlette.exceptions import HTTPException
 
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
@@ -42,10 +41,6 @@ def create_app(
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:20]]
         return error_response(400, "invalid_input", "the request is not valid", details)
-
-    @app.exception_handler(HTTPException)
-    async def http(_request: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(exc.status_code, "http", str(exc.detail))
 
     files = resources.files("aiworker.web")
     page = files.joinpath("page.html").read_text(encoding="utf-8")

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from aiworker.secrets import redact
 
 
 def api_app(title: str, openapi_url: str) -> FastAPI:
+    """The application; what the framework itself refuses (an unknown path, a method the
+    path lacks, a body it cannot parse) answers in the error shape too."""
     from aiworker import __version__
 
-    return FastAPI(
+    app = FastAPI(
         title=title, version=__version__, openapi_url=openapi_url, docs_url=None, redoc_url=None
     )
+
+    @app.exception_handler(HTTPException)
+    async def http(_request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, "http", str(exc.detail))
+
+    return app
 
 
 def error_response(

@@ -40,6 +40,8 @@ def parse_request(raw: bytes) -> JobRequest:
         document = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestRejected("invalid_json", f"request is not valid JSON: {exc}") from None
+    except RecursionError:  # a few KiB of [[[[...: deeper than any request is
+        raise RequestRejected("invalid_json", "request is nested too deeply") from None
     if not isinstance(document, dict):
         raise RequestRejected("invalid_request", "request must be a JSON object")
     if "contract" not in document:
