@@ -181,8 +181,13 @@ def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded)
         assert "\x1b" not in result.stdout, args
         assert "\x07" not in result.stdout, args
         assert shown in result.stdout, args
-    assert cli("scheduler", "pause", "--reason", "disk\x1b[2J").exit_code == 0
-    status = cli("status")
-    assert "disk\\x1b[2J" in status.stdout
-    assert "\x1b" not in status.stdout
+    # An operator's pause reason is one line of text: a line break would forge status
+    # lines, an escape would reach every later reader's terminal.
+    for reason in ("disk\x1b[2J", "full\nScheduler: running"):
+        refused = cli("--json", "scheduler", "pause", "--reason", reason)
+        assert refused.exit_code == 2, refused
+        assert refused.json()["error"]["message"] == (
+            "the pause reason must be one line without control characters"
+        )
+    assert cli("--json", "status").json()["scheduler"]["paused"] is False
     assert cli("--json", "task", "show", "1").json()["title"] == title

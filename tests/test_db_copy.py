@@ -128,6 +128,24 @@ def test_a_sqlite_target_it_refuses_is_left_byte_for_byte(cli, upgraded, tmp_pat
     ]
 
 
+def test_a_sqlite_target_that_keeps_nothing_or_is_no_file_is_refused(cli, upgraded, tmp_path):
+    seed(f"sqlite:///{upgraded}")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for url, said in (
+        ("sqlite:///:memory:", "--to must name a SQLite file"),
+        (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to must name a SQLite file"),
+        (f"sqlite:///{folder}", f"--to {folder}: not a file"),
+    ):
+        refused = cli("--json", "db", "copy", "--to", url)
+        assert refused.exit_code == 2, (url, refused)
+        assert refused.json()["error"]["message"].startswith(said), url
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "state"]
+    copied = tmp_path / "new" / "copy.db"
+    assert cli("db", "copy", "--to", f"sqlite:///{copied}").exit_code == 0
+    assert copied.stat().st_mode & 0o777 == 0o600
+
+
 def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(
     cli, postgres_url, tmp_path, monkeypatch
 ):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import write_private_file
 
 if TYPE_CHECKING:
@@ -71,7 +72,11 @@ class SchedulerState:
 
 
 def pause(env: Environment, reason: str, by: str) -> SchedulerState:
-    """Stop starting new work; status says why, who paused and since when."""
+    """Stop starting new work; status says why, who paused and since when. REASON is one
+    line of text: a line break or control character would forge status lines or reach
+    the operator's terminal as an escape sequence."""
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in reason):
+        raise InvalidInput("the pause reason must be one line without control characters")
     now = datetime.now(UTC).isoformat()
     return update_state(env, paused=True, paused_reason=reason, paused_by=by, paused_at=now)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
+import os
 import shutil
 import sqlite3
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from aiworker.errors import InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
-from aiworker.store.engine import explained, sqlite_path
+from aiworker.store.engine import explained, is_sqlite, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
@@ -214,6 +216,28 @@ def _copy_artifacts(env: Environment, snapshot: Path, folder: Path) -> dict[str,
     return summary
 
 
+def _a_file_to_copy_to(url: str) -> None:
+    """A SQLite --to names a file that keeps what is copied: not :memory:, no query (whose
+    `?` would cut the file's name short), not a directory."""
+    if not is_sqlite(url):
+        return
+    path = sqlite_path(url)
+    if path is None or "?" in url:
+        raise InvalidInput("--to must name a SQLite file (sqlite:////absolute/path.db)")
+    if path.exists() and not path.is_file():
+        raise InvalidInput(f"--to {path}: not a file")
+
+
+def _made_private(url: str) -> None:
+    """A new SQLite target is made 0600 (as a backup is) before SQLite creates it with the
+    umask's mode; its journal files take the same."""
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 @dataclass
 class CopyReport(Report):
     source: str
@@ -245,6 +269,7 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
         raise InvalidInput("--to must be a sqlite:// or postgresql:// URL") from None
     if to_url == env.database_url:
         raise InvalidInput("--to names the database in use; name another one")
+    _a_file_to_copy_to(to_url)
     maintenance = env.locks.lock("maintenance")
     if not maintenance.try_acquire():
         raise LockHeld("another maintenance operation holds maintenance.lock; try later")
@@ -259,6 +284,7 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
         full = occupied(to_url)  # before anything is written there
         if full:
             raise InvalidInput(f"--to is not empty ({'; '.join(full)}); name a new database")
+        _made_private(to_url)
         target = Database(to_url)
         upgrade(target)
         rows = copy_rows(source, target)
