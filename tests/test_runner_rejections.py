@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.core.runner.requests import RequestRejected, parse_request
-from tests.runner_helpers import execute, make_source, request
+from tests.runner_helpers import execute, make_source, request, runner_argv
 
 
 @pytest.fixture
@@ -236,3 +239,39 @@ def test_the_request_schema_says_no_more_than_is_checked(tmp_path):
     changed.write_text(json.dumps(schema))
     with pytest.raises(ValueError, match="format"):
         jsonshape.load(changed)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_full_attempt_root_is_said_in_a_document_and_leaves_no_attempt(setup, tmp_path):
+    """The attempt root is a full file system (a real tmpfs, in a mount namespace of the
+    command's own): the runner answers with an error document and exit 75, and leaves
+    no half-made attempt for the next run to trip over."""
+    source, marker, attempts = setup
+    script = (
+        'mount -t tmpfs -o size=64k tmpfs "$1" && head -c 65536 /dev/zero > "$1/filler"; '
+        'shift; "$@"; code=$?; rm "$ROOT/filler"; ls -A "$ROOT" > "$ROOT/../left"; exit $code'
+    )
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(attempts),
+            *runner_argv(tmp_path, attempts),
+        ],
+        input=json.dumps(request(source)).encode(),
+        capture_output=True,
+        env={**os.environ, "ROOT": str(attempts)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 75, done
+    document = json.loads(done.stdout)
+    assert (document["contract"], document["code"]) == ("ait.runner.error.v1", "attempt_root_full")
+    assert (tmp_path / "left").read_text() == ""
+    assert not marker.exists()

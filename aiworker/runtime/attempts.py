@@ -12,6 +12,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -77,9 +78,13 @@ def create_attempt(root: Path) -> Attempt:
     path = Path(tempfile.mkdtemp(prefix="attempt-", dir=root))
     attempt_id = path.name.removeprefix("attempt-")
     marker = {"attempt_id": attempt_id, "pid": os.getpid(), "created": time.time()}
-    (path / MARKER).write_text(json.dumps(marker), encoding="utf-8")
-    os.chmod(path / MARKER, 0o600)
-    (path / "workspace").mkdir(mode=0o700)
+    try:
+        (path / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+        os.chmod(path / MARKER, 0o600)
+        (path / "workspace").mkdir(mode=0o700)
+    except BaseException:  # a full disk, say: no half-made attempt is left behind
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     return Attempt(attempt_id, path)
 
 

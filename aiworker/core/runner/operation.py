@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -9,7 +10,7 @@ from typing import IO, Any
 from aiworker.contracts.native_job import MAX_REQUEST_BYTES, error_document
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.core.runner.requests import RequestRejected, parse_request, resolve_source
-from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK
+from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE
 from aiworker.runtime.attempts import default_attempt_root
 
 
@@ -68,4 +69,10 @@ def run_execute(
         result = execute_request(request, settings)
     except RequestRejected as exc:
         return error_document(exc.code, exc.message, exc.field), EXIT_INVALID
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # The attempt root cannot hold an attempt: said as a document, like any refusal.
+        message = f"no space left for an attempt: {exc.strerror}"
+        return error_document("attempt_root_full", message), EXIT_UNAVAILABLE
     return result, EXIT_OK if result["status"] == "succeeded" else EXIT_FAILED
