@@ -66,6 +66,12 @@ class InvalidInput(AiworkerError):
     exit_code = EXIT_INVALID
 
 
+class NotFound(InvalidInput):
+    """What the command names does not exist (a task id, say): exit 2, and 404 on the web."""
+
+    code = "not_found"
+
+
 class ConfigInvalid(InvalidInput):
     code = "config_invalid"
 

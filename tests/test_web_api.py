@@ -177,7 +177,7 @@ def test_reads_match_the_cli_and_never_show_a_secret(web, state_dir):
     assert "ended" in tail["tail"]
     assert CANARY not in tail["tail"]
     missing = client.get(f"{url}/api/v1/tasks/999", timeout=10)
-    assert (missing.status_code, missing.json()["error"]["message"]) == (400, "no task 999")
+    assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no task 999")
     caps = served[2].json()
     assert caps["providers"]["script"] == ["enabled"]
     assert "forge" in caps["read_only"]
@@ -408,4 +408,4 @@ def test_task_actions_need_the_csrf_token_and_a_confirmed_cancel(web, upgraded):
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["state"] == "cancelled"
     missing = client.post(f"{url}/api/v1/tasks/99/cancel", json={"confirm": True})
-    assert missing.status_code == 400
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from aiworker.errors import InvalidInput
+from aiworker.errors import NotFound
 from aiworker.store.models import Event, Repository, Task
 from aiworker.store.tasks import TASK_KINDS, TASK_STATES, append_event
 
@@ -105,7 +105,7 @@ def existing_task(session: Session, task_id: int) -> Task:
     """The task TASK_ID, which must exist (an operator or a job named it)."""
     task = session.get(Task, task_id)
     if task is None:
-        raise InvalidInput(f"no task {task_id}")
+        raise NotFound(f"no task {task_id}")
     return task
 
 

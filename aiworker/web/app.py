@@ -12,13 +12,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from aiworker.core.context import Environment
-from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, Unavailable
+from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, NotFound, Unavailable
 from aiworker.web.errors import api_app, error_response
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import CsrfTokens, Protection
 from aiworker.web.receipt_page import add_receipt_routes
 
-STATUS_OF = ((InvalidInput, 400), (Conflict, 409), (LockHeld, 409), (Unavailable, 503))
+STATUS_OF = (
+    (NotFound, 404),
+    (InvalidInput, 400),
+    (Conflict, 409),
+    (LockHeld, 409),
+    (Unavailable, 503),
+)
 
 
 def create_app(

@@ -68,6 +68,7 @@ def _refusal(why: str) -> dict[str, Any]:
 REFUSALS: dict[int | str, dict[str, Any]] = {
     400: _refusal("invalid input, named"),
     403: _refusal("a change without a permitted Origin or the CSRF token"),
+    404: _refusal("what the path names does not exist (a task id)"),
     409: _refusal("a conflict: a stale revision, an idle slot"),
     413: _refusal("the body is too large"),
     421: _refusal("the Host is not this server's address"),
