@@ -76,10 +76,14 @@ def table(*headers: str, title: str | None = None) -> Any:
     """A rich table whose headers are never cut and whose cells fold when long."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     class Printable(Table):
+        """Cells are text as it is: no control characters, and no rich markup either (a
+        reason such as "[/bold]" would fail the rendering, "[red]" recolour it)."""
+
         def add_row(self, *cells: Any, **options: Any) -> None:
-            shown = [printable(c) if isinstance(c, str) else c for c in cells]
+            shown = [Text(printable(c)) if isinstance(c, str) else c for c in cells]
             super().add_row(*shown, **options)
 
     grid = Printable(

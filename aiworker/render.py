@@ -72,6 +72,8 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
         yield quiet
         return
+    from aiworker.humanize import printable
+
     started = time.monotonic()
 
     def elapsed() -> str:
@@ -81,7 +83,7 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
         def plain(text: str, *, passing: bool = False) -> None:
             if not passing:
-                sys.stderr.write(f"{elapsed()} {text}\n")
+                sys.stderr.write(f"{elapsed()} {printable(text)}\n")
                 sys.stderr.flush()
 
         yield plain
@@ -93,6 +95,7 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
     with err.status("starting") as spinner:
 
         def live(text: str, *, passing: bool = False) -> None:
+            text = printable(text)  # a guest's console output, shown as it is
             if passing:
                 spinner.update(escape(text[: max(err.width - 4, 20)]))
                 return

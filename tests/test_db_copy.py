@@ -132,10 +132,12 @@ def test_a_sqlite_target_that_keeps_nothing_or_is_no_file_is_refused(cli, upgrad
     seed(f"sqlite:///{upgraded}")
     folder = tmp_path / "folder"
     folder.mkdir()
+    (folder / "notes.txt").write_text("not a database, " * 100)
     for url, said in (
         ("sqlite:///:memory:", "--to must name a SQLite file"),
         (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to must name a SQLite file"),
         (f"sqlite:///{folder}", f"--to {folder}: not a file"),
+        (f"sqlite:///{folder / 'notes.txt'}", "--to is not empty (a file that is not a SQLite"),
     ):
         refused = cli("--json", "db", "copy", "--to", url)
         assert refused.exit_code == 2, (url, refused)

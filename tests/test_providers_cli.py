@@ -205,24 +205,46 @@ def test_provider_homes_are_private_and_separate(upgraded, state_dir, tmp_path, 
     assert (state_dir / "providers" / "codex").stat().st_mode & 0o777 == 0o700
 
 
-def test_a_home_that_holds_the_state_directory_is_refused(
+def test_a_home_that_holds_the_state_directory_keeps_only_that_provider_out(
     upgraded, state_dir, tmp_path, monkeypatch
 ):
     """A provider's home is copied for every run: one that holds the state directory
     would copy the live database with plain file reads, which drops the job's own
-    SQLite locks, and would copy itself into its copy."""
+    SQLite locks, and would copy itself into its copy. That provider is never admitted
+    and says why; the next one in the order serves."""
+    scenario(tmp_path / "script.json", used=20)
     configure(
         tmp_path,
         monkeypatch,
-        'providers = ["claude"]\n[provider_options.claude]\nhome = "."\n',
+        'providers = ["claude", "script"]\n[provider_options.claude]\nhome = "."\n'
+        '[provider_options.script]\nscenario = "script.json"\n',
     )
-    for args in (("providers", "check", "claude"), ("providers", "status")):
-        refused = run_process("--json", *args)
-        assert refused.exit_code == 2, (args, refused)
-        assert refused.json()["error"]["message"] == (
-            f"provider_options.claude.home {tmp_path} holds aiworker's state directory "
-            f"({state_dir}); give the provider a home of its own"
-        )
+    why = (
+        f"provider_options.claude.home {tmp_path} holds aiworker's state directory "
+        f"({state_dir}); give the provider a home of its own"
+    )
+    report = run_process("--json", "providers", "status").json()
+    assert report["phases"] == dict.fromkeys(("planning", "implementation", "review"), "script")
+    claude = report["providers"]["claude"]
+    assert claude["reading"]["reason"] == why
+    assert claude["eligible"]["implementation"] == {"eligible": False, "reason": why}
+    check = run_process("--json", "providers", "check", "claude")
+    assert check.exit_code == 75, check
+    assert why in check.stdout
     doctor = run_process("--json", "doctor").json()
-    [check] = [c for c in doctor["checks"] if c["name"] == "provider:claude"]
-    assert check["status"] == "fail"
+    [seen] = [c for c in doctor["checks"] if c["name"] == "provider:claude"]
+    assert seen["status"] == "warn"
+    assert why in seen["detail"]
+
+
+def test_a_reason_that_looks_like_markup_is_shown_as_text(upgraded, tmp_path, monkeypatch):
+    """A reading's reason carries outside text (a path, a CLI's message): square brackets
+    in it are shown as they are, never taken for rich markup that fails the rendering."""
+    configure(
+        tmp_path,
+        monkeypatch,
+        'providers = ["script"]\n[provider_options.script]\nscenario = "gone[/bold][red].json"\n',
+    )
+    shown = run_process("providers", "status")
+    assert shown.exit_code == 0, shown
+    assert "[/bold][red]" in shown.stdout

@@ -70,7 +70,9 @@ def test_a_crash_at_any_point_still_leaves_exactly_one_pr(forge, implemented, up
     # Run by hand, the step closed what its killed run left before it was charged again.
     assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
     if point != "publish.after_record":
-        outcomes = query(upgraded, "select outcome from attempts where phase = 'publish'")
+        outcomes = query(
+            upgraded, "select outcome from attempts where phase = 'publish' order by id"
+        )
         assert outcomes == [("abandoned",), ("succeeded",)]
 
 

@@ -199,6 +199,7 @@ def test_each_listener_serves_only_its_own_routes(fleet):
     assert elsewhere.json() == {"error": {"code": "http", "message": "Not Found"}}
     wrong = requests.delete(f"{runner}/api/runner/v1/claim", timeout=10)
     assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "http")
+    assert wrong.headers["allow"] == "POST"
     assert requests.get(f"{operator}/api/runner/v1/health", timeout=10).status_code in (404, 421)
     assert requests.get(f"{operator}/api/v1/status", timeout=10).status_code == 200
     shown = requests.get(f"{operator}/api/v1/settings", timeout=10).text

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from aiworker.config.defaults import CONFIG_MAX_BYTES
 from aiworker.config.models import Config, Identity
 from aiworker.errors import ConfigInvalid, key_path
 from aiworker.secrets import TOKEN, register_secret, url_passwords
@@ -62,10 +63,7 @@ def validate_document(document: dict[str, Any], origin: str) -> Config:
         raise ConfigInvalid(f"{origin}: invalid configuration ({count})", problems) from None
 
 
-# Far more than any configuration: a larger file (or a device such as /dev/zero) is
-# refused after reading this much, not read until memory runs out.
-CONFIG_MAX_BYTES = 1 << 20
-TOKEN_MAX_BYTES = 8192
+TOKEN_MAX_BYTES = 8192  # a token is at most 4096 characters: more is a malformed source
 
 
 def read_config_bytes(path: Path) -> bytes:

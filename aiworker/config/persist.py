@@ -14,7 +14,9 @@ from aiworker.runtime.locks import FileLock
 SAVE_WAIT_SECONDS = 10.0
 
 
-def _current_bytes(path: Path) -> bytes | None:
+def current_config_bytes(path: Path) -> bytes | None:
+    """The file a save replaces, as it is now (read bounded); None: there is none yet."""
+    path = saved_at(path)
     try:
         return read_config_bytes(path)
     except FileNotFoundError:
@@ -46,7 +48,7 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
     # then meets the revision check, rather than failing on the lock.
     lock.acquire(timeout=SAVE_WAIT_SECONDS)
     try:
-        current = revision_of(_current_bytes(path))
+        current = revision_of(current_config_bytes(path))
         if current != expected_revision:
             raise Conflict(
                 f"{path} changed since revision {expected_revision[:12]} "
@@ -101,7 +103,7 @@ def set_config_value(
     path: Path, key: str, raw_value: str, expected_revision: str | None
 ) -> tuple[str, str]:
     """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
-    data = _current_bytes(saved_at(path))
+    data = current_config_bytes(path)
     revision = revision_of(data)
     new = edited(data, path, {key: parse_value(raw_value)})
     return revision, save_config_bytes(path, new, expected_revision or revision)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from aiworker.core.context import Environment
 
 
+MAX_STATE_BYTES = 64 * 1024
+
+
 @dataclass
 class SchedulerState:
     paused: bool = False
@@ -37,7 +40,8 @@ class SchedulerState:
     @classmethod
     def load(cls, state_dir: Path) -> SchedulerState:
         try:
-            data = json.loads(cls.path(state_dir).read_text())
+            with cls.path(state_dir).open("rb") as handle:
+                data = json.loads(handle.read(MAX_STATE_BYTES))  # what save() writes is tiny
         except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
             return cls()
         if not isinstance(data, dict):  # not what save() writes: as if there were none

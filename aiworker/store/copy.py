@@ -9,9 +9,10 @@ import sqlite3
 from collections.abc import Iterator
 
 from sqlalchemy import Connection, Integer, create_engine, func, insert, inspect, select
+from sqlalchemy.exc import DBAPIError
 
 from aiworker.store.backup import read_only_uri
-from aiworker.store.engine import Database, sqlite_path
+from aiworker.store.engine import BUSY_TIMEOUT_MS, Database, explained, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, revision_on
 from aiworker.store.tables import metadata
 
@@ -26,22 +27,34 @@ def occupied(url: str) -> list[str]:
     path = sqlite_path(url)
     if path is not None and not path.exists():
         return []
-    with _reading(url) as connection:
-        names = set(inspect(connection).get_table_names()) - {"alembic_version"}
-        if not names:
-            return []
-        revision = revision_on(connection)
-        foreign = sorted(names - set(metadata.tables))
-        if foreign or revision is None:
-            shown = ", ".join((foreign or sorted(names))[:5])
-            return [f"tables of another application: {shown}"]
-        if revision != HEAD_REVISION:
-            return [f"aiworker's tables at revision {revision}, not {HEAD_REVISION}"]
-        return [
-            f"{table.name} holds rows"
-            for table in metadata.sorted_tables
-            if connection.scalar(select(func.count()).select_from(table))
-        ]
+    try:
+        with _reading(url) as connection:
+            return _occupied(connection)
+    except (sqlite3.DatabaseError, DBAPIError) as exc:
+        if "not a database" in str(getattr(exc, "orig", exc)):
+            return ["a file that is not a SQLite database"]
+        named = explained(url, exc)  # locked past the busy timeout, unreadable
+        if named is None:
+            raise
+        raise named from None
+
+
+def _occupied(connection: Connection) -> list[str]:
+    names = set(inspect(connection).get_table_names()) - {"alembic_version"}
+    if not names:
+        return []
+    revision = revision_on(connection)
+    foreign = sorted(names - set(metadata.tables))
+    if foreign or revision is None:
+        shown = ", ".join((foreign or sorted(names))[:5])
+        return [f"tables of another application: {shown}"]
+    if revision != HEAD_REVISION:
+        return [f"aiworker's tables at revision {revision}, not {HEAD_REVISION}"]
+    return [
+        f"{table.name} holds rows"
+        for table in metadata.sorted_tables
+        if connection.scalar(select(func.count()).select_from(table))
+    ]
 
 
 @contextlib.contextmanager
@@ -56,7 +69,10 @@ def _reading(url: str) -> Iterator[Connection]:
             target.dispose()
         return
     engine = create_engine(
-        "sqlite://", creator=lambda: sqlite3.connect(read_only_uri(path), uri=True)
+        "sqlite://",
+        creator=lambda: sqlite3.connect(
+            read_only_uri(path), uri=True, timeout=BUSY_TIMEOUT_MS / 1000
+        ),
     )
     try:
         with engine.connect() as connection:

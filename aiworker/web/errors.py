@@ -24,7 +24,9 @@ def api_app(title: str, openapi_url: str) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http(_request: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(exc.status_code, "http", str(exc.detail))
+        answer = error_response(exc.status_code, "http", str(exc.detail))
+        answer.headers.update(exc.headers or {})  # a 405's Allow, say
+        return answer
 
     return app
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiworker.config.loader import LoadedConfig
 from aiworker.config.models import Config, Phases
-from aiworker.config.persist import edited, save_config_bytes
+from aiworker.config.persist import current_config_bytes, edited, save_config_bytes
 from aiworker.core.maintenance.configuration import describe_config
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
@@ -148,5 +148,5 @@ def save_settings(loaded: LoadedConfig, revision: str, values: dict[str, Any]) -
     refused = sorted(key for key in values if key not in editable)
     if refused:
         raise InvalidInput(f"not editable here: {', '.join(refused)[:500]}")
-    data = loaded.path.read_bytes() if loaded.path.exists() else None
+    data = current_config_bytes(loaded.path)
     return save_config_bytes(loaded.path, edited(data, loaded.path, values), revision)

@@ -53,6 +53,19 @@ def _path(loaded: LoadedConfig, value: str) -> Path:
     return path if path.is_absolute() else loaded.path.parent / path
 
 
+@dataclass(frozen=True)
+class Misconfigured:
+    """A provider its configuration keeps out (a home that holds aiworker's state): it is
+    never admitted, its reading and every phase say why, and nothing is charged for it."""
+
+    name: str
+    reason: str
+    measured_windows: tuple[str, ...] = ()
+
+    def admission(self, now: datetime) -> Reading:
+        return Reading(self.name, "config", now, valid=False, reason=self.reason)
+
+
 def _home(env: Environment, name: str, value: str) -> Path:
     """The configured home of provider NAME; refused when it holds aiworker's own state.
     A home is copied for every run with plain file reads, and closing a descriptor of
@@ -74,14 +87,17 @@ def provider_for(env: Environment, name: str) -> Any:  # noqa: PLR0911 - one per
     """The adapter for NAME built from the configuration; a scenario replaces any of them."""
     loaded = env.loaded
     options = loaded.config.provider_options.get(name) or ProviderOptions()  # type: ignore[call-overload]
+    try:
+        configured = _home(env, name, options.home) if options.home else None
+    except InvalidInput as exc:
+        return Misconfigured(name, exc.message)
     if options.scenario:
         real = {"llama": LlamaProvider(None, options.diff_budget_lines, options.bounds)}
         # With `home` set, the replay is lent that home as a CLI would be (its login).
-        home = _home(env, name, options.home) if options.home else None
         return ScriptProvider(
-            _path(loaded, options.scenario), name=name, like=real.get(name), home=home
+            _path(loaded, options.scenario), name=name, like=real.get(name), home=configured
         )
-    home = _home(env, name, options.home) if options.home else env.state_dir / "providers" / name
+    home = configured or env.state_dir / "providers" / name
     if name in ("codex", "claude", "kimi"):
         # Each provider's own private home: no CLI can read another's credentials.
         private_directory(home)
@@ -130,6 +146,8 @@ def capability_check(
 
     def check(name: str) -> str | None:
         provider = provider_for(env, name)
+        if isinstance(provider, Misconfigured):
+            return provider.reason
         reason = capability_reason(provider, phase, simple=simple)
         if reason is None and name in tried and getattr(provider, "diff_budget_lines", None):
             reason = f"{name} already had its one local try at this snapshot"

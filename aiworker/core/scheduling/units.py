@@ -105,6 +105,8 @@ def install_units(
         raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
     if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
         raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
+    if target.exists() and not target.is_dir():  # refused before anything is made
+        raise InvalidInput(f"--dir {target}: exists and is not a directory")
     units = render_units(config_path, state_dir, interval, homes, web, runner_server)
     # Every path a unit makes writable must exist when it starts (else 226/NAMESPACE).
     for home in [state_dir, *homes]:
@@ -113,8 +115,6 @@ def install_units(
         config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if runner_server is not None:
         private_directory(state_dir / "runner-attempts")
-    if target.exists() and not target.is_dir():
-        raise InvalidInput(f"--dir {target}: exists and is not a directory")
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in units.items():

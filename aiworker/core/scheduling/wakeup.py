@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
+from aiworker.config.defaults import CHECK_INTERVAL, CONFIG_MAX_BYTES, MIN_CHECK_INTERVAL
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import SchedulerState
 
@@ -51,10 +51,14 @@ def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | 
 
 def _configured_interval(path: Path, required: bool) -> int | None:
     try:
-        data = tomllib.loads(path.read_text())
+        with path.open("rb") as handle:
+            raw = handle.read(CONFIG_MAX_BYTES + 1)
+        data = tomllib.loads(raw.decode()) if len(raw) <= CONFIG_MAX_BYTES else None
     except FileNotFoundError:
         return None if required else CHECK_INTERVAL
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
+    if data is None:
+        return None  # the full tick reads it and says what is wrong
     value = data.get("check_interval", CHECK_INTERVAL)
     return value if type(value) is int and value >= MIN_CHECK_INTERVAL else None
