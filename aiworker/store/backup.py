@@ -9,7 +9,7 @@ from urllib.parse import quote
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import new_file
 from aiworker.runtime.failpoints import failpoint
-from aiworker.store.engine import is_postgresql
+from aiworker.store.engine import explained, is_postgresql
 
 
 def read_only_uri(path: Path) -> str:
@@ -24,6 +24,18 @@ def backup_sqlite(source: Path, target: Path) -> int:
     The copy is built in a private temp file beside TARGET and linked into
     place, so TARGET either does not exist or is complete. Returns its size.
     """
+    try:
+        return _backup_sqlite(source, target)
+    except sqlite3.OperationalError as exc:
+        # A full disk is the target's; anything else (locked too long) the source's.
+        full = "full" in str(exc) or "disk i/o" in str(exc).lower()
+        named = explained(f"sqlite:///{target if full else source}", exc)
+        if named is None:
+            raise
+        raise named from None
+
+
+def _backup_sqlite(source: Path, target: Path) -> int:
     with new_file(target) as tmp:
         src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
         journal = Path(f"{tmp}-journal")  # left by a copy that failed part-way

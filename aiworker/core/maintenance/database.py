@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shutil
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from aiworker.errors import InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
-from aiworker.store.engine import explained, is_sqlite, sqlite_path
+from aiworker.store.engine import is_sqlite, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
@@ -152,11 +151,6 @@ def _snapshot(source: Path, target: Path) -> int:
         return backup_sqlite(source, target)
     except FileExistsError:
         raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
-    except sqlite3.OperationalError as exc:
-        named = explained(f"sqlite:///{target}", exc)
-        if named is None:
-            raise
-        raise named from None
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise Unavailable(f"backup target {target}: the disk is full; free space") from None
