@@ -6,7 +6,6 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,7 +228,7 @@ def _made_private(url: str) -> None:
     if path is not None and not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            write_private_file(path, b"", replace=False)
 
 
 @dataclass
