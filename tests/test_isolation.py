@@ -95,6 +95,11 @@ def test_with_no_image_and_no_backend_chosen_a_real_agent_does_not_run_on_the_ho
     assert 'set execution.backend = "local"' in decision["reason"]
     assert not ran.exists()
     assert query(upgraded, "select count(*) from attempts") == [(0,)]
+    # Claimed again and run by hand: the summary names no provider and no attempt.
+    assert run_process("--json", "claim", "--slot", "1", env=env).json()["task"] == task
+    by_hand = run_process("implement", "--task", str(task), "--slot", "1", env=env)
+    assert by_hand.exit_code == 75, by_hand
+    assert by_hand.stdout.splitlines()[0] == f"task {task}: unavailable"
     doctor = run_process("--json", "doctor", env=env).json()
     [execution] = [c for c in doctor["checks"] if c["name"] == "execution"]
     assert execution["status"] == "fail"

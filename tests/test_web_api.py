@@ -178,6 +178,8 @@ def test_reads_match_the_cli_and_never_show_a_secret(web, state_dir):
     assert CANARY not in tail["tail"]
     missing = client.get(f"{url}/api/v1/tasks/999", timeout=10)
     assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no task 999")
+    no_log = client.get(f"{url}/api/v1/tasks/999/logs", timeout=10)
+    assert (no_log.status_code, no_log.json()["error"]["message"]) == (404, "no task 999")
     caps = served[2].json()
     assert caps["providers"]["script"] == ["enabled"]
     assert "forge" in caps["read_only"]
@@ -398,8 +400,12 @@ def test_task_actions_need_the_csrf_token_and_a_confirmed_cancel(web, upgraded):
     bare = requests.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": True}, timeout=10)
     assert (bare.status_code, bare.json()["error"]["code"]) == (403, "csrf")
     client = session(url)
-    unconfirmed = client.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": False})
-    assert (unconfirmed.status_code, unconfirmed.json()["error"]["code"]) == (400, "invalid_input")
+    for loose in (False, "yes", 1, "true"):  # only a JSON true confirms
+        unconfirmed = client.post(f"{url}/api/v1/tasks/1/cancel", json={"confirm": loose})
+        assert (unconfirmed.status_code, unconfirmed.json()["error"]["code"]) == (
+            400,
+            "invalid_input",
+        )
     not_failed = client.post(f"{url}/api/v1/tasks/1/retry")
     assert not_failed.status_code == 409  # a conflict with the task's state, named
     assert "only failed or needs_input tasks" in not_failed.json()["error"]["message"]

@@ -57,11 +57,10 @@ def _attempt_report(inv: Invocation, result: Any) -> int:
     report = result.to_json()
 
     def human(console: Any) -> None:
-        console.print(
-            f"task {report['task']}: {report['outcome']} with {report['provider']} "
-            f"(attempt {report['attempt']})",
-            markup=False,
-        )
+        # No provider was admitted: no attempt was recorded either.
+        ran = f" with {report['provider']}" if report["provider"] else ""
+        attempt = f" (attempt {report['attempt']})" if report["attempt"] is not None else ""
+        console.print(f"task {report['task']}: {report['outcome']}{ran}{attempt}", markup=False)
         if report["reason"]:
             console.print(f"reason: {report['reason']}", markup=False)
         if report["gate"]:

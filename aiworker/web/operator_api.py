@@ -3,21 +3,18 @@ database and local files only, and the scheduler's own controls as actions."""
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
 
-import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Cookie, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
-from aiworker.secrets import redact
 from aiworker.web.protection import CSRF_COOKIE, CsrfTokens
 from aiworker.web.task_api import TaskId, add_task_routes
 
 LOG_TAIL_MAX = 64 * 1024
-SECRET_MARGIN = 8192  # longer than any token the redactor masks
 
 
 class Strict(BaseModel):
@@ -42,7 +39,7 @@ class PauseRequest(Strict):
 
 class StopSlotRequest(Strict):
     slot: Annotated[int, Field(ge=1, le=3)]
-    confirm: bool
+    confirm: StrictBool  # "yes" or 1 is not a confirmation
 
 
 class Session(BaseModel):
@@ -116,17 +113,10 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
     def logs(
         env: Env, task_id: TaskId, limit: Annotated[int, Query(ge=1, le=LOG_TAIL_MAX)] = 8192
     ) -> dict[str, Any]:
-        path = env.state_dir / "logs" / f"task-{task_id}.log"
-        # Read a margin more and mask before cutting: a secret across the cut is masked too.
-        window = limit + SECRET_MARGIN
-        try:
-            with path.open("rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                handle.seek(max(0, size - window))
-                tail = redact(handle.read(window).decode(errors="replace"))
-        except FileNotFoundError:
-            size, tail = 0, ""
-        return {"task": task_id, "bytes": size, "tail": tail[-limit:]}
+        from aiworker.core.tasks.inspect import task_log_tail
+
+        size, tail = task_log_tail(env, task_id, limit)
+        return {"task": task_id, "bytes": size, "tail": tail}
 
     @router.get("/providers")
     def providers(env: Env) -> dict[str, Any]:

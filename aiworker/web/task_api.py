@@ -6,7 +6,7 @@
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
@@ -17,7 +17,7 @@ TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    confirm: bool
+    confirm: StrictBool  # "yes" or 1 is not a confirmation
 
 
 def forge_link(env: Environment, repository: str, kind: str, number: int | None) -> str | None:

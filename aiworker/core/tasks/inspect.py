@@ -7,13 +7,15 @@ receipts, the publication) plus where the task's files are on disk.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiworker.core.context import Environment, task_artifacts
+from aiworker.core.context import Environment, task_artifacts, task_log
 from aiworker.core.report import Report
 from aiworker.core.tasks.states import TaskState
 from aiworker.errors import InvalidInput
+from aiworker.secrets import redact
 from aiworker.store.attempts import attempts_of
 from aiworker.store.budgets import budgets_of
 from aiworker.store.models import Repository
@@ -27,6 +29,7 @@ from aiworker.store.task_records import (
 )
 
 LIST_LIMIT = 500
+SECRET_MARGIN = 8192  # longer than any token the redactor masks
 OUTPUT_TAIL_CHARS = 1500  # of an attempt's kept provider output, in `task show`
 
 
@@ -215,3 +218,24 @@ def recent(env: Environment, limit: int, before: int | None = None) -> dict[str,
     finally:
         db.dispose()
     return {"events": events, "next_before": events[-1]["id"] if len(events) == limit else None}
+
+
+def task_log_tail(env: Environment, task_id: int, limit: int) -> tuple[int, str]:
+    """The size of TASK_ID's log and its last LIMIT characters, secrets masked; a task
+    with no log yet has an empty one, a task that does not exist is not found."""
+    # Read a margin more and mask before cutting: a secret across the cut is masked too.
+    window = limit + SECRET_MARGIN
+    try:
+        with task_log(env, task_id).open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(0, size - window))
+            return size, redact(handle.read(window).decode(errors="replace"))[-limit:]
+    except FileNotFoundError:
+        pass
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            existing_task(session, task_id)
+    finally:
+        db.dispose()
+    return 0, ""
