@@ -118,14 +118,19 @@ def test_postgresql_write_sessions_hold_the_write_lock_until_they_end(postgres_u
     db.dispose()
 
 
-def test_newer_schema_fails_closed(cli, store_url):
-    rows(store_url, "update alembic_version set version_num = '9999_future'")
+@pytest.mark.parametrize(
+    ("revision", "said"),
+    [("9999_future", "is newer than this aiworker"), ("b7c1e2_theirs", "is not one this")],
+)
+def test_newer_or_foreign_schema_fails_closed(cli, store_url, revision, said):
+    rows(store_url, f"update alembic_version set version_num = '{revision}'")
     for args in (("status",), ("db", "upgrade"), ("db", "current")):
         result = cli(*args)
         assert result.exit_code == 2, (args, result)
-        assert "9999_future" in result.stderr
+        assert revision in result.stderr
+        assert said in " ".join(result.stderr.split())
         assert HEAD_REVISION in result.stderr
-    assert rows(store_url, "select version_num from alembic_version") == [("9999_future",)]
+    assert rows(store_url, "select version_num from alembic_version") == [(revision,)]
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"])

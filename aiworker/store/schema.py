@@ -45,11 +45,19 @@ def revision_on(conn: Connection) -> str | None:
 
 
 def ensure_not_newer(revision: str | None) -> None:
-    if revision is not None and revision not in KNOWN_REVISIONS:
+    if revision is None or revision in KNOWN_REVISIONS:
+        return
+    number = revision.partition("_")[0]
+    if number.isdigit() and int(number) > int(HEAD_REVISION.partition("_")[0]):
         raise SchemaMismatch(
             f"database schema revision {revision} is newer than this aiworker "
             f"(which knows up to {HEAD_REVISION}); upgrade aiworker before using this database"
         )
+    # Not one of ours, nor a later one of ours: another program's, or a hand edit.
+    raise SchemaMismatch(
+        f"database schema revision {revision[:100]!r} is not one this aiworker knows "
+        f"({KNOWN_REVISIONS[0]} to {HEAD_REVISION}); it may not be an aiworker database"
+    )
 
 
 def not_initialised(url: str) -> SchemaMismatch:
