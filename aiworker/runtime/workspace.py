@@ -43,19 +43,28 @@ class Workspace:
         return self.root / "home"
 
 
-def _git(workspace: Workspace, *args: str) -> str:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(workspace.root),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "LANG": "C",
-    }
-    result = run_command(["git", "-C", str(workspace.repo), *args], env=env, timeout=300)
+# The job may write anywhere in its workspace (and, unless its phase is read-only, in the
+# checkout's .git/config): git on this side reads no configuration outside the checkout,
+# and none in it may name a program for git here to run (a file system monitor, hooks).
+_GIT_ENV = {
+    "HOME": "/nonexistent",
+    "XDG_CONFIG_HOME": "/nonexistent",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "LANG": "C",
+}
+_GIT_PINNED = ("-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}")
+
+
+def _git(workspace: Workspace, *args: str, strip: bool = True) -> str:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV}
+    argv = ["git", *_GIT_PINNED, "-C", str(workspace.repo), *args]
+    result = run_command(argv, env=env, timeout=300)
     if not result.ok:
         raise WorkspaceError(
             f"git {args[0]} failed in the workspace: {result.stderr.strip()[:300]}"
         )
-    return result.stdout.strip()
+    return result.stdout.strip() if strip else result.stdout
 
 
 def prepare_workspace(
@@ -85,13 +94,17 @@ def prepare_workspace(
 
 def altered(workspace: Workspace) -> list[str]:
     """What a job changed in a checkout it was to leave as it was: a moved HEAD, and every
-    path `git status` reports (a read-only phase's result is refused for any of them)."""
+    path `git status` reports (a read-only phase's result is refused for any of them). The
+    checkout's .git/config is this side's (the job cannot write it), and git reads no other
+    configuration here, so no filter or monitor of the job's runs."""
     found = []
     head, base = _git(workspace, "rev-parse", "HEAD"), _git(workspace, "rev-parse", "base")
     if head != base:
         found.append(f"HEAD moved to {head[:12]}")
-    status = _git(workspace, "status", "--porcelain", "--untracked-files=all")
-    found += [line[3:] for line in status.splitlines() if line.strip()]
+    # NUL-separated: a name is given as it is (not quoted), and the first entry's leading
+    # space (" M a.txt") survives.
+    status = _git(workspace, "status", "--porcelain", "-z", "--no-renames", "-uall", strip=False)
+    found += [entry[3:] for entry in status.split("\0") if entry]
     return found
 
 
@@ -118,7 +131,8 @@ def open_private_home(workspace: Workspace) -> Path:
 def changed_lines(workspace: Workspace) -> int:
     """Lines added plus removed on `work` since `base` (binary files count as one each)."""
     total = 0
-    for line in _git(workspace, "diff", "--numstat", "base...work").splitlines():
+    numstat = _git(workspace, "diff", "--no-ext-diff", "--no-textconv", "--numstat", "base...work")
+    for line in numstat.splitlines():
         added, removed, _ = line.split("\t", 2)
         total += int(added) + int(removed) if added.isdigit() and removed.isdigit() else 1
     return total
