@@ -75,6 +75,50 @@ def test_things_planted_beside_attempts_are_skipped_not_followed(roots):
     ]
 
 
+def test_markers_planted_by_a_job_neither_hang_the_sweep_nor_kill_another_job(roots):
+    """A job runs as the runner's user and can write beside its attempt: a FIFO as a
+    marker, or a marker naming a dead pid and another running job's attempt."""
+    root, attempts = roots
+    victim = make_source(root, "sleep 8\necho victim finished\n", name="victim")
+    running = subprocess.Popen(
+        runner_argv(root, attempts),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        running.stdin.write(json.dumps(request(victim)).encode())
+        running.stdin.close()
+        deadline = time.monotonic() + 60
+        while not list(attempts.glob("attempt-*")):
+            assert time.monotonic() < deadline, "the victim's attempt never appeared"
+            time.sleep(0.1)
+        [theirs] = [p.name.removeprefix("attempt-") for p in attempts.glob("attempt-*")]
+        script = (
+            'root="$AIWORKER_WORKSPACE/../.."\n'
+            'mkdir "$root/attempt-fifo" "$root/attempt-other"\n'
+            'mkfifo "$root/attempt-fifo/.aiworker-attempt.json"\n'
+            f'printf \'{{"attempt_id": "{theirs}", "pid": {2**22 + 7}}}\' '
+            '> "$root/attempt-other/.aiworker-attempt.json"\n'
+        )
+        planter = make_source(root, script, name="planter")
+        planted = execute(request(planter), source_root=root, attempt_root=attempts)
+        assert planted.exit_code == 0, planted
+        quiet = make_source(root, "exit 0\n", name="quiet")
+        result = execute(request(quiet), source_root=root, attempt_root=attempts, timeout=60)
+        assert result.exit_code == 0, result
+        out = running.stdout.read()
+        running.wait(timeout=60)
+    finally:
+        running.kill()
+        running.wait()
+        running.stdout.close()
+    document = json.loads(out)
+    assert (document["status"], document["exit_code"]) == ("succeeded", 0), document
+    assert tail(document["evidence"]["stdout"]) == "victim finished\n"
+    assert {"attempt-fifo", "attempt-other"} <= {p.name for p in attempts.iterdir()}
+
+
 def _cases(source):
     base = request(source)
     nul_argv = request(source, command={"argv": ["./ci/run", "a\x00b"]})

@@ -240,6 +240,11 @@ def sweep_stale_attempts(root: Path) -> int:
             pid = int(marker["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        # A job runs as this user and could plant a directory here: its marker must name
+        # its own directory, or its tag would pick another job's processes to kill.
+        if marker.get("attempt_id") != path.name.removeprefix("attempt-"):
+            log.warning("attempt root: skipped %s (its marker names another attempt)", path)
+            continue
         if pid == os.getpid() or _alive(pid):
             continue
         # What the dead runner's job left running (it carries the attempt's tag) goes too.
@@ -254,13 +259,18 @@ def sweep_stale_attempts(root: Path) -> int:
 
 
 def _read_marker(path: Path) -> str:
-    """The marker file, opened without following a link at either level."""
+    """The marker file, opened without following a link at either level; anything but a
+    regular file is refused."""
     directory = os.open(path, _DIRECTORY)
     try:
-        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        # Never blocks: a FIFO planted as a marker would hold every later sweep forever.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(MARKER, flags, dir_fd=directory)
     finally:
         os.close(directory)
     with os.fdopen(fd, encoding="utf-8") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path / MARKER} is not a file")
         return handle.read(65536)
 
 
