@@ -80,7 +80,8 @@ def move_main(forge, tmp_path, path: str, text: str) -> str:
     work = tmp_path / "alice"
     git("clone", "-q", forge.clone_url("alice"), str(work))
     (work / path).write_text(text)
-    git("commit", "-qam", f"Change {path} on main", cwd=work)
+    git("add", "--", path, cwd=work)
+    git("commit", "-qm", f"Change {path} on main", cwd=work)
     git("push", "-q", "origin", "main", cwd=work)
     return git("rev-parse", "HEAD", cwd=work).stdout.strip()
 

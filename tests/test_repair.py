@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from aiworker.runtime.gitcache import GitCache
 from tests.forge_fixtures import git
 from tests.helpers import run_process
@@ -247,21 +249,23 @@ def test_a_conflicting_base_move_is_repaired_and_merged(
     assert show_file(forge, "main", "calc.py") == resolved
 
 
+@pytest.mark.parametrize("name", ["calc.py", "notes café.txt"])
 def test_a_repair_that_leaves_conflict_markers_is_not_accepted(
-    forge, claimed, upgraded, cli, tmp_path
+    forge, claimed, upgraded, cli, tmp_path, name
 ):
     task = claimed(
         SCRIPT_ONLY,
-        edits={"calc.py": FIX},
+        edits={"calc.py": FIX, name: FIX},
         result=result_doc(),
         phases={"repair": {"edits": {"notes.txt": "looked at it\n"}, "result": result_doc()}},
     )
     first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
-    move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    move_main(forge, tmp_path, name, "def add(a, b):\n    return b + a + 0\n")
     run_process("--json", "publish", "--task", str(task))
     result = repair_once(cli, task)
     assert result.exit_code == 1, result
-    assert "conflict markers remain in calc.py" in result.json()["reason"]
+    # A name git would quote (not ASCII) is found as it is.
+    assert f"conflict markers remain in {name}" in result.json()["reason"]
     assert query(upgraded, "select state, claim_slot, head_commit from tasks") == [
         ("repairing", None, first["head"])
     ]

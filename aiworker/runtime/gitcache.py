@@ -242,9 +242,9 @@ class GitCache:
         if not paths:
             return []
         pattern = "^(<<<<<<<|>>>>>>>)( |$)"
-        found = self._git(index, "grep", "-l", "-E", pattern, commit, "--", *paths)
+        found = self._git(index, "grep", "-l", "-z", "-E", pattern, commit, "--", *paths)
         prefix = f"{commit}:"
-        return sorted(line.removeprefix(prefix) for line in found.stdout.splitlines() if line)
+        return sorted(name.removeprefix(prefix) for name in found.stdout.split("\0") if name)
 
     def merge_into(
         self,
@@ -273,8 +273,11 @@ class GitCache:
         }
         with self._locked(index):
             head, base = self.resolve(index, head), self.resolve(index, base)
-            merged = self._git(index, "merge-tree", "--write-tree", "--name-only", head, base)
-            lines = merged.stdout.split("\n\n", 1)[0].split("\n")
+            # NUL-separated: the names come as they are, not in git's quoting of
+            # non-ASCII names, so that they can be looked up in the tree again.
+            merged = self._git(index, "merge-tree", "--write-tree", "--name-only", "-z", head, base)
+            lines = [name for name in merged.stdout.split("\0\0", 1)[0].split("\0") if name]
+            lines = lines or [""]
             conflicts = list(dict.fromkeys(lines[1:])) if merged.returncode == 1 else []
             if conflicts and not keep_conflicts:
                 raise MergeConflicts(
