@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -223,3 +224,35 @@ def test_a_locked_external_tree_is_written_from_its_own_snapshot(tmp_path):
     assert (target / "vendor/lib/lib.py").read_text() == "x = 1\n"
     assert counts["files"] == 2
     assert sorted(p.name for p in target.iterdir()) == ["ci", "vendor"]
+
+
+def test_a_large_file_is_published_without_being_held_in_memory(tmp_path):
+    """The controller publishes an agent's head for its checks: a file of 256 MiB in it
+    streams into the packs (peak memory was the size of the largest file)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git("init", "-q", cwd=repo)
+    with open(repo / "big.bin", "wb") as handle:
+        handle.truncate(256 << 20)
+    git("add", "big.bin", cwd=repo)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "big", cwd=repo)
+    state = tmp_path / "state"
+    peak = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import resource, sys; from pathlib import Path;"
+            "from aiworker.core.runner.snapshots import publish;"
+            "publish(Path(sys.argv[1]), Path(sys.argv[2]), 1, 'HEAD');"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+            str(state),
+            str(repo),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(peak.stdout) < 128 << 10, f"peak {int(peak.stdout) >> 10} MiB"  # KiB
+    [folder] = (state / "snapshots" / "1").iterdir()
+    packs = sorted(folder.glob("pack-*"))
+    assert sum(p.stat().st_size for p in packs) == 256 << 20

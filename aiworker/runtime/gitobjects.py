@@ -94,8 +94,13 @@ def list_tree(repo: Path, commit: str) -> tuple[str, list[Entry]]:
     return root.decode(), entries
 
 
-def read_blobs(repo: Path, oids: list[str]) -> Iterator[tuple[str, bytes]]:
-    """Each of OIDS with its bytes, in order, from one `git cat-file --batch`."""
+CHUNK = 1 << 20
+
+
+def read_blobs(repo: Path, oids: list[str]) -> Iterator[tuple[str, int, Iterator[bytes]]]:
+    """Each of OIDS with its size and its bytes in chunks (never a whole blob in memory),
+    in order, from one `git cat-file --batch`: a blob's chunks are read before the next
+    blob is yielded."""
     proc = subprocess.Popen(
         ["git", "-C", str(repo), "cat-file", "--batch"],
         stdin=subprocess.PIPE,
@@ -104,7 +109,7 @@ def read_blobs(repo: Path, oids: list[str]) -> Iterator[tuple[str, bytes]]:
     )
     assert proc.stdin is not None
     assert proc.stdout is not None
-    stdin = proc.stdin
+    stdin, stdout = proc.stdin, proc.stdout
 
     def feed() -> None:
         try:
@@ -113,18 +118,29 @@ def read_blobs(repo: Path, oids: list[str]) -> Iterator[tuple[str, bytes]]:
         finally:
             stdin.close()
 
+    def chunks(size: int) -> Iterator[bytes]:
+        while size > 0:
+            chunk = stdout.read(min(size, CHUNK))
+            if not chunk:
+                raise ValueError("git cat-file ended in the middle of a blob")
+            size -= len(chunk)
+            yield chunk
+
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
         for oid in oids:
-            header = proc.stdout.readline().split()
+            header = stdout.readline().split()
             if len(header) != 3 or header[1] != b"blob":
                 raise ValueError(f"git has no blob {oid}")
-            data = proc.stdout.read(int(header[2]))
-            proc.stdout.read(1)
-            yield oid, data
+            size = int(header[2])
+            body = chunks(size)
+            yield oid, size, body
+            for _ in body:  # whatever the caller left unread
+                pass
+            stdout.read(1)
     finally:
-        proc.stdout.close()
+        stdout.close()
         proc.wait()
         feeder.join()
 

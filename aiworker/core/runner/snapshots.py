@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -72,9 +73,9 @@ def _build(repo: Path, root: str, entries: list[Entry], folder: Path) -> Snapsho
             blob_ids.add(entry.oid)
     blobs: dict[str, BlobRecord] = {}
     writer = _PackWriter(folder)
-    for oid, data in read_blobs(repo, sorted(blob_ids)):
-        pack, offset = writer.add(data)
-        blobs[oid] = BlobRecord(pack=pack, offset=offset, size=len(data))
+    for oid, size, chunks in read_blobs(repo, sorted(blob_ids)):
+        pack, offset = writer.add(size, chunks)
+        blobs[oid] = BlobRecord(pack=pack, offset=offset, size=size)
     files = [blobs[e.oid].size for e in entries if e.oid in blobs]  # one per path
     return SnapshotManifest(
         snapshot_id=root,
@@ -94,14 +95,16 @@ class _PackWriter:
         self.digest = hashlib.sha256()
         self.size = 0
 
-    def add(self, data: bytes) -> tuple[int, int]:
-        if self.handle is None or (self.size and self.size + len(data) > PACK_TARGET):
+    def add(self, size: int, chunks: Iterable[bytes]) -> tuple[int, int]:
+        """Append a blob of SIZE bytes, written as its CHUNKS come; (pack, offset)."""
+        if self.handle is None or (self.size and self.size + size > PACK_TARGET):
             self._seal()
             self.handle = open(pack_path(self.folder, len(self.records)), "wb")  # noqa: SIM115
         offset = self.size
-        self.handle.write(data)
-        self.digest.update(data)
-        self.size += len(data)
+        for chunk in chunks:
+            self.handle.write(chunk)
+            self.digest.update(chunk)
+            self.size += len(chunk)
         return len(self.records), offset
 
     def _seal(self) -> None:
