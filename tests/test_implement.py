@@ -118,6 +118,29 @@ def test_claimed_pass_that_fails_on_rerun_is_a_finding(claimed, upgraded):
 
 
 @pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("caf\udce9.txt", "the name 'caf\\xe9.txt' is not UTF-8"),
+        ("d/" * 300 + "f", "a runner cannot write it: " + "d/" * 5),
+    ],
+    ids=["not-utf-8", "too-deep"],
+)
+def test_work_no_runner_can_write_is_refused_as_work_not_as_input(claimed, upgraded, name, why):
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX, name: "x\n"}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result  # the agent's work failed, not the operator's input
+    report = result.json()
+    [finding] = report["gate"]["findings"]
+    assert finding.startswith("the work at "), finding
+    assert why in finding, finding
+    assert len(finding) < 400
+    [(outcome, reason)] = query(upgraded, "select outcome, reason from attempts")
+    assert (outcome, reason) == ("gate_failed", finding)
+    assert query(upgraded, "select state from tasks") == [("failed",)]
+    assert query(upgraded, "select count(*) from receipts") == [(0,)]
+
+
+@pytest.mark.parametrize(
     ("claims", "refusal"),
     [
         (

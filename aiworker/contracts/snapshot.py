@@ -12,6 +12,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field, StringConstraints
 
 from aiworker.contracts.base import Contract
+from aiworker.errors import AiworkerError
 
 SNAPSHOT_CONTRACT: Final = "ait.runner.snapshot.v1"
 ObjectId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
@@ -46,3 +47,25 @@ class SnapshotManifest(Contract):
     packs: list[PackRecord]
     file_count: Annotated[int, Field(ge=0)]
     total_bytes: Annotated[int, Field(ge=0)]
+
+
+NAME_MAX = 255  # bytes: what a runner's file system takes
+# A runner's refusals of a snapshot for what the tree holds (not for a damaged transfer).
+TREE_REFUSALS = frozenset(
+    {
+        "snapshot_too_deep",
+        "snapshot_too_large",
+        "snapshot_external_unlocked",
+        "snapshot_path_escape",
+    }
+)
+
+
+class Uncheckable(AiworkerError):
+    """A commit whose tree no runner can write (a name that is not UTF-8 or too long, a
+    tree too deep or too large): the work is refused; its checks never ran."""
+
+    code = "uncheckable_tree"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message[:300])

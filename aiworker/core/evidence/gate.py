@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypedDict, Unpack
 
 from aiworker.contracts.agent import AgentResult
 from aiworker.contracts.runner import Delivery, JobResult
+from aiworker.contracts.snapshot import Uncheckable
 from aiworker.core.evidence.artifacts import (
     JSON,
     TEXT,
@@ -64,9 +65,13 @@ class GateReport:
     passed: bool
     checks: list[dict[str, Any]] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    uncheckable: str | None = None  # why no check could run on the head's tree
 
     def failures(self) -> list[str]:
-        """One sentence per check that did not pass (a missed threshold among its findings)."""
+        """One sentence per check that did not pass (a missed threshold among its findings),
+        or why none could run."""
+        if self.uncheckable is not None:
+            return [self.uncheckable]
         return [
             f"check {c['check_id']} exited {c['exit_code']}"
             if c["exit_code"] != c["expected_exit_code"] or c["status"] == "timed_out"
@@ -126,7 +131,13 @@ def run_checks(
     report = GateReport(head, base, passed=True)
     for requirement in requirements:
         ran: dict[str, Any] = {}
-        result = _run(jobs, index, head, requirement, timeout_ms, ran)
+        try:
+            result = _run(jobs, index, head, requirement, timeout_ms, ran)
+        except Uncheckable as exc:
+            report.uncheckable = f"the work at {head[:12]} cannot be checked: {exc}"
+            report.findings.append(report.uncheckable)
+            report.passed = False
+            return report
         passed = result.status != "timed_out" and result.exit_code == requirement.expected_exit_code
         body = {
             "command": list(requirement.argv),

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiworker.config.models import Runners
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery
+from aiworker.contracts.snapshot import TREE_REFUSALS, Uncheckable
 from aiworker.core.context import Environment
 from aiworker.core.runner.agent import AgentOptions, new_key, run_leased
 from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings
@@ -158,4 +159,6 @@ class Dispatch:
         if delivery.result is not None:
             return delivery
         assert delivery.error is not None
+        if delivery.error.code in TREE_REFUSALS:
+            raise Uncheckable(f"a runner cannot write it: {delivery.error.message}")
         raise RequestRejected(delivery.error.code, delivery.error.message, delivery.error.field)

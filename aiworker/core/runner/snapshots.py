@@ -13,7 +13,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from aiworker.contracts.snapshot import BlobRecord, PackRecord, SnapshotManifest, TreeEntry
+from aiworker.contracts.snapshot import (
+    NAME_MAX,
+    BlobRecord,
+    PackRecord,
+    SnapshotManifest,
+    TreeEntry,
+    Uncheckable,
+)
 from aiworker.runtime.gitobjects import GITLINK_MODE, TREE_MODE, Entry, list_tree, read_blobs
 
 PACK_TARGET = 8 * 1024 * 1024  # packs this big let a runner fetch up to 8 at once
@@ -62,6 +69,7 @@ def _build(repo: Path, root: str, entries: list[Entry], folder: Path) -> Snapsho
     blob_ids: set[str] = set()
     for entry in entries:
         parent, _, name = entry.path.rpartition("/")
+        _writable(entry.path, name)
         owner = tree_at[parent]
         if entry.mode == TREE_MODE:
             first_path.setdefault(entry.oid, entry.path)
@@ -85,6 +93,16 @@ def _build(repo: Path, root: str, entries: list[Entry], folder: Path) -> Snapsho
         file_count=len(files),
         total_bytes=sum(files),
     )
+
+
+def _writable(path: str, name: str) -> None:
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        shown = path.encode(errors="surrogateescape").decode(errors="backslashreplace")
+        raise Uncheckable(f"the name '{shown}' is not UTF-8") from None
+    if size > NAME_MAX:
+        raise Uncheckable(f"the name '{name[:80]}...' is longer than {NAME_MAX} bytes")
 
 
 class _PackWriter:
