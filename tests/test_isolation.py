@@ -35,12 +35,26 @@ def test_the_local_backend_hides_tokens_configuration_and_state_from_the_agent(
     token = _worker_token_in_a_file(config, forge, tmp_path)
     (tmp_path / "operator-notes.txt").write_text(CANARY)  # beside the configuration
     state_dir = upgraded.parent
+    # The logins of other programs in the home of the user aiworker runs as (outside
+    # the configuration's folder, which is hidden as a whole).
+    home = tmp_path.parent / f"{tmp_path.name}-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text(CANARY)
+    (home / ".git-credentials").write_text(f"https://u:{CANARY}@forge.example\n")
+    # Another repository's check in the embedded runner's attempts.
+    temp = tmp_path.parent / f"{tmp_path.name}-tmp"
+    other = temp / "aiworker" / "attempts" / "attempt-other" / "notes.txt"
+    other.parent.mkdir(parents=True)
+    other.write_text(CANARY)
     probed = [
         str(token),
         str(config),
         str(tmp_path / "operator-notes.txt"),
         str(upgraded),  # the database
         str(state_dir),
+        str(home / ".ssh" / "id_ed25519"),
+        str(home / ".git-credentials"),
+        str(other),
         "/etc/hostname",  # an ordinary file: readable, so the probe itself works
     ]
     task = claimed(
@@ -49,7 +63,8 @@ def test_the_local_backend_hides_tokens_configuration_and_state_from_the_agent(
         probe=probed,
         result=result_doc(),
     )
-    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    moved = {"HOME": str(home), "TMPDIR": str(temp)}
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1", env=moved)
     assert result.exit_code == 0, result
     head = result.json()["head"]
     shown = subprocess.run(
@@ -62,11 +77,13 @@ def test_the_local_backend_hides_tokens_configuration_and_state_from_the_agent(
     assert seen["/etc/hostname"].startswith("read: ")
     assert len(seen["/etc/hostname"]) > 6
     assert seen[str(token)] == "read: "  # an empty file in its place
+    assert seen[str(home / ".git-credentials")] == "read: "
     assert forge.tokens["worker-bot"] not in shown.stdout
     assert CANARY not in shown.stdout
     assert "[forge]" not in shown.stdout
     assert "SQLite format 3" not in shown.stdout
-    for path in (str(config), str(tmp_path / "operator-notes.txt"), str(upgraded)):
+    hidden = (config, tmp_path / "operator-notes.txt", upgraded, home / ".ssh" / "id_ed25519")
+    for path in (*map(str, hidden), str(other)):
         assert seen[path] == "refused: No such file or directory", (path, seen[path])
     # The state directory is an empty place with the job's own workspace mounted in it.
     assert seen[str(state_dir)] == "directory: workspaces"

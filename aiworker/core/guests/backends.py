@@ -24,6 +24,20 @@ SHARED_FOLDERS = frozenset(
     Path(p)
     for p in ("/", "/etc", "/tmp", "/var", "/opt", "/usr", "/root", "/home", "/srv")  # noqa: S108
 )
+# Logins in the home of the user aiworker runs as, for other programs (git over SSH or
+# HTTPS, PostgreSQL, clouds, registries): no job reads them.
+HOME_LOGINS = (
+    ".ssh",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".netrc",
+    ".pgpass",
+    ".aws",
+    ".docker",
+    ".gnupg",
+    ".kube",
+    ".config/gh",
+)
 # Replays scenarios with a helper of ours: no agent runs, so it may run on the host.
 HOST_SAFE = frozenset({"script"})
 
@@ -87,9 +101,10 @@ def provider_homes(env: Environment) -> list[Path]:
 
 def host_secrets(env: Environment) -> list[Path]:
     """What a job on this host must not read: the state directory (the database, runner
-    and web keys, logs), the configuration's folder and every token file it names. A
-    folder shared with the rest of the system (/etc, a home, /tmp) or holding the Python
-    that runs aiworker is not hidden, only the configuration file in it."""
+    and web keys, logs), the configuration's folder, every token file it names and the
+    logins of other programs in this user's home (HOME_LOGINS). A folder shared with the
+    rest of the system (/etc, a home, /tmp) or holding the Python that runs aiworker is
+    not hidden, only the configuration file in it."""
     config_file = env.loaded.path.expanduser().absolute()
     folder = config_file.parent
     runtime = Path(sys.prefix).absolute()
@@ -102,7 +117,8 @@ def host_secrets(env: Environment) -> list[Path]:
         identity = getattr(identities, role, None)
         if identity is not None and identity.token_file:
             secrets.append(token_path(identity, folder).absolute())
-    return secrets
+    home = Path.home().absolute()
+    return secrets + [home / name for name in HOME_LOGINS if (home / name).exists()]
 
 
 def backend_for(env: Environment, phase: str) -> ExecutionBackend:

@@ -34,6 +34,7 @@ from aiworker.core.providers.registry import (
     read_provider,
 )
 from aiworker.core.tasks.deadlines import run_limit_s
+from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.workspace import Workspace
@@ -167,7 +168,8 @@ def run_model_phase(
             env.attempt_tag(phase, attempt),
             phase,
             backend=backend,
-            hidden=[*provider_homes(env), *host_secrets(env)],
+            # The embedded runner's attempts too: other repositories' checks run there.
+            hidden=[*provider_homes(env), *host_secrets(env), default_attempt_root()],
             bound=route.bound if route else None,
             timeout_s=limit_s,
         )
