@@ -147,6 +147,10 @@ def test_inline_token_is_refused_without_echo(cli, tmp_path):
         (f"postgresql://u:{CANARY}@h:notaport/db", "not a well-formed PostgreSQL URL"),
         (f"postgresql://u:{CANARY}@[::1:5432/db", "not a well-formed PostgreSQL URL"),
         ("sqlite://relative.db", "sqlite:///PATH (three slashes)"),
+        # The driver splits at the first '@' (half the password would be named as the
+        # host); a space would end the URL where text is masked.
+        (f"postgresql://u:{CANARY}@half@h/db", "percent-encode them (%40, %20)"),
+        (f"postgresql://u:{CANARY} two@h/db", "percent-encode them (%40, %20)"),
     ],
 )
 def test_a_database_url_the_store_cannot_open_is_refused_without_echo(cli, tmp_path, url, said):

@@ -421,6 +421,40 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_do(cli, postgres, tmp
     assert postgres.password not in result.output
 
 
+def test_a_server_that_refuses_for_a_while_or_an_option_is_named(
+    cli, postgres, monkeypatch, tmp_path
+):
+    """No free connection and a read-only server are waits (exit 75, what a timer's unit
+    counts as success); an option the driver does not know is the URL's fault (exit 2)."""
+    name = postgres.create_database()
+    url = postgres.url(name)
+    configure_database(url, tmp_path / "pg.toml", monkeypatch)
+    assert cli("db", "upgrade").exit_code == 0
+    where = f"PostgreSQL at 127.0.0.1:{postgres.port}/{name}"
+    postgres.psql(f"ALTER ROLE {postgres.user} CONNECTION LIMIT 0")
+    try:
+        full = cli("--json", "scheduler", "tick")
+    finally:
+        postgres.psql(f"ALTER ROLE {postgres.user} CONNECTION LIMIT -1")
+    assert full.exit_code == 75, full
+    assert full.json()["error"]["message"] == f"{where} has no free connection; try again"
+    postgres.psql(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    try:
+        standby = cli("--json", "scheduler", "tick")
+    finally:
+        postgres.psql(f"ALTER DATABASE {name} SET default_transaction_read_only = off")
+    assert standby.exit_code == 75, standby
+    assert standby.json()["error"]["message"].startswith(f"{where} accepts no writes")
+    configure_database(f"{url}?sslmod=require", tmp_path / "typo.toml", monkeypatch)
+    for args in (("db", "current"), ("scheduler", "tick"), ("db", "upgrade")):
+        typo = cli("--json", *args)
+        assert typo.exit_code == 2, (args, typo)
+        message = typo.json()["error"]["message"]
+        assert message == f"{where} cannot take an option database.url names", (args, message)
+    for result in (full, standby, typo):
+        assert postgres.password not in result.output
+
+
 OTHER_PROCESS = """
 import sqlite3, sys
 connection = sqlite3.connect(sys.argv[1], isolation_level=None)

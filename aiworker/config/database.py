@@ -39,6 +39,13 @@ class Database(Strict):
             raise ValueError(
                 "is not a well-formed PostgreSQL URL (its host, or its port as a number)"
             ) from None
+        credentials = parts.netloc.rpartition("@")[0]
+        if "@" in credentials or any(c.isspace() for c in credentials):
+            # The driver splits at the first '@', and a space ends a URL where text is
+            # masked: either would show part of the password as the host, or all of it.
+            raise ValueError(
+                "its user or password holds '@' or a space: percent-encode them (%40, %20)"
+            )
         return value
 
 

@@ -191,7 +191,9 @@ class Database:
             driver,
             privilege,
         ) as exc:
-            refused = "permission denied" in str(exc).lower()
+            text = str(exc).lower()
+            # The server's refusals of the setup, as the driver words them.
+            refused = "permission denied" in text or "invalid connection option" in text
             if isinstance(exc, ProgrammingError | privilege) and not refused:
                 raise  # a statement's own mistake (a missing table, say): not the setup's
             named = explained(self.url, exc)
@@ -199,8 +201,9 @@ class Database:
                 raise
             raise named from None
         except (DatabaseError, sqlite3.DatabaseError) as exc:
-            # A damaged SQLite file is the driver's DatabaseError, not an operational one.
-            named = explained(self.url, exc) if self.sqlite else None
+            # A damaged SQLite file is the driver's DatabaseError, not an operational one;
+            # so is a write on a read-only PostgreSQL server (a standby).
+            named = explained(self.url, exc)
             if named is None:
                 raise
             raise named from None

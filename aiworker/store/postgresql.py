@@ -89,6 +89,12 @@ def where(url: str) -> str:
 # What the server or libpq says, and what to tell the operator: exit 2 where they must act
 # (the URL, the role, the database), 75 where waiting for the server helps.
 FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
+    # Every connection slot taken (max_connections, or the role's or the database's
+    # connection limit; before the role's own errors, as its message names the role):
+    # waiting helps, the setup is sound.
+    ("too many clients", Unavailable, "has no free connection; try again"),
+    ("too many connections", Unavailable, "has no free connection; try again"),
+    ("remaining connection slots are reserved", Unavailable, "has no free connection; try again"),
     (
         "password authentication failed",
         ConfigInvalid,
@@ -118,6 +124,14 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
         "write its tables): use the role that owns the database, or grant it",
     ),
     ("the database system is", Unavailable, "is starting up or shutting down; try again"),
+    ("invalid connection option", ConfigInvalid, "cannot take an option database.url names"),
+    ("invalid sslmode value", ConfigInvalid, "cannot take database.url's sslmode"),
+    (
+        "read-only transaction",
+        Unavailable,
+        "accepts no writes (a standby, or default_transaction_read_only is on): point "
+        "database.url at the primary",
+    ),
     ("server closed the connection", Unavailable, "closed the connection; try again"),
     ("terminating connection", Unavailable, "ended the connection; try again"),
     ("no space left on device", Unavailable, "cannot write: its disk is full"),

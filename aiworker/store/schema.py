@@ -69,8 +69,8 @@ def ensure_current(db: Database) -> None:
         revision = current_revision(db)
     except DBAPIError as exc:
         named = explained(db.url, exc)
-        if named is not None and not isinstance(named, StateUnusable):
-            raise named from None  # passing: a full disk, a lock held too long
+        if named is not None and (not isinstance(named, StateUnusable) or not db.sqlite):
+            raise named from None  # passing: a full disk, a lock held too long, no slot
         where = sqlite_path(db.url) or "the database"
         raise StateUnusable(f"{where}: cannot be used: {exc.orig}") from None
     ensure_not_newer(revision)
