@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from aiworker.cli import main
+from tests.fake_forge import fake  # noqa: F401 - shared fixture
 from tests.forge_fixtures import forge  # noqa: F401 - shared fixture
 from tests.helpers import Result, run_process  # noqa: F401 - re-exported for the tests
 from tests.pg_fixtures import configure_database, postgres, postgres_url  # noqa: F401

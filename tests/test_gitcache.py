@@ -6,8 +6,10 @@ import subprocess
 
 import pytest
 
-from aiworker.runtime.gitcache import AncestryRejected, GitCache
+from aiworker.runtime.gitcache import AncestryRejected, GitCache, GitCacheError
+from tests.fake_forge import USER
 from tests.forge_fixtures import git
+from tests.test_forgejo_faults import CANARY, client
 
 
 @pytest.fixture
@@ -76,3 +78,43 @@ def test_token_is_never_stored(cache, forge):
     for path in cache.path(1).rglob("*"):
         if path.is_file() and path.stat().st_size < 1_000_000:
             assert token.encode() not in path.read_bytes(), path
+
+
+def test_the_clone_url_is_the_configured_forges_whatever_the_forge_names(fake, tmp_path):
+    """git sends the token with every request to the clone URL: a forge's answer naming
+    another host, or an option for git, never becomes it."""
+    planted = tmp_path / "planted"
+    for named in (f"--upload-pack=touch {planted};", "http://elsewhere.example/team/app.git"):
+        repo = {
+            "id": 1,
+            "name": "app",
+            "full_name": "team/app",
+            "owner": USER,
+            "default_branch": "main",
+            "clone_url": named,
+        }
+        _, url = fake(("json", 200, repo, {}))
+        assert client(url).repository("team", "app").clone_url == f"{url}/team/app.git"
+
+
+def test_the_cache_refuses_a_remote_git_would_read_as_an_option(state_dir, tmp_path):
+    planted = tmp_path / "planted"
+    cache = GitCache(state_dir)
+    for remote, token in ((f"--upload-pack=touch {planted};", None), ("/srv/team/app", CANARY)):
+        with pytest.raises(GitCacheError, match="not an http"):
+            cache.fetch(1, remote, token)
+        with pytest.raises(GitCacheError, match="not an http"):
+            cache.push(1, "0" * 40, remote, CANARY, "aiworker/task-1")
+    assert not planted.exists()
+
+
+def test_git_follows_no_redirect_with_the_token(fake, state_dir):
+    """A forge that redirects git elsewhere: git would send the token on to the new
+    address for the rest of the fetch."""
+    elsewhere, other = fake()
+    redirect = ("json", 302, {}, {"Location": f"{other}/team/app.git/info/refs"})
+    script, url = fake(redirect, redirect)
+    with pytest.raises(GitCacheError):
+        GitCache(state_dir).fetch(1, f"{url}/team/app.git", CANARY)
+    assert script.seen  # git asked the forge
+    assert elsewhere.seen == []  # and went nowhere else

@@ -42,6 +42,13 @@ class MergeConflicts(GitCacheError):
 TASK_REF = re.compile(r"^refs/aiworker/(?:review/)?task-(\d+)(?:/|$)")
 
 
+def _remote(url: str, token: str | None) -> None:
+    """URL as git is given it: never an option (`--upload-pack=...`), and an http(s) URL
+    wherever a token goes with it."""
+    if url.startswith("-") or (token is not None and not url.startswith(("http://", "https://"))):
+        raise GitCacheError(f"refusing the remote {url[:80]!r}: not an http(s) URL")
+
+
 class GitCache:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "git-cache"
@@ -68,13 +75,19 @@ class GitCache:
         }
         if token is not None:
             basic = base64.b64encode(f"aiworker:{token}".encode()).decode()
-            env.update(
-                {
-                    "GIT_CONFIG_COUNT": "1",
-                    "GIT_CONFIG_KEY_0": "http.extraHeader",
-                    "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
-                }
-            )
+            # The header goes with every request of the command: never to where a redirect
+            # points (git moves its whole URL there), and over http(s) alone.
+            config = {
+                "http.extraHeader": f"Authorization: Basic {basic}",
+                "http.followRedirects": "false",
+                "protocol.allow": "never",
+                "protocol.http.allow": "always",
+                "protocol.https.allow": "always",
+            }
+            env["GIT_CONFIG_COUNT"] = str(len(config))
+            for number, (key, value) in enumerate(config.items()):
+                env[f"GIT_CONFIG_KEY_{number}"] = key
+                env[f"GIT_CONFIG_VALUE_{number}"] = value
         return run_command(
             ["git", "--git-dir", str(self.path(index)), *args],
             env={**env, **extra},
@@ -93,6 +106,7 @@ class GitCache:
 
     def fetch(self, index: int, url: str, token: str | None) -> dict[str, str]:
         """Bring the cache up to date with the forge; return branch -> full hash."""
+        _remote(url, token)
         with self._locked(index):
             first = not (self.path(index) / "HEAD").exists()
             if first:
@@ -193,6 +207,7 @@ class GitCache:
 
     def push(self, index: int, commit: str, url: str, token: str, branch: str) -> None:
         """Push COMMIT (by full hash) to BRANCH on the forge; the branch belongs to the task."""
+        _remote(url, token)
         full = self.resolve(index, commit)
         with self._locked(index):
             self._must(

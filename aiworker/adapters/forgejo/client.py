@@ -66,7 +66,11 @@ class ForgejoClient:
         return self._get(m.User, "/user")
 
     def repository(self, owner: str, repo: str) -> m.Repository:
-        return self._get(m.Repository, self._repo(owner, repo))
+        """The repository, its clone URL on the configured forge.url: git sends the token
+        with every request to it, so never to an address the forge's answer names."""
+        found = self._get(m.Repository, self._repo(owner, repo))
+        clone_url = f"{self.http.base}/{segment(owner)}/{segment(repo)}.git"
+        return found.model_copy(update={"clone_url": clone_url})
 
     def collaborator_permission(self, owner: str, repo: str, user: str) -> m.CollaboratorPermission:
         path = f"{self._repo(owner, repo)}/collaborators/{segment(user)}/permission"
