@@ -31,20 +31,33 @@ def start(script):
 
         def do_GET(self):
             script.seen.append((time.monotonic(), self.path, self.headers.get("Authorization")))
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
             action = script.actions.pop(0) if script.actions else ("json", 200, USER, {})
             if action[0] == "drop":
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.connection.close()
                 return
-            _, status, body, headers = action
-            data = json.dumps(body).encode()
+            # ("json", STATUS, BODY, HEADERS); ("raw", ...) sends BODY's bytes as they are;
+            # ("trickle", ...) sends them a byte every 0.2 s, a forge that never stalls.
+            kind, status, body, headers = action
+            data = body if kind in ("raw", "trickle") else json.dumps(body).encode()
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
-            self.send_header("Content-Type", "application/json")
+            if kind == "json":
+                self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if kind != "trickle":
+                self.wfile.write(data)
+                return
+            for byte in data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+
+        do_POST = do_PATCH = do_GET
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
 
 import pytest
 
-from aiworker.adapters.forgejo import ForgejoClient, ForgeUnavailable
-from aiworker.adapters.forgejo.errors import ForgeInvalid, ForgeNotFound
+from aiworker.adapters.forgejo import ForgejoClient, ForgeUnavailable, transport
+from aiworker.adapters.forgejo.errors import (
+    ForgeBadAnswer,
+    ForgeError,
+    ForgeInvalid,
+    ForgeNotFound,
+    ForgeUnreachable,
+)
+from tests.fake_forge import USER
 
 CANARY = "canary-forge-token-5d1e9a0b7c"
 
@@ -116,3 +124,65 @@ def test_a_503_names_the_url_and_forgejos_message(cli, upgraded, tmp_path, monke
     assert result.exit_code == 75, result
     assert url in result.stderr
     assert "HTTP 503: under maintenance" in result.stderr
+
+
+def test_an_answer_that_trickles_in_ends_at_its_deadline(fake):
+    """A byte every 0.2 s never trips the timeout of a read (2 s): the whole answer has
+    four of them."""
+    _, url = fake(("trickle", 200, b" " * 200 + json.dumps(USER).encode(), {}))
+    started = time.monotonic()
+    with pytest.raises(ForgeUnavailable) as caught:
+        ForgejoClient(url, CANARY, timeout=2, attempts=1).current_user()
+    assert "the answer did not arrive whole within 8 s" in str(caught.value)
+    assert caught.value.exit_code == 75
+    assert time.monotonic() - started < 30
+
+
+def test_an_answer_too_large_is_refused(fake, monkeypatch):
+    monkeypatch.setattr(transport, "MAX_ANSWER_BYTES", 1000)
+    _, url = fake(("raw", 200, b"[" + b" " * 5000 + b"]", {}))
+    with pytest.raises(ForgeError, match="the answer is larger than 1000 bytes"):
+        client(url).current_user()
+
+
+def test_a_change_the_forge_redirects_is_not_sent_on_as_a_read(fake):
+    """requests sends a POST that gets a 301 or 302 on as a GET: the comment would not
+    be made, and the GET's answer taken for it."""
+    script, url = fake(("json", 301, {}, {"Location": "/api/v1/elsewhere"}))
+    with pytest.raises(ForgeUnreachable) as caught:
+        client(url).create_comment("team", "app", 1, "hello")
+    assert "the forge redirects POST to" in str(caught.value)
+    assert caught.value.exit_code == 2
+    assert len(script.seen) == 1
+
+
+def test_a_listing_that_never_ends_is_refused(fake):
+    settings = ("json", 200, {"max_response_items": 2}, {})
+    label = {"id": 1, "name": "bug"}
+    again = (
+        "json",
+        200,
+        [label, label],
+        {"Link": '</api/v1/repos/team/app/labels?page=2>; rel="next"'},
+    )
+    script, url = fake(settings, again, again, again)
+    with pytest.raises(ForgeError, match="the listing does not end"):
+        client(url).repo_labels("team", "app")
+    assert len(script.seen) == 3  # the settings, the first page, the page that repeats
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"<html>Sign in</html>", "the answer is not a User: not JSON"),
+        (json.dumps({**USER, "login": None}).encode(), "the answer is not a User: login: "),
+        (b"[" * 100_000 + b"]" * 100_000, "the answer is not a User: "),
+    ],
+    ids=["a proxy's page", "a wrong type", "deep nesting"],
+)
+def test_an_answer_that_is_not_what_the_api_says_is_named(fake, body, said):
+    _, url = fake(("raw", 200, body, {"Content-Type": "application/json"}))
+    with pytest.raises(ForgeBadAnswer) as caught:
+        client(url).current_user()
+    assert said in str(caught.value)
+    assert "GET /user" in str(caught.value)

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, TypeVar, Unpack
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from aiworker.adapters.forgejo import models as m
-from aiworker.adapters.forgejo.errors import ForgeError, ForgeNotFound, ForgeUnavailable
+from aiworker.adapters.forgejo.errors import (
+    ForgeBadAnswer,
+    ForgeError,
+    ForgeNotFound,
+    ForgeUnavailable,
+)
 from aiworker.adapters.forgejo.transport import Transport, TransportOptions, segment
+from aiworker.errors import key_path
 
 T = TypeVar("T", bound=BaseModel)
 REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
@@ -34,16 +41,42 @@ class ForgejoClient:
 
     # plumbing --------------------------------------------------------------------------
     def _get(self, model: type[T], path: str, **params: Any) -> T:
-        return model.model_validate(self.http.request("GET", path, params=params or None).json())
+        with self._answer("GET", path, model):
+            return model.model_validate(
+                self.http.request("GET", path, params=params or None).json()
+            )
 
     def _list(self, model: type[T], path: str, **params: Any) -> list[T]:
-        items = self.http.pages(path, params, self.page_size)
-        return [model.model_validate(item) for item in items]
+        with self._answer("GET", path, model):
+            items = self.http.pages(path, params, self.page_size)
+            return [model.model_validate(item) for item in items]
+
+    def _items(self, model: type[T], method: str, path: str, **options: Any) -> list[T]:
+        """The list of MODEL one call answers (an endpoint that does not page)."""
+        with self._answer(method, path, model):
+            response = self.http.request(method, path, **options)
+            return [model.model_validate(item) for item in response.json() or []]
 
     def _send(
         self, model: type[T], method: str, path: str, body: Any, ok: tuple[int, ...] = (200, 201)
     ) -> T:
-        return model.model_validate(self.http.request(method, path, json=body, ok=ok).json())
+        with self._answer(method, path, model):
+            return model.model_validate(self.http.request(method, path, json=body, ok=ok).json())
+
+    @contextmanager
+    def _answer(self, method: str, path: str, model: type[BaseModel]) -> Iterator[None]:
+        """A success whose body is not the MODEL the API names (an HTML page from a proxy
+        in front of the forge, another shape) is the forge's failure, named."""
+        try:
+            yield
+        except (ValueError, TypeError, RecursionError) as exc:  # not JSON, or not MODEL
+            if isinstance(exc, ValidationError):
+                first = exc.errors()[0]
+                what = f"{key_path(tuple(first['loc'])) or 'the body'}: {first['msg']}"
+            else:
+                what = f"not JSON ({type(exc).__name__})"
+            detail = f"the answer is not a {model.__name__}: {what}"
+            raise ForgeBadAnswer(method, path, 200, detail, forge=self.http.shown_base) from None
 
     @staticmethod
     def _repo(owner: str, repo: str) -> str:
@@ -59,7 +92,9 @@ class ForgejoClient:
 
     def server_version(self) -> str:
         """The forge's version (GET /version)."""
-        return str(self.http.request("GET", "/version").json().get("version") or "unknown")
+        with self._answer("GET", "/version", m.ServerVersion):
+            found = m.ServerVersion.model_validate(self.http.request("GET", "/version").json())
+        return found.version or "unknown"
 
     # identity and repository -----------------------------------------------------------
     def current_user(self) -> m.User:
@@ -108,8 +143,7 @@ class ForgejoClient:
         return self._list(m.TimelineComment, f"{self._repo(owner, repo)}/issues/{number}/timeline")
 
     def comments(self, owner: str, repo: str, number: int) -> list[m.Comment]:
-        response = self.http.request("GET", f"{self._repo(owner, repo)}/issues/{number}/comments")
-        return [m.Comment.model_validate(item) for item in response.json() or []]
+        return self._items(m.Comment, "GET", f"{self._repo(owner, repo)}/issues/{number}/comments")
 
     def create_comment(self, owner: str, repo: str, number: int, body: str) -> m.Comment:
         path = f"{self._repo(owner, repo)}/issues/{number}/comments"
@@ -141,8 +175,7 @@ class ForgejoClient:
         self, owner: str, repo: str, number: int, labels: Iterable[int | str]
     ) -> list[m.Label]:
         path = f"{self._repo(owner, repo)}/issues/{number}/labels"
-        response = self.http.request("POST", path, json={"labels": list(labels)})
-        return [m.Label.model_validate(item) for item in response.json() or []]
+        return self._items(m.Label, "POST", path, json={"labels": list(labels)})
 
     def remove_label(self, owner: str, repo: str, number: int, label: int | str) -> None:
         path = f"{self._repo(owner, repo)}/issues/{number}/labels/{segment(label)}"
@@ -150,8 +183,7 @@ class ForgejoClient:
 
     # attachments -----------------------------------------------------------------------
     def attachments(self, owner: str, repo: str, number: int) -> list[m.Attachment]:
-        response = self.http.request("GET", f"{self._repo(owner, repo)}/issues/{number}/assets")
-        return [m.Attachment.model_validate(item) for item in response.json() or []]
+        return self._items(m.Attachment, "GET", f"{self._repo(owner, repo)}/issues/{number}/assets")
 
     def download_attachment(self, attachment: m.Attachment, max_bytes: int) -> bytes:
         """The attachment's bytes; refuses (without reading on) past MAX_BYTES."""
@@ -197,10 +229,9 @@ class ForgejoClient:
         if prefix:
             path += "/" + segment(prefix.removeprefix("refs/"), slashes=True)
         try:
-            response = self.http.request("GET", path)
+            return self._items(m.Reference, "GET", path)
         except ForgeNotFound:
             return []
-        return [m.Reference.model_validate(item) for item in response.json() or []]
 
     # pull requests ---------------------------------------------------------------------
     def create_pull(

@@ -47,6 +47,13 @@ class ForgeUnauthorized(ForgeError):
     exit_code = EXIT_INVALID
 
 
+class ForgeBadAnswer(ForgeError):
+    """A success whose body is not what the API says it is (an HTML login page from a
+    proxy in front of the forge, a list where an object belongs)."""
+
+    code = "forge_bad_answer"
+
+
 class ForgeNotFound(ForgeError):
     code = "forge_not_found"
 

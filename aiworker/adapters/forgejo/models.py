@@ -28,6 +28,10 @@ class User(Model):
     is_admin: bool = False
 
 
+class ServerVersion(Model):
+    version: str = ""
+
+
 class Permission(Model):
     admin: bool = False
     push: bool = False

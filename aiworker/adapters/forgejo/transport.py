@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 from urllib.parse import quote, urlsplit
 
 import requests
+import urllib3
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from aiworker.adapters.forgejo.errors import (
@@ -30,6 +31,16 @@ from aiworker.secrets import redact, register_secret
 
 log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# One answer arrives whole within this many timeouts (a server that sends a byte at a
+# time never trips the timeout of each read) and is at most this big.
+DEADLINE_TIMEOUTS = 4
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# A listing longer than this is a server that never stops paging (at 50 a page, 50,000).
+MAX_PAGES = 1000
+
+
+class _Late(Exception):
+    """An answer that did not arrive whole in time."""
 
 
 class _Retryable(Exception):
@@ -207,9 +218,21 @@ class Transport:
         started = time.monotonic()
         self.requests_sent += 1
         try:
+            # A redirect of a change would be sent on as a GET (requests follows 301 and
+            # 302 so): only reads follow one.
             response = self.session.request(
-                method, target, params=params, json=body, timeout=self.timeout, stream=stream
+                method,
+                target,
+                params=params,
+                json=body,
+                timeout=self.timeout,
+                stream=True,
+                allow_redirects=method == "GET",
             )
+            if not stream:
+                self._read_whole(response, started, method, shown)
+        except _Late as exc:  # not tried again: each try could take as long
+            raise ForgeUnavailable(method, shown, None, str(exc), forge=self.shown_base) from None
         except (requests.ConnectionError, requests.Timeout) as exc:
             cause, curable = connection_cause(exc, self.timeout)
             log.info("%s %s at %s: %s; retrying", method, shown, self.shown_base, cause)
@@ -229,8 +252,16 @@ class Transport:
             raise ForgeUnavailable(
                 method, shown, None, type(exc).__name__, forge=self.shown_base
             ) from None
-        if not stream:
-            self.bytes_received += len(response.content)
+        if response.is_redirect:
+            where = urlsplit(response.headers.get("Location", ""))
+            raise ForgeUnreachable(
+                method,
+                shown,
+                response.status_code,
+                f"the forge redirects {method} to {where.scheme}://{where.netloc}{where.path}; "
+                "set forge.url to the address it answers on",
+                forge=self.shown_base,
+            )
         log.debug(
             "%s %s -> %d in %.0f ms",
             method,
@@ -242,6 +273,40 @@ class Transport:
             after = retry_after_seconds(response.headers.get("Retry-After"))
             raise _Retryable(response.status_code, self._message(response), after)
         return response
+
+    def _read_whole(
+        self, response: requests.Response, started: float, method: str, shown: str
+    ) -> None:
+        """Read RESPONSE's body into it within the answer's deadline and size."""
+        if getattr(response, "_content_consumed", False):  # a hook of the session read it
+            self.bytes_received += len(response.content)
+            return
+        deadline = started + self.timeout * DEADLINE_TIMEOUTS
+        data = bytearray()
+        try:
+            # read1 returns what one read brings, so that the deadline is looked at
+            # between reads however slowly the bytes come.
+            while chunk := response.raw.read1(64 * 1024, decode_content=True):
+                data += chunk
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise ForgeError(
+                        method,
+                        shown,
+                        response.status_code,
+                        f"the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                        forge=self.shown_base,
+                    )
+                if time.monotonic() > deadline:
+                    spent = self.timeout * DEADLINE_TIMEOUTS
+                    raise _Late(f"the answer did not arrive whole within {spent:g} s")
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            raise requests.Timeout(str(exc)) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise requests.ConnectionError(str(exc)) from None
+        finally:
+            response.close()
+        response._content = bytes(data)  # what .content and .json() read from now on
+        self.bytes_received += len(data)
 
     @staticmethod
     def _message(response: requests.Response) -> str:
@@ -264,13 +329,25 @@ class Transport:
         """Every item of a list endpoint, following Link rel="next"."""
         query = {**(params or {}), "limit": page_size, "page": 1}
         response = self.request("GET", path, params=query)
-        while True:
+        visited: set[str] = set()
+        for _ in range(MAX_PAGES):
             items = response.json() or []
             yield from items
             following = response.links.get("next", {}).get("url")
             if not following or len(items) < page_size:
                 return
-            response = self.request("GET", "", url=self._same_host(following))
+            following = self._same_host(following)
+            if following in visited:
+                break
+            visited.add(following)
+            response = self.request("GET", "", url=following)
+        raise ForgeError(
+            "GET",
+            urlsplit(self.api + path).path,
+            None,
+            f"the listing does not end (a page repeats, or more than {MAX_PAGES} pages)",
+            forge=self.shown_base,
+        )
 
     def _same_host(self, url: str) -> str:
         """Link URLs come from the server's ROOT_URL; keep requests on our base URL."""
