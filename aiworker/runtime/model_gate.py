@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 MAX_BODY = 16 * 1024 * 1024  # a request's JSON: the prompt, the tools, the history
+MAX_REPLY_BYTES = 16 * 1024 * 1024  # a reply: what a chat completion could ever be
 KEPT_REFUSALS = 20
 CLIENT_TIMEOUT_S = 10.0  # a client connection that sends nothing is dropped
 
@@ -82,7 +83,7 @@ class ModelGate:
         self.use = RouteUse()
         self.reserved = 0  # tokens admitted requests may still generate
         self.closed = False
-        self.in_flight: set[http.client.HTTPConnection] = set()
+        self.in_flight: set[socket.socket] = set()  # the upstream sockets, cut on close
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -116,9 +117,11 @@ class ModelGate:
         with self.lock:
             self.closed = True
             flying = list(self.in_flight)
-        for connection in flying:
-            with contextlib.suppress(OSError, AttributeError):
-                connection.sock.shutdown(socket.SHUT_RDWR)
+        for sock in flying:
+            # The socket itself: http.client lets go of HTTPConnection.sock once it hands
+            # a reply that ends at close (no length) to its response.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self.server.shutdown()
         self.server.server_close()  # joins the handlers
         with self.lock:
@@ -241,6 +244,18 @@ def _server_time(gate: ModelGate, event: dict[str, Any]) -> None:
             gate.use.server_seconds = round(gate.use.server_seconds + spent / 1000, 3)
 
 
+def _read_reply(reply: http.client.HTTPResponse) -> bytes:
+    """REPLY's body, whole (a reply cut short is IncompleteRead) and bounded."""
+    data = bytearray()
+    while chunk := reply.read(65536):
+        data += chunk
+        if len(data) > MAX_REPLY_BYTES:
+            raise http.client.HTTPException(f"a reply over {MAX_REPLY_BYTES} bytes")
+    if reply.length:  # what its Content-Length still promised when the connection ended
+        raise http.client.IncompleteRead(bytes(data), reply.length)
+    return bytes(data)
+
+
 def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # one request per connection; a stream ends at close
@@ -305,17 +320,22 @@ def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
             allowed: int,
         ) -> None:
             upstream = gate.upstream()
-            with gate.lock:
-                gate.in_flight.add(upstream)
+            raw: socket.socket | None = None
             sent = False
             try:
+                upstream.connect()
+                raw = upstream.sock
+                with gate.lock:
+                    if gate.closed:
+                        raise ConnectionAbortedError("the gate is closing")
+                    gate.in_flight.add(raw)
                 payload = json.dumps(body).encode() if body is not None else None
                 headers = {"Content-Type": "application/json"} if payload else {}
                 upstream.request(method, gate.upstream_prefix + path, payload, headers)
                 sent = True
                 reply = upstream.getresponse()
                 status, kind = reply.status, reply.getheader("Content-Type") or "application/json"
-                data = reply.read()
+                data = _read_reply(reply)
             except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, TimeoutError):
                     gate.end(f"the try's {gate.bounds.seconds_per_try:g} s")
@@ -326,7 +346,7 @@ def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
                 return
             finally:
                 with gate.lock:
-                    gate.in_flight.discard(upstream)
+                    gate.in_flight.discard(raw)
                 upstream.close()
             try:
                 event = json.loads(data)
@@ -334,7 +354,9 @@ def _handler(gate: ModelGate) -> type[BaseHTTPRequestHandler]:
                 event = None
             event = event if isinstance(event, dict) else {}
             if body is not None:
-                prompt, generated = _usage_of(event) or (0, allowed)
+                # A reply without its usage counts as all it may generate, unless it is a
+                # refusal (4xx, 5xx): that generated nothing.
+                prompt, generated = _usage_of(event) or (0, allowed if status < 400 else 0)
                 _server_time(gate, event)
                 gate.count(allowed, prompt, generated)
             with contextlib.suppress(OSError):  # the agent may be gone (ended at a bound)
