@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
@@ -248,3 +254,60 @@ def test_a_reason_that_looks_like_markup_is_shown_as_text(upgraded, tmp_path, mo
     shown = run_process("providers", "status")
     assert shown.exit_code == 0, shown
     assert "[/bold][red]" in shown.stdout
+
+
+class _Health(BaseHTTPRequestHandler):
+    """A server where a llama-server should be: a page that is not llama's, or a health
+    answer that comes a byte at a time and never ends."""
+
+    protocol_version = "HTTP/1.1"
+    trickle = False
+
+    def log_message(self, *args):
+        return None
+
+    def do_GET(self):
+        if not self.trickle:
+            page = b"<html>Sign in</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(100000):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    ("trickle", "said"),
+    [(False, 'health answered 200 without {"status": "ok"}'), (True, "no whole answer within")],
+    ids=["another service", "a byte at a time"],
+)
+def test_a_health_answer_that_is_not_llamas_is_not_admitted(
+    upgraded, tmp_path, monkeypatch, trickle, said
+):
+    handler = type("Health", (_Health,), {"trickle": trickle})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configure(
+            tmp_path,
+            monkeypatch,
+            'providers = ["llama"]\n[provider_options.llama]\n'
+            f'base_url = "http://127.0.0.1:{server.server_address[1]}"\n',
+        )
+        started = time.monotonic()
+        check = run_process("providers", "check", "llama")
+        assert time.monotonic() - started < 60
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert check.exit_code == 75, check
+    assert said in " ".join(check.stdout.split())

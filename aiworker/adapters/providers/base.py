@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import requests
+import urllib3
 
 # environment: the CLI refuses to run here as set up (e.g. claude's permission bypass as
 # root); another provider may, this one will not until the installation changes.
@@ -211,12 +213,28 @@ def minimal_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
+HTTP_GET_SECONDS = 15.0  # a whole answer to an admission check
+HTTP_GET_BYTES = 1024 * 1024
+
+
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, the JSON body or None) of a GET, answered whole within HTTP_GET_SECONDS
+    and HTTP_GET_BYTES; (0, why) when it was not (refused, too slow, too large)."""
+    deadline = time.monotonic() + HTTP_GET_SECONDS
     try:
-        response = requests.get(url, headers=headers or {}, timeout=10)
-    except requests.RequestException as exc:
+        with requests.get(url, headers=headers or {}, timeout=10, stream=True) as response:
+            data = bytearray()
+            # read1: what one read brings, so that a server sending a byte at a time still
+            # meets the deadline.
+            while chunk := response.raw.read1(65536, decode_content=True):
+                data += chunk
+                if len(data) > HTTP_GET_BYTES:
+                    return 0, f"an answer over {HTTP_GET_BYTES} bytes"
+                if time.monotonic() > deadline:
+                    return 0, f"no whole answer within {HTTP_GET_SECONDS:g} s"
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         return 0, type(exc).__name__
     try:
-        return response.status_code, response.json()
+        return response.status_code, json.loads(data)
     except ValueError:
         return response.status_code, None

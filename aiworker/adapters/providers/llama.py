@@ -51,6 +51,9 @@ class LlamaProvider(base.CliProvider):
         if status != 200:
             reason = "loading the model" if status == 503 else f"health answered {status or body}"
             return self.refused("/health", now, reason)
+        if not isinstance(body, dict) or body.get("status") != "ok":
+            # Something else answers there (a proxy's page, another service).
+            return self.refused("/health", now, 'health answered 200 without {"status": "ok"}')
         status, _ = base.http_get(f"{self.base_url}/slots?fail_on_no_slot=1")
         if status == 503:
             return self.refused("/slots", now, "no free slot")
