@@ -216,6 +216,7 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 2)]
     [comment] = comments_by_worker(forge)
     assert "the implementation budget of 2 attempts is spent" in comment
+    assert "Traceback" not in comment  # no line of this host's log on the issue
     assert "(implementation, script): transient" in comment
     assert "(implementation, codex): transient" in comment
     shown = cli("--json", "task", "show", str(task)).json()
@@ -244,6 +245,11 @@ def test_a_killed_job_is_recovered_as_an_abandoned_attempt_and_counted(
     phase.send_signal(signal.SIGKILL)
     phase.communicate()
     assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(1,)]
+    # What a launched job's output leaves in the task's log: for operators, not issues.
+    log = state_dir / "logs" / f"task-{task}.log"
+    log.parent.mkdir(exist_ok=True)
+    with log.open("a") as handle:
+        handle.write('Traceback (most recent call last):\n  File "/srv/aiworker/job.py"\n')
     # The next claim on the slot recovers it first (a tick does the same).
     claim = cli("--json", "claim", "--slot", "1").json()
     assert_keys("claim", claim)
@@ -251,6 +257,9 @@ def test_a_killed_job_is_recovered_as_an_abandoned_attempt_and_counted(
     outcome, reason = query(upgraded, "select outcome, reason from attempts")[0]
     assert outcome == "abandoned"
     assert reason.startswith("the job's process died: last recorded: attempt.started")
+    assert "log tail" not in reason  # the log is the operator's: with the event alone
+    [(data,)] = query(upgraded, "select data from events where kind = 'attempt.abandoned'")
+    assert "/srv/aiworker/job.py" in json.loads(data)["log_tail"]
     assert tagged_alive(tag) == [], "the provider's processes die with the attempt"
     assert not Path(workspace).exists()
     assert query(upgraded, "select path, action from cleanup_inventory") == [(workspace, "removed")]
@@ -266,6 +275,7 @@ def test_a_killed_job_is_recovered_as_an_abandoned_attempt_and_counted(
     assert query(upgraded, "select outcome from attempts") == [("abandoned",), ("abandoned",)]
     [comment] = comments_by_worker(forge)
     assert "the implementation budget of 2 attempts is spent" in comment
+    assert "Traceback" not in comment  # no line of this host's log on the issue
 
 
 def test_a_claim_made_by_hand_keeps_its_slot_through_the_grace_period(claimed, upgraded, cli):

@@ -1,7 +1,8 @@
 """Closing what a dead job left: its open attempts end `abandoned` with a diagnostic (the
-last recorded event and the tail of the task's log), what it left running on this host is
-killed and its workspace removed with the reason recorded, and a CI run's `pending`
-status gets its terminal `error`. Deciding which job is dead is recovery.py's part."""
+last recorded event; the tail of the task's log goes with the event, for operators),
+what it left running on this host is killed and its workspace removed with the reason
+recorded, and a CI run's `pending` status gets its terminal `error`. Deciding which
+job is dead is recovery.py's part."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ from aiworker.store.tasks import append_event
 LOG_TAIL_BYTES = 2000
 
 
-def diagnostic(env: Environment, db: Database, task_id: int) -> str:
-    """What was last recorded for the task, and the tail of its log (secrets masked)."""
+def diagnostic(env: Environment, db: Database, task_id: int) -> tuple[str, str]:
+    """What was last recorded for the task, and the tail of its log (secrets masked). The
+    first is the attempt's reason, which issue comments quote; the tail (tracebacks,
+    paths on this host) is the operator's, in the event alone."""
     with db.read() as session:
         event = last_task_event(session, task_id)
     last = "nothing" if event is None else f"{event.kind} at {event.created_at.isoformat()}"
@@ -40,8 +43,7 @@ def diagnostic(env: Environment, db: Database, task_id: int) -> str:
             tail = handle.read().decode(errors="replace").strip()
     except OSError:
         tail = ""
-    text = f"last recorded: {last}" + (f"; log tail: {tail[-LOG_TAIL_BYTES:]}" if tail else "")
-    return redact(text)
+    return f"last recorded: {last}", redact(tail[-LOG_TAIL_BYTES:])
 
 
 def abandon(
@@ -61,7 +63,8 @@ def abandon(
     the job ran on another controller, silent past its lease (says since when); what it
     left is on that host, and nothing here is signalled or removed."""
     died = silent or "the job's process died"
-    reason = f"{died}: " + diagnostic(env, db, task_id)
+    last, tail = diagnostic(env, db, task_id)
+    reason = f"{died}: {last}"
     with db.write() as session:
         attempts = [
             (a.id, a.phase, a.workspace_path, dict(a.settings))
@@ -80,7 +83,12 @@ def abandon(
                     session,
                     "attempt.abandoned",
                     task_id=task_id,
-                    data={"attempt": attempt_id, "phase": closed_phase, "reason": reason},
+                    data={
+                        "attempt": attempt_id,
+                        "phase": closed_phase,
+                        "reason": reason,
+                        "log_tail": tail,
+                    },
                 )
         if silent is None:
             _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)

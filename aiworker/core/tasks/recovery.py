@@ -3,8 +3,8 @@
 A slot job holds slot-N.lock and a delivery step holds task-N.lock for as long
 as it runs, and each attempt records its process id; when the lock is free and
 the process is gone, the job is dead. Its open attempts are closed as
-`abandoned` with a diagnostic (the last recorded event and the tail of the
-task's log), their private homes and workspaces are removed with the reason
+`abandoned` with a diagnostic (the last recorded event; the tail of the task's
+log goes with their event), their private homes and workspaces are removed with the reason
 recorded, a CI run's `pending` status gets its terminal `error`, and the task
 returns to the state it was in before the phase. The abandoned attempt counts
 against the budget, so a job that dies every time ends the task as failed.
