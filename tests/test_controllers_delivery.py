@@ -133,3 +133,42 @@ def test_two_controllers_deliver_one_task_once(
     publishes = [(h, o) for p, h, o in steps if p == "publish"]
     assert publishes == publishes_in_the_end  # published there
     assert run_process("--json", "--state-dir", str(state_b), "status").exit_code == 0
+
+
+def test_a_database_restart_while_a_job_runs_costs_no_finished_work(
+    forge, postgres, postgres_url, tmp_path, monkeypatch
+):
+    """PostgreSQL stops while the agent works and is back a few seconds later: the job
+    waits for it at its next record and finishes; nothing is abandoned or charged twice."""
+    db = Database(postgres_url)
+    upgrade(db)
+    db.dispose()
+    config = configure(tmp_path, forge, monkeypatch)
+    write_scenario(
+        tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc(), sleep_s=6
+    )
+    config.write_text(SCRIPT_ONLY + config.read_text() + f'\n[database]\nurl = "{postgres_url}"\n')
+    assert run_process("poll").exit_code == 0
+    claim = run_process("--json", "claim", "--slot", "1").json()
+    argv = [sys.executable, "-m", "aiworker", "--json", "implement", "--slot", "1"]
+    job = subprocess.Popen(
+        [*argv, "--task", str(claim["task"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while rows(postgres_url, "select count(*) from attempts") != [(1,)]:
+            assert time.monotonic() < deadline, "the attempt was never recorded"
+            time.sleep(0.1)
+        postgres.stop("fast")
+        time.sleep(10)  # past the agent's end: its result waits for the database
+    finally:
+        postgres.start()
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, (out, err)
+    assert json.loads(out)["state"] == "implemented"
+    assert rows(postgres_url, "select outcome, refunded from attempts") == [("succeeded", False)]
+    assert rows(postgres_url, "select state from tasks") == [("implemented",)]
+    assert "waiting for it" in err

@@ -15,6 +15,7 @@ that skips rows another claimer holds (FOR UPDATE SKIP LOCKED), outside that loc
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -35,6 +36,7 @@ from aiworker.store.driver import DriverConnection
 # Session is re-exported: core types the sessions it passes to store/ by it.
 __all__ = ["BUSY_TIMEOUT_MS", "Database", "Session", "default_url", "is_sqlite", "sqlite_path"]
 BUSY_TIMEOUT_MS = 30_000
+log = logging.getLogger(__name__)
 
 
 def default_url(state_dir: Path) -> str:
@@ -165,6 +167,9 @@ class Database:
         self.instance = instance
         self.engine = make_engine(url)
         self.sqlite = is_sqlite(url)
+        # Seconds a session waits for a PostgreSQL server that is down (a job's, set by
+        # its driver); none: fail at once.
+        self.patience = 0.0
         self.write_engine = (
             self.engine.execution_options(sqlite_begin="IMMEDIATE")
             if self.sqlite
@@ -208,6 +213,30 @@ class Database:
                 raise
             raise named from None
 
+    def _await_server(self) -> None:
+        """A PostgreSQL server that is down or restarting is waited for, up to PATIENCE
+        seconds, before a session begins: a job's records (its attempt, its result) then
+        outlast a short outage; a tick or a command (no patience) fails at once."""
+        if not self.patience or self.sqlite:
+            return
+        deadline = time.monotonic() + self.patience
+        delay = 0.5
+        while True:
+            try:
+                with self.explaining(), self.engine.connect() as connection:
+                    connection.exec_driver_sql("SELECT 1")
+                return
+            except Unavailable as exc:
+                if isinstance(exc, LockHeld) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "%s; waiting for it (%.0f s more at most)",
+                    exc.message,
+                    deadline - time.monotonic(),
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     def write(self) -> contextlib.AbstractContextManager[Session]:
         """A session whose transaction holds the write lock from its first statement."""
         return self._session(self.write_engine)
@@ -217,6 +246,7 @@ class Database:
 
     @contextlib.contextmanager
     def _session(self, engine: Engine) -> Iterator[Session]:
+        self._await_server()
         with (
             self.explaining(),
             Session(engine, expire_on_commit=False) as session,
@@ -227,6 +257,7 @@ class Database:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A bare connection in a write transaction: the lean path for hot statements."""
+        self._await_server()
         with self.explaining(), self.write_engine.begin() as connection:
             yield connection
 

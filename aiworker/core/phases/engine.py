@@ -33,6 +33,7 @@ from aiworker.store.publications import current_publication
 from aiworker.store.task_records import existing_task
 
 log = logging.getLogger(__name__)
+OUTAGE_WAIT_S = 120.0
 
 
 class BudgetSpent(Conflict):
@@ -42,6 +43,7 @@ class BudgetSpent(Conflict):
 def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = None) -> Outcome:
     """Run PHASE for TASK_ID (on SLOT, for a slot phase); the Outcome it ended with."""
     db = env.open_database()
+    db.patience = OUTAGE_WAIT_S  # a restart of the database costs no finished work
     try:
         job = _load(env, db, phase, task_id, slot)
         _take_up(job)
