@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -397,3 +398,66 @@ def test_a_refused_option_is_named_as_the_operator_wrote_it(cli, tmp_path, state
     runner = cli("--json", "web", "serve", "--listen", "127.0.0.1:0", "--runner-listen", "bogus")
     assert runner.exit_code == 2, runner
     assert runner.json()["error"]["message"].startswith("--runner-listen 'bogus': expected")
+
+
+def _systemctl(tmp_path, script: str) -> dict[str, str]:
+    """A stand-in `systemctl` first on PATH (this host's PID 1 is not systemd)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "systemctl.log"}\n{script}\n')
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_slot_unit_that_cannot_be_started_gives_its_claim_back(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """No user manager to start the unit (no linger, no bus): the tick fails where it is
+    seen (exit 1, not the 75 a unit counts as success), and the task waits, unclaimed."""
+    from tests.helpers import configure
+    from tests.test_implement import query
+
+    configure(tmp_path, forge, monkeypatch)
+    assert cli("config", "set", "scheduler.launcher", "systemd").exit_code == 0
+    assert cli("poll").exit_code == 0
+    failing = _systemctl(tmp_path, 'echo "Failed to connect to bus: No medium found" >&2\nexit 1')
+    tick = run_process("--json", "scheduler", "tick", env=failing)
+    assert tick.exit_code == 1, tick
+    error = tick.json()["error"]
+    assert error["code"] == "launch_failed"
+    assert "Failed to connect to bus" in error["message"]
+    assert "the claim of task 1 was given back" in error["message"]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("ready", None)]
+    assert query(upgraded, "select count(*) from attempts") == [(0,)]
+
+
+def test_a_slot_unit_that_dies_before_its_phase_counts_against_the_budget(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """The unit started, but its job died before it took the task up (a bad ExecStart, a
+    sandboxing directive the kernel refuses): that death is charged like any other, so a
+    unit that can never run ends the task instead of being started for ever."""
+    from tests.helpers import configure
+    from tests.test_implement import query
+
+    configure(tmp_path, forge, monkeypatch)
+    assert cli("config", "set", "scheduler.launcher", "systemd").exit_code == 0
+    assert cli("poll").exit_code == 0
+    started = _systemctl(tmp_path, "exit 0")  # the unit starts, and its job dies at once
+    tick = run_process("--json", "scheduler", "tick", env=started)
+    assert tick.exit_code == 0, tick
+    assert tick.json()["started"] == [{"slot": 1, "task": 1, "unit": "aiworker-slot@1.service"}]
+    assert query(upgraded, "select state, claim_token from tasks") == [("claimed", "1-unit")]
+    # Past the hand-over grace a unit gets to take the slot up.
+    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(upgraded) as connection:
+        connection.execute("update tasks set claimed_at = ?", (past,))
+    again = run_process("--json", "scheduler", "tick", env=started)
+    assert again.exit_code == 0, again
+    [recovered] = again.json()["recovered"]
+    assert recovered["task"] == 1
+    assert query(upgraded, "select phase, outcome from attempts") == [
+        ("implementation", "abandoned")
+    ]
+    assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]

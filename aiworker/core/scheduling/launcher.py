@@ -24,7 +24,7 @@ from aiworker.core.scheduler_state import update_state
 from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
 from aiworker.core.tasks.claim_jobs import name_job
 from aiworker.core.tasks.hosts import published_elsewhere
-from aiworker.errors import Unavailable
+from aiworker.errors import AiworkerError, Unavailable
 from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.logfiles import Rotation
@@ -53,6 +53,13 @@ def _detached(
     return spawn_detached(
         argv, log_path=log_path, keep_fds=keep_fds, env=extra, rotation=log_rotation(env)
     )
+
+
+class LaunchFailed(AiworkerError):
+    """The configured launcher cannot start jobs: an installation's fault, which waiting
+    does not cure (exit 1, so that the tick's unit fails where it is seen)."""
+
+    code = "launch_failed"
 
 
 def _systemctl_start(unit: str) -> None:
@@ -189,8 +196,20 @@ def launch(
     argv = argv_for(env, *found, task_id, slot)
     if env.loaded.config.scheduler.launcher == "systemd":
         # The unit takes the slot lock itself; the claim's hand-over grace covers the gap.
-        _systemctl_start(f"aiworker-slot@{slot}.service")
-        return {"slot": slot, "task": task_id, "unit": f"aiworker-slot@{slot}.service"}
+        unit = f"aiworker-slot@{slot}.service"
+        try:
+            _systemctl_start(unit)
+        except Unavailable as exc:
+            from aiworker.core.tasks.recovery import give_back
+
+            give_back(db, task_id, f"{exc.message}; the claim was given back")
+            raise LaunchFailed(
+                f"{exc.message}; the claim of task {task_id} was given back. The units "
+                "run in this user's systemd: is it running for the user (loginctl "
+                "enable-linger), and are they installed (aiworker scheduler install)?"
+            ) from None
+        name_job(db, task_id, slot, None, unit)
+        return {"slot": slot, "task": task_id, "unit": unit}
     pid = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
     lock.hand_over(pid)
     name_job(db, task_id, slot, pid)

@@ -51,14 +51,16 @@ def take_up(
     return lock
 
 
-def name_job(db: Database, task_id: int, slot: int, pid: int) -> None:
-    """Record PID, just started on SLOT, in the claim of TASK_ID (still claimed, or a
-    repair episode waiting for it); a task that moved meanwhile is left alone: the job
-    finds that itself and stops."""
+def name_job(db: Database, task_id: int, slot: int, pid: int | None, unit: str = "") -> None:
+    """Record the job just started on SLOT in the claim of TASK_ID (still claimed, or a
+    repair episode waiting for it): its PID, or the systemd UNIT that starts it (the unit's
+    own process names itself when it takes the task up). A task that moved meanwhile is
+    left alone: the job finds that itself and stops."""
     with db.read_connection() as connection:
         current = task_state(connection, task_id)
     if current is None or current[0] not in (S.CLAIMED, S.REPAIRING):
         return
+    how = f"as {unit}" if unit else f"as pid {pid}"
     with db.transaction() as connection:
         try_advance(
             connection,
@@ -66,9 +68,17 @@ def name_job(db: Database, task_id: int, slot: int, pid: int) -> None:
             current[0],
             current[1],
             current[0],
-            f"started on slot {slot} as pid {pid}",
+            f"started on slot {slot} {how}",
             actor=f"slot-{slot}",
             kind="job.started",
-            data={"slot": slot, "pid": pid},
-            claim_token=claim_token(slot, pid),
+            data={"slot": slot, "pid": pid, "unit": unit or None},
+            claim_token=f"{slot}{UNIT_MARK}" if unit else claim_token(slot, pid),
         )
+
+
+UNIT_MARK = "-unit"
+
+
+def started_as_unit(token: str | None) -> bool:
+    """Whether a tick started the claim's job as a systemd unit (launcher.py)."""
+    return (token or "").endswith(UNIT_MARK)

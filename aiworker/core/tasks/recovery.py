@@ -28,6 +28,7 @@ from aiworker.core.context import Environment
 from aiworker.core.phases.table import NAMES, PHASES, SLOT, TASK, held_by
 from aiworker.core.tasks.abandon import abandon
 from aiworker.core.tasks.budgets import RELEASE, land_after_failure
+from aiworker.core.tasks.claim_jobs import started_as_unit
 from aiworker.core.tasks.hosts import gone, ours
 from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
@@ -68,7 +69,10 @@ def recover_slots(
         claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
         seen = last_seen(connection) if any(not ours(db, r.host) for r in claims) else {}
     for row in claims:
-        unstarted = row.state in UNSTARTED and launched_pid(row.token) is None
+        # A job the tick started (as a process or a unit) that died before it began
+        # counts like any other death: a unit that cannot start is not restarted for ever.
+        started = launched_pid(row.token) is not None or started_as_unit(row.token)
+        unstarted = row.state in UNSTARTED and not started
         # The phase whose claim it is; a task goes back where that phase retries.
         phase = held_by(row.state, row.kind)
         if ours(db, row.host):
@@ -80,8 +84,7 @@ def recover_slots(
             if silent is None:
                 continue  # that controller still renews: its claim is its own business
         if unstarted:
-            # A hand claim nobody took up: given back, nothing was spent. (A job the tick
-            # started that died before it began counts below, like any other death.)
+            # A hand claim nobody took up: given back, nothing was spent.
             recovered.append(_release(db, row, TaskState(phase.retry or row.state), silent))
             continue
         reason = abandon(env, db, row.id, None, phase.name, silent, row.claimed_at)
@@ -110,7 +113,7 @@ def _dead_here(
     launched = launched_pid(row.token)
     fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
     if row.state in UNSTARTED and launched is None and fresh:
-        return False
+        return False  # a claim by hand, or a unit still starting
     with db.read() as session:
         pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
     return not any(job_alive(pid, row.id) for pid in pids)
@@ -138,6 +141,16 @@ def _release(db: Database, row: Any, to_state: TaskState, silent: str | None) ->
             **RELEASE,
         )
     return Recovered(task_id, None if isinstance(moved, Refusal) else to_state, reason)
+
+
+def give_back(db: Database, task_id: int, reason: str) -> None:
+    """The claim of TASK_ID whose job could not be started at all: back to where its
+    phase waits, nothing spent (the launcher's failure, not the task's)."""
+    with db.read_connection() as connection:
+        row = next((r for r in active_claims(connection) if r.id == task_id), None)
+    if row is not None:
+        phase = held_by(row.state, row.kind)
+        _release(db, row, TaskState(phase.retry or row.state), reason)
 
 
 def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
