@@ -190,14 +190,21 @@ def test_canary_never_appears_in_output_or_logs(tmp_path, config_file):
     assert CANARY not in joined
 
 
-def test_a_forge_url_password_is_redacted_in_both_output_modes(cli, tmp_path):
+def test_a_url_password_is_redacted_in_both_output_modes(cli, tmp_path):
+    """The forge's URL, and a provider's base_url (a llama-server behind a proxy that
+    asks for a login)."""
     path = tmp_path / "config.toml"
-    path.write_text(f'[forge]\nurl = "http://bot:{CANARY}@127.0.0.1:1"\n')
-    for args in (("config", "show"), ("--json", "config", "show")):
+    path.write_text(
+        f'[forge]\nurl = "http://bot:{CANARY}@127.0.0.1:1"\n'
+        f'[provider_options.llama]\nbase_url = "http://llama:{CANARY}@127.0.0.1:2"\n'
+    )
+    for args in (("config", "show"), ("--json", "config", "show"), ("-vv", "doctor")):
         result = cli("--config", str(path), *args)
-        assert result.exit_code == 0, result
-        assert "http://bot:***@127.0.0.1:1" in result.stdout, args
         assert CANARY not in result.output, args
+        if args[-1] == "show":
+            assert result.exit_code == 0, result
+            assert "http://bot:***@127.0.0.1:1" in result.stdout, args
+            assert "http://llama:***@127.0.0.1:2" in result.stdout, args
 
 
 @pytest.mark.parametrize(

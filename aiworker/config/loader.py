@@ -146,10 +146,18 @@ def register_config_secrets(loaded: LoadedConfig) -> None:
             token = _raw_token(identity, loaded.path.parent)
             for part in {token, *token.split()}:
                 register_secret(part)
-    forge = loaded.config.forge
-    for url in (loaded.config.database.url, forge.url if forge is not None else None):
-        for password in url_passwords(url) if url else ():
+    for url in config_urls(loaded.config):
+        for password in url_passwords(url):
             register_secret(password)
+
+
+def config_urls(config: Config) -> list[str]:
+    """Every URL the configuration holds that may carry a password: the database's, the
+    forge's and each provider's base_url."""
+    forge = config.forge
+    found = [config.database.url, forge.url if forge is not None else None]
+    found += [options.base_url for options in config.provider_options.values()]
+    return [str(url) for url in found if url]
 
 
 def identities_of(config: Config) -> list[tuple[str, Identity]]:

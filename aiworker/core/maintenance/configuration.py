@@ -32,4 +32,7 @@ def describe_config(loaded: LoadedConfig) -> ConfigReport:
     for section in (document["database"], document.get("forge") or {}):
         if section.get("url"):
             section["url"] = redact_url_password(section["url"])
+    for options in document.get("provider_options", {}).values():
+        if options.get("base_url"):
+            options["base_url"] = redact_url_password(options["base_url"])
     return ConfigReport(str(loaded.path), loaded.exists, loaded.revision, document, tokens)
