@@ -223,3 +223,18 @@ def test_checks_on_this_host_cannot_read_the_secrets_or_other_attempts(
     assert CANARY not in json.dumps(evidence)
     assert (root / "attempt-other" / "notes.txt").read_text() == CANARY
     assert query(upgraded, "select state from tasks") == [("awaiting_review",)]
+
+
+def test_a_sqlite_store_kept_outside_the_state_directory_is_hidden_from_jobs(tmp_path):
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.guests.backends import host_secrets
+
+    database = tmp_path / "data" / "aiworker.db"
+    config = tmp_path / "etc" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(f'[database]\nurl = "sqlite:///{database}"\n')
+    env = Environment(tmp_path / "state", load_config(config, required=True))
+    hidden = host_secrets(env)
+    for end in ("", "-wal", "-shm"):
+        assert Path(f"{database}{end}") in hidden, hidden

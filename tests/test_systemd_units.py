@@ -298,6 +298,27 @@ def test_provider_homes_outside_the_state_directory_are_writable_too(tmp_path, s
     assert home.stat().st_mode & 0o777 == 0o700  # made now: a unit cannot make it later
 
 
+def test_a_database_and_guests_kept_elsewhere_are_writable_too(tmp_path, state_dir):
+    """Under ProtectSystem=strict a unit writes only where it is told: a SQLite store
+    or a guests' folder outside the state directory would be read-only to every job."""
+    config = tmp_path / "config.toml"
+    database = tmp_path / "data" / "aiworker.db"
+    guests = tmp_path / "vm"
+    config.write_text(
+        f'[database]\nurl = "sqlite:///{database}"\n[execution]\nguests_dir = "{guests}"\n'
+    )
+    target = tmp_path / "units"
+    result = run_process(
+        "--json", "scheduler", "install", "--dir", str(target), env={"AIWORKER_CONFIG": str(config)}
+    )
+    assert result.exit_code == 0, result
+    for name in SERVICES:
+        lines = (target / name).read_text().splitlines()
+        assert f'ReadWritePaths="{state_dir}" "{database.parent}" "{guests}"' in lines, name
+    assert database.parent.is_dir()  # a unit cannot make them later
+    assert guests.is_dir()
+
+
 def test_a_dollar_in_the_interpreter_path_is_not_expanded_by_systemd(monkeypatch, tmp_path):
     from types import SimpleNamespace
 

@@ -49,7 +49,7 @@ def install(
     ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to run next."""
-    from aiworker.core.guests.backends import provider_homes
+    from aiworker.core.guests.backends import provider_homes, written_places
     from aiworker.core.scheduling.units import install_units, next_steps, user_unit_dir
     from aiworker.errors import InvalidInput
 
@@ -60,8 +60,10 @@ def install(
     env = inv.environment()
     config, interval = inv.config_path.absolute(), env.loaded.config.check_interval
     state_dir = env.state_dir.absolute()
-    homes = provider_homes(env)
-    written = install_units(target, config, state_dir, interval, homes, web, runner_server)
+    homes, places = provider_homes(env), written_places(env)
+    written = install_units(
+        target, config, state_dir, interval, homes, web, runner_server, places=places
+    )
     report = next_steps(config, state_dir, written, target == user_unit_dir().absolute())
     lines = [*(f"wrote {p}" for p in report.written), "then run:"]
     lines += [f"  {step}" for step in report.next_steps] + [f"note: {n}" for n in report.notes]

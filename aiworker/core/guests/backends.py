@@ -17,6 +17,7 @@ from aiworker.errors import Unavailable
 from aiworker.runtime.guests.images import Image, ImageStore
 from aiworker.runtime.processes import which
 from aiworker.runtime.workspace import ExecutionBackend, LocalBackend
+from aiworker.store.engine import sqlite_path
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "socat")
 # Folders a configuration may lie in that the rest of the system needs.
@@ -99,6 +100,14 @@ def provider_homes(env: Environment) -> list[Path]:
     return homes
 
 
+def written_places(env: Environment) -> list[Path]:
+    """Where jobs write besides the state directory and the providers' homes: a SQLite
+    database's folder and the guests' folder, when they lie elsewhere."""
+    database = sqlite_path(env.database_url)
+    places = [database.parent if database is not None else None, guests_root(env)]
+    return [p.absolute() for p in places if p is not None]
+
+
 def host_secrets(env: Environment) -> list[Path]:
     """What a job on this host must not read: the state directory (the database, runner
     and web keys, logs), the configuration's folder, every token file it names and the
@@ -117,6 +126,9 @@ def host_secrets(env: Environment) -> list[Path]:
         identity = getattr(identities, role, None)
         if identity is not None and identity.token_file:
             secrets.append(token_path(identity, folder).absolute())
+    database = sqlite_path(env.database_url)  # a SQLite store kept elsewhere
+    if database is not None:
+        secrets += [Path(f"{database.absolute()}{end}") for end in ("", "-wal", "-shm")]
     home = Path.home().absolute()
     return secrets + [home / name for name in HOME_LOGINS if (home / name).exists()]
 

@@ -56,9 +56,10 @@ def render_units(
     web: str | None = None,
     runner_server: str | None = None,
 ) -> dict[str, str]:
-    """The units with this installation's values; HOMES (provider homes outside the
-    state directory) are writable too; WEB (a loopback ADDRESS:PORT) adds the web unit,
-    RUNNER_SERVER (the controller's runner API) the runner's."""
+    """The units with this installation's values; HOMES (provider homes, a SQLite
+    database's folder, the guests' folder outside the state directory) are writable too;
+    WEB (a loopback ADDRESS:PORT) adds the web unit, RUNNER_SERVER (the controller's
+    runner API) the runner's."""
     outside = [h for h in homes or [] if h != state_dir and state_dir not in h.parents]
     writable = [state_dir, *dict.fromkeys(outside)]
     values = {
@@ -100,17 +101,21 @@ def install_units(
     homes: list[Path],
     web: str | None = None,
     runner_server: str | None = None,
+    places: list[Path] | None = None,
 ) -> list[Path]:
     if web is not None and not is_loopback(parse_listen(web, "--web")[0]):
         raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
     if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
         raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
+    places = places or []
     if target.exists() and not target.is_dir():  # refused before anything is made
         raise InvalidInput(f"--dir {target}: exists and is not a directory")
-    units = render_units(config_path, state_dir, interval, homes, web, runner_server)
+    units = render_units(config_path, state_dir, interval, [*homes, *places], web, runner_server)
     # Every path a unit makes writable must exist when it starts (else 226/NAMESPACE).
     for home in [state_dir, *homes]:
         private_directory(home)
+    for place in places:  # made if missing; one that exists may be shared: left as it is
+        place.mkdir(mode=0o700, parents=True, exist_ok=True)
     if web is not None or runner_server is not None:  # they name the configuration's folder
         config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if runner_server is not None:
