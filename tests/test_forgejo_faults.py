@@ -61,6 +61,18 @@ def test_retry_after_is_honoured(fake):
     assert second - first >= 1.0
 
 
+def test_a_retry_after_longer_than_a_try_waits_ends_the_call_at_once(fake):
+    """Never sooner than the forge asks: a wait of an hour is not cut to 30 s and tried
+    four more times; the call ends now, saying when the forge asked to be asked again."""
+    script, url = fake(("json", 503, {"message": "maintenance"}, {"Retry-After": "3600"}))
+    waits = []
+    with pytest.raises(ForgeUnavailable) as caught:
+        client(url, sleep=waits.append).current_user()
+    assert "maintenance; it asks to be asked again in 3600 s (Retry-After)" in str(caught.value)
+    assert caught.value.exit_code == 75
+    assert (len(script.seen), waits) == (1, [])
+
+
 def test_gives_up_after_the_attempts_with_an_unavailable_error(fake):
     script, url = fake(*[("json", 500, {"message": f"broken {CANARY}"}, {})] * 3)
     with pytest.raises(ForgeUnavailable) as caught:

@@ -271,6 +271,17 @@ class Transport:
         )
         if response.status_code in RETRY_STATUSES:
             after = retry_after_seconds(response.headers.get("Retry-After"))
+            if after is not None and after > self.backoff_max:
+                # Longer than a try waits: asking again sooner would not be honouring it.
+                said = self._message(response)
+                raise ForgeUnavailable(
+                    method,
+                    shown,
+                    response.status_code,
+                    (f"{said}; " if said else "")
+                    + f"it asks to be asked again in {after:g} s (Retry-After)",
+                    forge=self.shown_base,
+                )
             raise _Retryable(response.status_code, self._message(response), after)
         return response
 
