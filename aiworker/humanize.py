@@ -14,12 +14,26 @@ from typing import Any
 # Control characters but the line break and the tab: an issue's title, a provider's
 # reason or an operator's pause reason can carry escape sequences that would recolour,
 # retitle or rewrite the operator's terminal. Shown as \xNN instead.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# The bidirectional overrides and isolates too: they reorder what follows them on the
+# line, so that a title could show as something it is not.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINE = re.compile(r"[\t\n]")
 
 
 def printable(text: str) -> str:
-    """TEXT with every terminal control character shown as its \\xNN escape."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """TEXT with every terminal control character shown as its \\xNN (\\uNNNN) escape."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def one_line(text: str) -> str:
+    """printable TEXT as one line: its line breaks and tabs escaped too (a table cell, an
+    error message: a title with a line break would forge a row or a line of its own)."""
+    return _LINE.sub(_escaped, printable(text))
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 _UNITS = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
@@ -83,7 +97,7 @@ def table(*headers: str, title: str | None = None) -> Any:
         reason such as "[/bold]" would fail the rendering, "[red]" recolour it)."""
 
         def add_row(self, *cells: Any, **options: Any) -> None:
-            shown = [Text(printable(c)) if isinstance(c, str) else c for c in cells]
+            shown = [Text(one_line(c)) if isinstance(c, str) else c for c in cells]
             super().add_row(*shown, **options)
 
     grid = Printable(

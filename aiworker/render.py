@@ -106,9 +106,9 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
 
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:
-    from aiworker.humanize import printable
+    from aiworker.humanize import one_line
 
-    message = redact(message) if json_mode else printable(redact(message))
+    message = redact(message) if json_mode else one_line(redact(message))
     if json_mode:
         import json
 
@@ -120,5 +120,5 @@ def emit_error(json_mode: bool, code: str, message: str, details: list[str] | No
     else:
         sys.stderr.write(f"aiworker: error: {message}\n")
         for detail in details or []:
-            sys.stderr.write(f"  - {printable(redact(detail))}\n")
+            sys.stderr.write(f"  - {one_line(redact(detail))}\n")
         sys.stderr.flush()

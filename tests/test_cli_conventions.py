@@ -182,6 +182,16 @@ def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded)
         assert "\x07" not in result.stdout, args
         assert "[/bold][red]" in result.stdout, args  # text, not rich markup
     assert shown in cli("task", "show", "1").stdout  # the list folds the title
+    # A line break in a title would forge a row of the list; a right-to-left override
+    # would show what follows it reversed.
+    forged = "fix\n2      issue   done     team/app#9   merged \u202etxt.exe"
+    with db.write() as session:
+        create_task(session, repo.id, "issue", issue_number=2, title=forged)
+    db.dispose()
+    listed = cli("task", "list").stdout
+    assert "\u202e" not in listed
+    assert r"\u202etxt.exe" in listed
+    assert not any(line.lstrip().startswith("2      issue") for line in listed.splitlines())
     # An operator's pause reason is one line of text: a line break would forge status
     # lines, an escape would reach every later reader's terminal.
     for reason in ("disk\x1b[2J", "full\nScheduler: running"):

@@ -205,3 +205,17 @@ def test_polls_between_full_ones_list_only_what_changed(forge, polled):
     fourth = poll()
     assert [p["issue"] for p in fourth["paused"]] == [1]
     assert {n: t[1] for n, t in tasks(polled).items()} == {1: "paused", 2: "ready"}
+
+
+def test_a_title_longer_than_forgejo_keeps_is_recorded_cut(forge, polled):
+    """Forgejo's titles hold 255 characters; a forge that sends far more would have
+    every list of tasks repeat it."""
+    repo = forge.app.state.repo("team", "app")
+    number = forge.app.state.add_issue(repo, "alice", "x" * 20_000)["number"]
+    forge.client("alice").ensure_labels("team", "app", ["aiworker-feature"])
+    forge.client("alice").add_labels("team", "app", number, ["aiworker-feature"])
+    poll()
+    conn = sqlite3.connect(polled)
+    [(title,)] = conn.execute("select title from tasks where issue_number = ?", (number,))
+    conn.close()
+    assert (len(title), title[-1]) == (500, "…")

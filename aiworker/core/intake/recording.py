@@ -15,6 +15,14 @@ from aiworker.store.models import Task
 from aiworker.store.task_records import create_task, held_for_operator, paused_from
 from aiworker.store.tasks import append_event
 
+TITLE_MAX = 500  # Forgejo's own titles hold 255 characters
+
+
+def short_title(title: str) -> str:
+    """An issue's title as recorded: at most TITLE_MAX characters (a forge that sent a
+    megabyte would have every list of tasks repeat it)."""
+    return title if len(title) <= TITLE_MAX else title[: TITLE_MAX - 1] + "…"
+
 
 def record_discovered(
     session: Session,
@@ -30,6 +38,7 @@ def record_discovered(
     """Create, resume or update the task for an authorised issue; say which (or 'unchanged').
     ACTOR authorised it now; AUTHORIZER is who did so as last recorded: a different writer
     standing behind the work is recorded, so that later polls judge their permission."""
+    title = short_title(title)
     if known is None:
         task = create_task(
             session,
