@@ -51,6 +51,9 @@ class AiworkerError(Exception):
 
     code = "failed"
     exit_code = EXIT_FAILED
+    # The installation's fault (a credential the forge refuses), not the work's: a phase
+    # that meets it before any inference gets its attempt back.
+    installation = False
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

@@ -423,3 +423,24 @@ def test_a_later_attempt_starts_fresh_with_the_continuation_artifact(
     schema = run_process("runner", "schema", "continuation")
     assert schema.exit_code == 0
     assert json.loads(schema.stdout) == Continuation.model_json_schema()
+
+
+def test_a_token_the_forge_refuses_holds_the_task_and_spends_nothing(claimed, upgraded):
+    """A revoked token is the installation's fault: another try would meet it again. The
+    attempt is given back, and the task waits for the operator instead of failing."""
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    revoked = {"AIWORKER_TEST_WORKER_TOKEN": "revoked-0123456789abcdef"}
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1", env=revoked)
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["code"] == "forge_unauthorized"
+    assert query(upgraded, "select state, claim_slot from tasks") == [("paused", None)]
+    assert query(upgraded, "select outcome, refunded from attempts") == [("unavailable", 1)]
+    assert query(upgraded, "select used from budgets") == [(0,)]
+    [(data,)] = query(upgraded, "select data from events where kind = 'task.held'")
+    reason = json.loads(data)["reason"]
+    assert "HTTP 401" in reason
+    assert reason.endswith(
+        f"held until an operator fixes it and runs `aiworker task resume {task}`"
+    )
+    resumed = run_process("--json", "task", "resume", str(task))
+    assert resumed.json()["state"] == "ready", resumed

@@ -45,6 +45,7 @@ class ForgeUnauthorized(ForgeError):
 
     code = "forge_unauthorized"
     exit_code = EXIT_INVALID
+    installation = True
 
 
 class ForgeBadAnswer(ForgeError):

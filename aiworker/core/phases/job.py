@@ -20,6 +20,7 @@ from aiworker.core.context import Environment
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import land_after_failure
+from aiworker.core.tasks.hold import hold_task
 from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, failure_reason
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.interrupts import ignore_signals, signals_raise
@@ -176,9 +177,12 @@ class Job:
     def _failed(self, exc: BaseException) -> None:
         reason = failure_reason(exc)
         log.warning("task %d: %s failed: %s", self.task.id, self.phase.name, reason)
-        # Something outside was unavailable (the forge, a lock) before any inference: not
-        # this attempt's fault, so it is refunded and retried within the budget.
-        transient = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE and not self.spent
+        # Something outside was unavailable (the forge, a lock), or the installation is at
+        # fault (a token the forge refuses), before any inference: not this attempt's
+        # fault, so it is refunded; the task waits where it retries.
+        outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE
+        held = getattr(exc, "installation", False) and not self.spent
+        transient = (outside and not self.spent) or held
         outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
         outcome = "unavailable" if transient else outcome
         if self.attempt is None:
@@ -188,9 +192,16 @@ class Job:
             self._settle(lambda: self.start(None, failed, checkpoint=False))
         self._settle(lambda: self.finish(outcome, reason, refunded=transient))
         self._settle(self._teardown)
-        for step in (self.failure_hook, self.land):  # the body's hook, then the landing
+        # The body's hook, then the landing: held for the operator where only they can
+        # help (every later try would meet the same refusal).
+        for step in (self.failure_hook, self._hold if held else self.land):
             if step is not None:
                 self._settle(functools.partial(step, reason))
+
+    def _hold(self, reason: str) -> None:
+        task = self.task
+        why = f"{reason}; held until an operator fixes it and runs `aiworker task resume {task.id}`"
+        hold_task(self.db, task.id, self.holds, task.version, why, self.phase.command)
 
     def _settle(self, step: Callable[[], object]) -> None:
         """Run one clean-up step; a failure of one must not skip the others."""
