@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from aiworker.store.postgresql import WRITE_LOCK_KEY
 from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
 from aiworker.store.tasks import claim, compare_and_update
+from tests.helpers import run_process
 from tests.pg_fixtures import configure_database, rows
 
 
@@ -453,6 +455,34 @@ def test_a_server_that_refuses_for_a_while_or_an_option_is_named(
         assert message == f"{where} cannot take an option database.url names", (args, message)
     for result in (full, standby, typo):
         assert postgres.password not in result.output
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (.ci/run)")
+def test_a_controller_whose_clock_is_off_the_servers_is_told_and_refused(
+    postgres_url, tmp_path, monkeypatch
+):
+    """Controllers judge each other's leases by their own clocks: one a quarter of its
+    lease behind would make its live jobs look abandoned to the others. Its tick does
+    nothing (exit 2) and doctor says why; a few seconds off is a warning."""
+    configure_database(postgres_url, tmp_path / "pg.toml", monkeypatch)
+    assert run_process("db", "upgrade").exit_code == 0
+
+    def skewed(offset: str, *args: str):
+        argv = ["faketime", "-f", offset, sys.executable, "-m", "aiworker", "--json", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        return done.returncode, json.loads(done.stdout)
+
+    code, refused = skewed("-600s", "scheduler", "tick")
+    assert (code, refused["error"]["code"]) == (2, "clock_skewed")
+    assert "this host's clock is 600 s behind the database server's" in refused["error"]["message"]
+    assert rows(postgres_url, "select count(*) from controllers") == [(0,)]  # nothing done
+    code, report = skewed("-600s", "doctor")
+    [database] = [c for c in report["checks"] if c["name"] == "database"]
+    assert database["status"] == "fail"
+    code, report = skewed("+10s", "doctor")
+    [database] = [c for c in report["checks"] if c["name"] == "database"]
+    assert database["status"] == "warn"
+    assert "10 s ahead of the database server's" in database["detail"]
 
 
 OTHER_PROCESS = """

@@ -334,6 +334,20 @@ class Database:
                 name = postgresql.where(self.url).replace("PostgreSQL", f"PostgreSQL {version}")
         return name, sorted(trips)[1]
 
+    def clock_skew(self) -> float | None:
+        """Seconds the database server's clock is ahead of this host's (negative: behind),
+        judged at the middle of one round trip; None on SQLite (one host, one clock)."""
+        if self.sqlite:
+            return None
+        with self.explaining(), self.engine.connect() as connection:
+            before = time.time()
+            server = connection.exec_driver_sql(
+                "SELECT extract(epoch from clock_timestamp())"
+            ).scalar()
+            after = time.time()
+        assert server is not None
+        return float(server) - (before + after) / 2
+
     def hold(self, name: str) -> bool:
         """Hold lock NAME for every controller sharing this database, until release(NAME)
         or dispose(); False when another holds it. On PostgreSQL a session

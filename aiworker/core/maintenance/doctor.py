@@ -19,6 +19,7 @@ from aiworker.config.loader import (
 from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.health import Check, HealthReport
 from aiworker.core.maintenance.storage import storage_check
+from aiworker.core.tasks.hosts import clock_skew_problem
 from aiworker.errors import AiworkerError, ConfigInvalid
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
@@ -168,6 +169,7 @@ def _check_database(env: Environment) -> Check:
         try:
             revision = current_revision(db)
             engine, round_trip_ms = db.server()
+            skewed = clock_skew_problem(db)
         finally:
             db.dispose()
         ensure_not_newer(revision)
@@ -176,6 +178,12 @@ def _check_database(env: Environment) -> Check:
     except Exception as exc:
         return Check("database", "fail", f"cannot open: {type(exc).__name__}")
     where = f"{engine}, round trip {round_trip_ms:.1f} ms"
+    if skewed is not None:
+        return Check("database", skewed[0], f"{where}: {skewed[1]}")
+    return _database_verdict(where, revision, round_trip_ms)
+
+
+def _database_verdict(where: str, revision: str | None, round_trip_ms: float) -> Check:
     if revision != HEAD_REVISION:
         return Check(
             "database", "fail", f"{where}: at revision {revision}; run `aiworker db upgrade`"

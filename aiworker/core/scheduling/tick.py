@@ -30,7 +30,7 @@ from aiworker.core.scheduling.phase_commands import runnable_kinds
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.core.tasks.states import AWAITING_WORK
-from aiworker.errors import AiworkerError, LockHeld, Unavailable
+from aiworker.errors import EXIT_INVALID, AiworkerError, LockHeld, Unavailable
 from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.locks import FileLock
 from aiworker.store.claims import active_claims, claimed_on
@@ -60,6 +60,8 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     env.ensure_state_dir()  # before the database: the installation's key is made there
     db = env.open_database()
     try:
+        if not db.sqlite:  # several controllers judge each other's leases by their clocks
+            _refuse_a_skewed_clock(db)
         # First, before the poll and any claim: the other controllers see this one alive,
         # and a second installation using this controller.id is refused having done nothing.
         with db.transaction() as connection:
@@ -119,6 +121,24 @@ def _refuse_during_maintenance(env: Environment, paused: bool) -> None:
     if maintenance.is_locked() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
     env.ensure_restored()
+
+
+def _refuse_a_skewed_clock(db: Database) -> None:
+    from aiworker.core.tasks.hosts import clock_skew_problem
+
+    problem = clock_skew_problem(db)
+    if problem is not None and problem[0] == "fail":
+        raise ClockSkewed(f"{problem[1]}; nothing was done")
+    if problem is not None:
+        log.warning("tick: %s", problem[1])
+
+
+class ClockSkewed(AiworkerError):
+    """This host's clock is too far off the database server's for leases to be judged:
+    the installation must fix it (exit 2)."""
+
+    code = "clock_skewed"
+    exit_code = EXIT_INVALID
 
 
 def _short_of_space(env: Environment, report: TickReport) -> bool:

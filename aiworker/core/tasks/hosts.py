@@ -21,6 +21,25 @@ def ours(db: Database, host: str | None) -> bool:
     return host is None or host == db.host
 
 
+SKEW_WARN_S = 2.0
+
+
+def clock_skew_problem(db: Database) -> tuple[str, str] | None:
+    """("warn" or "fail", why) when this host's clock is off the database server's: the
+    controllers judge each other's signs of life by their own clocks, so a clock a
+    quarter of the lease behind makes this host's live jobs look abandoned to the others.
+    None when in step (or on SQLite)."""
+    skew = db.clock_skew()
+    if skew is None or abs(skew) <= SKEW_WARN_S:
+        return None
+    way = "behind" if skew > 0 else "ahead of"
+    why = (
+        f"this host's clock is {abs(skew):.0f} s {way} the database server's; the "
+        "controllers judge each other's leases by their clocks: keep them in step (NTP)"
+    )
+    return ("fail" if abs(skew) > db.lease_s / 4 else "warn"), why
+
+
 def gone(
     db: Database, seen: dict[str, Sighting], host: str, now: datetime, since: datetime | None
 ) -> str | None:
