@@ -337,6 +337,12 @@ def test_a_path_systemd_cannot_hold_is_refused_and_nothing_is_written(tmp_path):
     assert result.exit_code == 2
     assert "control character" in result.json()["error"]["message"]
     assert not target.exists()
+    # The runner's unit names its attempt root in ExecStart= (where systemd expands $)
+    # and in ReadWritePaths= (where it does not): a $ would part the two.
+    dollar = install(target, tmp_path / "s$HOME", "--runner-server", "http://127.0.0.1:8080")
+    assert dollar.exit_code == 2, dollar
+    assert "the runner's unit cannot hold a $ there" in dollar.json()["error"]["message"]
+    assert not target.exists()
 
 
 def _tick_in_cgroup(cgroup: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -482,3 +488,24 @@ def test_a_slot_unit_that_dies_before_its_phase_counts_against_the_budget(
         ("implementation", "abandoned")
     ]
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
+
+
+def test_a_token_read_from_the_environment_is_named_in_the_install_notes(tmp_path, state_dir):
+    """The units get none of the installing shell's environment: a token read from a
+    variable would be missing in every job, and Environment= would show it to anyone."""
+    config = tmp_path / "config.toml"
+    (tmp_path / "reviewer.token").write_text("r" * 40 + "\n")
+    config.write_text(
+        '[forge]\nurl = "http://127.0.0.1:1"\n'
+        '[forge.identities.worker]\ntoken_env = "AIWORKER_WORKER_TOKEN"\n'
+        '[forge.identities.reviewer]\ntoken_file = "reviewer.token"\n'
+    )
+    result = run_process(
+        "--json", "scheduler", "install", "--dir", str(tmp_path / "units"),
+        env={"AIWORKER_CONFIG": str(config)},
+    )  # fmt: skip
+    assert result.exit_code == 0, result
+    assert result.json()["notes"] == [
+        "the units do not see $AIWORKER_WORKER_TOKEN, which worker's token is read from: keep "
+        "it in a 0600 file instead (config set forge.identities.worker.token_file PATH)"
+    ]

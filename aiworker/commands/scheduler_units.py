@@ -49,6 +49,7 @@ def install(
     ] = None,
 ) -> None:
     """Write the systemd units with this installation's paths and say what to run next."""
+    from aiworker.config.loader import identities_of
     from aiworker.core.guests.backends import provider_homes, written_places
     from aiworker.core.scheduling.units import install_units, next_steps, user_unit_dir
     from aiworker.errors import InvalidInput
@@ -64,7 +65,12 @@ def install(
     written = install_units(
         target, config, state_dir, interval, homes, web, runner_server, places=places
     )
-    report = next_steps(config, state_dir, written, target == user_unit_dir().absolute())
+    from_env = [
+        (name, identity.token_env)
+        for name, identity in identities_of(env.loaded.config)
+        if identity.token_env and not name.startswith("runner-")
+    ]
+    report = next_steps(config, state_dir, written, target == user_unit_dir().absolute(), from_env)
     lines = [*(f"wrote {p}" for p in report.written), "then run:"]
     lines += [f"  {step}" for step in report.next_steps] + [f"note: {n}" for n in report.notes]
     emit(inv.json, report.to_json(), lambda console: console.print("\n".join(lines), markup=False))

@@ -138,7 +138,7 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
     (
         "lock timeout",
         LockHeld,
-        f"kept a lock held by another writer for more than {LOCK_TIMEOUT_MS // 1000} s; "
+        f"kept a lock held by another session for more than {LOCK_TIMEOUT_MS // 1000} s; "
         "try again, and if it lasts find the holder (pg_stat_activity)",
     ),
 )

@@ -75,6 +75,14 @@ def render_units(
         "WORKER_ID": escape(os.uname().nodename or "runner", "the host name"),
         "ATTEMPT_ROOT": escape(str(state_dir / "runner-attempts"), "the attempt root"),
     }
+    # The runner's ExecStart= names its attempt root, which ReadWritePaths= names too:
+    # systemd expands $ in the one and not in the other, so no escape serves both.
+    for key in ("ATTEMPT_ROOT", "SERVER", "WORKER_ID") if runner_server else ():
+        if "$" in values[key]:
+            raise InvalidInput(
+                f"{values[key]}: the runner's unit cannot hold a $ there (systemd would "
+                "expand it in the command line alone); use a path or name without one"
+            )
     rendered = {}
     names = [*UNITS, *([WEB_UNIT] if web else []), *([RUNNER_UNIT] if runner_server else [])]
     for name in names:
@@ -138,7 +146,11 @@ class InstallReport(Report):
 
 
 def next_steps(
-    config_path: Path, state_dir: Path, written: list[Path], user_dir: bool
+    config_path: Path,
+    state_dir: Path,
+    written: list[Path],
+    user_dir: bool,
+    token_env: list[tuple[str, str]] | None = None,
 ) -> InstallReport:
     """What to run after install, as commands that run as printed: the launcher set in the
     configuration the units read, linger so the timer runs without a login, the units
@@ -156,7 +168,14 @@ def next_steps(
     steps.append(shlex.join(["systemctl", "--user", "enable", "--now", *enable]))
     steps.append("systemctl --user list-timers aiworker-scheduler.timer")
     steps.append("journalctl --user -u aiworker-scheduler.service -n 20")
-    notes = []
+    # The units get none of this shell's environment: a token read from a variable
+    # (TOKEN_ENV: identity, variable) is missing there. Environment= would show it to
+    # anyone who runs `systemctl show`; a file is the way.
+    notes = [
+        f"the units do not see ${variable}, which {name}'s token is read from: keep it in a "
+        f"0600 file instead (config set forge.identities.{name}.token_file PATH)"
+        for name, variable in token_env or []
+    ]
     if RUNNER_UNIT in names:
         env_file = config_path.parent / "runner.env"
         notes.append(
