@@ -241,10 +241,12 @@ def test_a_large_file_is_published_without_being_held_in_memory(tmp_path):
         [
             sys.executable,
             "-c",
-            "import resource, sys; from pathlib import Path;"
+            # VmHWM, not ru_maxrss: that one keeps the forking process's size across exec
+            # (a pytest worker's, hundreds of MiB late in a run).
+            "import sys; from pathlib import Path;"
             "from aiworker.core.runner.snapshots import publish;"
             "publish(Path(sys.argv[1]), Path(sys.argv[2]), 1, 'HEAD');"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))",
             str(state),
             str(repo),
         ],
