@@ -231,3 +231,26 @@ def test_phase_commands_carry_this_state_and_only_an_existing_config(tmp_path):
     )
     assert argv[-5:] == ["repair", "--task", "1", "--slot", "1"]
     assert argv[argv.index("--config") + 1] == str(present)
+
+
+def test_a_check_requested_while_a_tick_runs_outlives_that_tick(tmp_path):
+    """Under systemd a job's request starts aiworker-scheduler.service, which a running
+    tick absorbs: that tick, begun before the request, must not answer it by clearing
+    it, or the check waits for the next interval."""
+    from datetime import UTC, datetime
+
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.scheduler_state import SchedulerState, record_check, request_check
+
+    env = Environment(tmp_path / "state", load_config(tmp_path / "absent.toml", required=False))
+    request_check(env)
+    began = datetime.now(UTC).isoformat()  # a tick begins after that request: it answers it
+    record_check(env, began, datetime.now(UTC).isoformat(), None)
+    assert SchedulerState.load(env.state_dir).check_requested is False
+    began = datetime.now(UTC).isoformat()  # a tick begins; a job asks while it runs
+    request_check(env)
+    record_check(env, began, datetime.now(UTC).isoformat(), None)
+    state = SchedulerState.load(env.state_dir)
+    assert state.check_requested is True
+    assert state.due(3600, datetime.now(UTC))  # the timer's next --if-due runs a tick

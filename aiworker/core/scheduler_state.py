@@ -26,6 +26,7 @@ class SchedulerState:
     paused_by: str = ""  # who paused: a login and where from ("alice (command line)")
     paused_at: str | None = None
     check_requested: bool = False
+    check_requested_at: str | None = None  # the latest request's time (ISO, UTC)
     last_check: str | None = None
     next_deadline: str | None = None
     # The last poll's failure (None after a poll that worked) and how many in a row failed.
@@ -97,6 +98,30 @@ def login() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return f"uid {os.getuid()}"
+
+
+def request_check(env: Environment) -> SchedulerState:
+    """Ask for a check now: the next tick (the timer's --if-due, or one started for it)
+    makes it, even when a tick that began before this request is still running."""
+    return update_state(env, check_requested=True, check_requested_at=_stamp())
+
+
+def record_check(
+    env: Environment, began: str, checked: str, next_deadline: str | None
+) -> SchedulerState:
+    """A tick that began at BEGAN checked at CHECKED: a request made before it began is
+    answered; one made while it ran stays (the tick may have passed what it was about)."""
+    with env.locks.held("scheduler-state", timeout=10):
+        state = SchedulerState.load(env.state_dir)
+        asked = state.check_requested_at
+        state.check_requested = bool(state.check_requested and asked and asked > began)
+        state.last_check, state.next_deadline = checked, next_deadline
+        state.save(env.state_dir)
+    return state
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).isoformat()
 
 
 def update_state(env: Environment, **changes: Any) -> SchedulerState:

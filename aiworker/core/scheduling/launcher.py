@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from aiworker.core.context import Environment, task_log
 from aiworker.core.phases.table import PUBLISH, TASK, starting, step_states
 from aiworker.core.report import Report
-from aiworker.core.scheduler_state import update_state
+from aiworker.core.scheduler_state import request_check
 from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
 from aiworker.core.tasks.claim_jobs import name_job
 from aiworker.core.tasks.hosts import published_elsewhere
@@ -78,7 +78,7 @@ class FollowUpReport(Report):
 def request_follow_up(env: Environment) -> FollowUpReport:
     """Ask for a check now instead of at the next interval: the same mechanism the timer
     uses starts the tick."""
-    update_state(env, check_requested=True)
+    request_check(env)
     if env.loaded.config.scheduler.launcher == "systemd":
         _systemctl_start("aiworker-scheduler.service")
         return FollowUpReport(True, "aiworker-scheduler.service", None)

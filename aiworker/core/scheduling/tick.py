@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from aiworker.config.limits import Housekeeping
 from aiworker.core.context import Environment
 from aiworker.core.maintenance.storage import space_shortage
-from aiworker.core.scheduler_state import SchedulerState, record_poll, update_state
+from aiworker.core.scheduler_state import SchedulerState, record_check, record_poll
 from aiworker.core.scheduling.claims import claim_for_slot
 from aiworker.core.scheduling.launcher import launch, start_delivery_steps
 from aiworker.core.scheduling.phase_commands import runnable_kinds
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     report = TickReport()
+    began = datetime.now(UTC).isoformat()  # a check requested from now on is not this one
     config = env.loaded.config
     # Paused: nothing new starts, but what dead jobs left is still recovered and
     # finished tasks are still cleaned up.
@@ -60,8 +61,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     env.ensure_state_dir()  # before the database: the installation's key is made there
     db = env.open_database()
     try:
-        if not db.sqlite:  # several controllers judge each other's leases by their clocks
-            _refuse_a_skewed_clock(db)
+        _refuse_a_skewed_clock(db)
         # First, before the poll and any claim: the other controllers see this one alive,
         # and a second installation using this controller.id is refused having done nothing.
         with db.transaction() as connection:
@@ -103,9 +103,7 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
             _prune(connection, config.housekeeping)
     finally:
         db.dispose()
-    update_state(
-        env, last_check=now.isoformat(), next_deadline=report.next_deadline, check_requested=False
-    )
+    record_check(env, began, now.isoformat(), report.next_deadline)
     log.info(
         "tick: %s; %d started, %d steps, %d recovered",
         report.status,
@@ -124,6 +122,9 @@ def _refuse_during_maintenance(env: Environment, paused: bool) -> None:
 
 
 def _refuse_a_skewed_clock(db: Database) -> None:
+    """On PostgreSQL: several controllers judge each other's leases by their clocks."""
+    if db.sqlite:
+        return
     from aiworker.core.tasks.hosts import clock_skew_problem
 
     problem = clock_skew_problem(db)
