@@ -198,3 +198,32 @@ def test_an_answer_that_is_not_what_the_api_says_is_named(fake, body, said):
         client(url).current_user()
     assert said in str(caught.value)
     assert "GET /user" in str(caught.value)
+
+
+def test_a_compressed_answer_is_refused_and_a_read_follows_only_the_forges_redirects(fake):
+    """Answers are asked for as they are: a compressed one could trickle in empty blocks
+    that no read's deadline sees. A read follows a redirect on the forge's own address,
+    reading each answer on the way within the bounds; one to elsewhere is refused."""
+    gzip = ("raw", 200, b"\x1f\x8b\x08\x00\x00\x00\x00\x00", {"Content-Encoding": "gzip"})
+    script, url = fake(gzip)
+    with pytest.raises(ForgeError, match="the answer is gzip-encoded"):
+        client(url).current_user()
+    assert script.seen[0][1] == "/api/v1/user"
+    moved = ("json", 302, {}, {"Location": "/api/v1/user?moved=1"})
+    script, url = fake(moved)
+    assert client(url).current_user().login == "bot"
+    assert [path for _, path, _ in script.seen] == ["/api/v1/user", "/api/v1/user?moved=1"]
+    _, elsewhere = fake()
+    away = ("json", 302, {}, {"Location": f"{elsewhere}/api/v1/user"})
+    _, url = fake(away)
+    with pytest.raises(ForgeUnreachable, match="the forge redirects GET to"):
+        client(url).current_user()
+
+
+def test_the_clone_url_carries_no_password_of_forge_url(fake):
+    """git's remote is on its command line, which every local user can read."""
+    repo = {"id": 1, "name": "app", "full_name": "team/app", "owner": USER, "default_branch": "m"}
+    _, url = fake(("json", 200, repo, {}))
+    with_password = url.replace("http://", f"http://bot:{CANARY}@") + "/sub"
+    found = ForgejoClient(with_password, CANARY, timeout=5).repository("team", "app")
+    assert found.clone_url == f"{url}/sub/team/app.git"

@@ -104,7 +104,7 @@ class ForgejoClient:
         """The repository, its clone URL on the configured forge.url: git sends the token
         with every request to it, so never to an address the forge's answer names."""
         found = self._get(m.Repository, self._repo(owner, repo))
-        clone_url = f"{self.http.base}/{segment(owner)}/{segment(repo)}.git"
+        clone_url = f"{self.http.plain_base}/{segment(owner)}/{segment(repo)}.git"
         return found.model_copy(update={"clone_url": clone_url})
 
     def collaborator_permission(self, owner: str, repo: str, user: str) -> m.CollaboratorPermission:

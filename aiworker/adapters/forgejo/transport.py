@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypedDict
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import requests
 import urllib3
@@ -37,6 +37,7 @@ DEADLINE_TIMEOUTS = 4
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # A listing longer than this is a server that never stops paging (at 50 a page, 50,000).
 MAX_PAGES = 1000
+MAX_REDIRECTS = 5  # of a read, on the forge's own host
 
 
 class _Late(Exception):
@@ -149,6 +150,9 @@ class Transport:
         self.shown_base = f"{parts.scheme}://{parts.hostname or ''}" + (
             f":{parts.port}" if _port(parts) else ""
         )
+        # Where git is sent (its remote is on a command line): the path kept, no password.
+        host = parts.netloc.rpartition("@")[2]
+        self.plain_base = f"{parts.scheme}://{host}{parts.path.rstrip('/')}"
         self.timeout = timeout
         self.attempts = attempts
         self.backoff_base = backoff_base
@@ -160,6 +164,8 @@ class Transport:
             {
                 "Authorization": f"token {token}",
                 "Accept": "application/json",
+                # As it is: a compressed answer could trickle in a way no read ends.
+                "Accept-Encoding": "identity",
                 "User-Agent": "aiworker",
             }
         )
@@ -219,7 +225,9 @@ class Transport:
         self.requests_sent += 1
         try:
             # A redirect of a change would be sent on as a GET (requests follows 301 and
-            # 302 so): only reads follow one.
+            # 302 so): only reads follow one; a download (STREAM) as requests does, its
+            # caller bounding what it reads; an API read here, so that each answer on the
+            # way is bounded too.
             response = self.session.request(
                 method,
                 target,
@@ -227,9 +235,18 @@ class Transport:
                 json=body,
                 timeout=self.timeout,
                 stream=True,
-                allow_redirects=method == "GET",
+                allow_redirects=method == "GET" and stream,
             )
-            if not stream:
+            for _ in range(MAX_REDIRECTS if method == "GET" else 0):
+                following = self._follow(target, response)
+                if following is None:
+                    break
+                response.close()
+                target, params = following, None
+                response = self.session.get(
+                    target, timeout=self.timeout, stream=True, allow_redirects=False
+                )
+            if not stream and not response.is_redirect:
                 self._read_whole(response, started, method, shown)
         except _Late as exc:  # not tried again: each try could take as long
             raise ForgeUnavailable(method, shown, None, str(exc), forge=self.shown_base) from None
@@ -285,6 +302,19 @@ class Transport:
             raise _Retryable(response.status_code, self._message(response), after)
         return response
 
+    def _follow(self, target: str, response: requests.Response) -> str | None:
+        """Where a redirect of a read leads, when it stays on the forge (its host and port,
+        never from https to http); None when RESPONSE is no redirect or leads elsewhere
+        (that redirect is refused as the answer)."""
+        if not response.is_redirect:
+            return None
+        following = urljoin(target, response.headers.get("Location", ""))
+        there, base = urlsplit(following), urlsplit(self.base)
+        downgrade = base.scheme == "https" and there.scheme != "https"
+        if there.netloc.rpartition("@")[2] != base.netloc.rpartition("@")[2] or downgrade:
+            return None
+        return following
+
     def _read_whole(
         self, response: requests.Response, started: float, method: str, shown: str
     ) -> None:
@@ -292,12 +322,22 @@ class Transport:
         if getattr(response, "_content_consumed", False):  # a hook of the session read it
             self.bytes_received += len(response.content)
             return
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            response.close()
+            raise ForgeError(
+                method,
+                shown,
+                response.status_code,
+                f"the answer is {encoding}-encoded, though asked for as it is",
+                forge=self.shown_base,
+            )
         deadline = started + self.timeout * DEADLINE_TIMEOUTS
         data = bytearray()
         try:
             # read1 returns what one read brings, so that the deadline is looked at
             # between reads however slowly the bytes come.
-            while chunk := response.raw.read1(64 * 1024, decode_content=True):
+            while chunk := response.raw.read1(64 * 1024, decode_content=False):
                 data += chunk
                 if len(data) > MAX_ANSWER_BYTES:
                     raise ForgeError(

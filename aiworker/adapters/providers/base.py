@@ -222,11 +222,19 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]
     and HTTP_GET_BYTES; (0, why) when it was not (refused, too slow, too large)."""
     deadline = time.monotonic() + HTTP_GET_SECONDS
     try:
-        with requests.get(url, headers=headers or {}, timeout=10, stream=True) as response:
+        # As it is (a compressed answer can trickle in blocks that decode to nothing) and
+        # from where it was asked: a redirect's answer would be read unbounded.
+        plain = {**(headers or {}), "Accept-Encoding": "identity"}
+        with requests.get(
+            url, headers=plain, timeout=10, stream=True, allow_redirects=False
+        ) as response:
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("identity", ""):
+                return 0, f"an answer {encoding}-encoded, though asked for as it is"
             data = bytearray()
             # read1: what one read brings, so that a server sending a byte at a time still
             # meets the deadline.
-            while chunk := response.raw.read1(65536, decode_content=True):
+            while chunk := response.raw.read1(65536, decode_content=False):
                 data += chunk
                 if len(data) > HTTP_GET_BYTES:
                     return 0, f"an answer over {HTTP_GET_BYTES} bytes"
