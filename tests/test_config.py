@@ -380,3 +380,25 @@ def test_controller_lease_follows_a_long_check_interval_unless_set(cli, tmp_path
     result = cli("--config", str(config), "config", "validate")
     assert result.exit_code == 2, result
     assert "controller.lease (300 s) must be longer than check_interval (600 s)" in result.stderr
+
+
+def test_the_ci_identity_is_one_of_the_token_sources(cli, tmp_path, monkeypatch):
+    """Its token is masked like the others' and hidden from jobs (a token_file)."""
+    token = tmp_path / "ci.token"
+    token.write_text(CANARY + "\n")
+    path = tmp_path / "config.toml"
+    path.write_text(
+        f'[forge]\nurl = "http://127.0.0.1:1"\n[forge.identities.ci]\ntoken_file = "{token}"\n'
+    )
+    shown = cli("--json", "--config", str(path), "config", "show")
+    assert shown.json()["tokens"]["ci"] == {
+        "source": f"file:{token}",
+        "present": True,
+        "state": "present",
+    }
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.guests.backends import host_secrets
+
+    env = Environment(tmp_path / "state", load_config(path, required=True))
+    assert token in host_secrets(env)

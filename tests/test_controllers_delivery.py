@@ -25,6 +25,7 @@ from tests.helpers import configure, run_process
 from tests.pg_fixtures import rows
 from tests.test_delivery import REVIEW_OK
 from tests.test_implement import FIX, SCRIPT_ONLY, result_doc
+from tests.test_lifecycle import attempt_tag, tagged_alive, wait_for_provider
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +137,7 @@ def test_two_controllers_deliver_one_task_once(
 
 
 def test_a_database_restart_while_a_job_runs_costs_no_finished_work(
-    forge, postgres, postgres_url, tmp_path, monkeypatch
+    forge, postgres, postgres_url, tmp_path, monkeypatch, state_dir
 ):
     """PostgreSQL stops while the agent works and is back a few seconds later: the job
     waits for it at its next record and finishes; nothing is abandoned or charged twice."""
@@ -158,12 +159,20 @@ def test_a_database_restart_while_a_job_runs_costs_no_finished_work(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while rows(postgres_url, "select count(*) from attempts") != [(1,)]:
-            assert time.monotonic() < deadline, "the attempt was never recorded"
+        # The agent runs (its workspace recorded, its process up): nothing is being
+        # written now, and the job's next record comes when the agent ends.
+        deadline = time.monotonic() + 120
+        query = "select id from attempts where workspace_path is not null"
+        while not (found := rows(postgres_url, query)):
+            assert time.monotonic() < deadline, "the agent never started"
             time.sleep(0.1)
+        tag = attempt_tag(state_dir, found[0][0])
+        wait_for_provider(tag)
         postgres.stop("fast")
-        time.sleep(10)  # past the agent's end: its result waits for the database
+        while tagged_alive(tag):  # the agent ends while the database is down
+            assert time.monotonic() < deadline + 120, "the agent never ended"
+            time.sleep(0.1)
+        time.sleep(3)  # and the job meets the outage at its next record
     finally:
         postgres.start()
     out, err = job.communicate(timeout=300)

@@ -292,3 +292,16 @@ def test_a_killed_runners_attempt_cgroup_is_swept_by_the_next_run(roots):
     quick = make_source(root, "exit 0\n", name="quick")
     assert execute(request(quick), source_root=root, attempt_root=attempts).exit_code == 0
     assert alive_with_argument(marker) == []
+
+
+def test_a_marker_that_is_a_directory_costs_the_sweep_no_descriptor(roots):
+    """A runner sweeps before every attempt: a refused marker must not leak the
+    descriptor it was opened with, or a long-lived runner runs out of them."""
+    from aiworker.runtime.attempts import sweep_stale_attempts
+
+    _, attempts = roots
+    (attempts / "attempt-odd" / ".aiworker-attempt.json").mkdir(parents=True)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        sweep_stale_attempts(attempts)
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -4,6 +4,7 @@ configuration the job wrote (a .gitconfig beside the checkout, the checkout's ow
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from aiworker.runtime.workspace import (
     Workspace,
+    WorkspaceError,
     altered,
     changed_lines,
     prepare_workspace,
@@ -79,3 +81,20 @@ def test_git_on_the_host_runs_nothing_a_job_configured_in_its_checkout(tmp_path,
     assert changed_lines(workspace) == 2
     assert result_bundle(workspace, tmp_path / "result.bundle") is not None
     assert not ran.exists(), ran.read_text()
+
+
+def test_the_work_goes_out_with_the_checkouts_own_objects_only(tmp_path, bundle):
+    """A job owns its .git in a phase that commits: alternates pointing at another
+    repository on this host would put that one's objects into the work's bundle."""
+    workspace = prepare_workspace(tmp_path / "ws", bundle, "refs/heads/main", {"p.md": "x"})
+    (workspace.repo / "a.txt").write_text("changed\n")
+    git(workspace.repo, "commit", "-qam", "the job's work")
+    alternates = workspace.repo / ".git" / "objects" / "info" / "alternates"
+    alternates.parent.mkdir(parents=True, exist_ok=True)
+    alternates.write_text(str(tmp_path / "source" / ".git" / "objects") + "\n")
+    assert result_bundle(workspace, tmp_path / "result.bundle") is not None
+    assert not alternates.exists()
+    shutil.rmtree(workspace.repo / ".git")
+    (workspace.repo / ".git").write_text(f"gitdir: {tmp_path / 'source' / '.git'}\n")
+    with pytest.raises(WorkspaceError, match=r"replaced the checkout's \.git"):
+        changed_lines(workspace)

@@ -171,5 +171,6 @@ def identities_of(config: Config) -> list[tuple[str, Identity]]:
         ("worker", ids.worker),
         ("reviewer", ids.reviewer),
         ("operator", ids.operator),
+        ("ci", ids.ci),
     ]
     return [(name, ident) for name, ident in pairs if ident is not None] + runners

@@ -268,9 +268,14 @@ def _read_marker(path: Path) -> str:
         fd = os.open(MARKER, flags, dir_fd=directory)
     finally:
         os.close(directory)
-    with os.fdopen(fd, encoding="utf-8") as handle:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path / MARKER} is not a file")
+        handle = os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
         return handle.read(65536)
 
 

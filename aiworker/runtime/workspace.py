@@ -128,8 +128,22 @@ def open_private_home(workspace: Workspace) -> Path:
     return workspace.home
 
 
+def _own_objects(workspace: Workspace) -> None:
+    """The checkout's repository as this side made it, before git here reads a job's
+    commits: its own object store only (a job could point alternates, or a `.git` file,
+    at another repository on this host, and its objects would go out with the work)."""
+    dot_git = workspace.repo / ".git"
+    if dot_git.is_symlink() or not dot_git.is_dir():
+        raise WorkspaceError("the job replaced the checkout's .git: its work is not taken")
+    for name in ("alternates", "http-alternates"):
+        (dot_git / "objects" / "info" / name).unlink(missing_ok=True)
+    if (dot_git / "commondir").exists():
+        raise WorkspaceError("the job made the checkout a linked worktree: its work is not taken")
+
+
 def changed_lines(workspace: Workspace) -> int:
     """Lines added plus removed on `work` since `base` (binary files count as one each)."""
+    _own_objects(workspace)
     total = 0
     numstat = _git(workspace, "diff", "--no-ext-diff", "--no-textconv", "--numstat", "base...work")
     for line in numstat.splitlines():
@@ -140,6 +154,7 @@ def changed_lines(workspace: Workspace) -> int:
 
 def result_bundle(workspace: Workspace, target: Path) -> Path | None:
     """A bundle of the commits made on `work` since `base`, or None when there are none."""
+    _own_objects(workspace)
     if _git(workspace, "rev-list", "--count", "base..work") == "0":
         return None
     _git(workspace, "bundle", "create", "-q", str(target), "base..work")

@@ -107,6 +107,12 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
         "has no such database: create it (see the README's PostgreSQL section)",
     ),
     ("connection refused", Unavailable, "refuses connections: is the server running there?"),
+    # The same over a Unix socket: its file is gone while the server is stopped.
+    (
+        "is the server running locally",
+        Unavailable,
+        "refuses connections: is the server running there?",
+    ),
     ("timeout expired", Unavailable, "did not answer in time"),
     ("could not translate host name", ConfigInvalid, "names a host that does not resolve"),
     ("failed to resolve host", ConfigInvalid, "names a host that does not resolve"),

@@ -161,7 +161,11 @@ def run_checks(
             report.findings.append(finding)
             body["finding"] = finding
         if requirement.thresholds:
-            missed = _measure(jobs, index, base, requirement, result, body, timeout_ms)
+            try:
+                missed = _measure(jobs, index, base, requirement, result, body, timeout_ms)
+            except Uncheckable as exc:  # the base, measured for a relative bound
+                missed = [f"check {requirement.check_id}: the base at {base[:12]} cannot be "
+                          f"measured: {exc}"]  # fmt: skip
             report.findings += missed
             passed = passed and not missed
         # The payloads first: a failed write (a full disk) records no receipt at all.

@@ -122,7 +122,7 @@ def host_secrets(env: Environment) -> list[Path]:
     secrets = [env.state_dir.absolute(), config_file if keep_folder else folder]
     forge = env.loaded.config.forge
     identities = forge.identities if forge else None
-    for role in ("planner", "worker", "reviewer", "operator"):
+    for role in ("planner", "worker", "reviewer", "operator", "ci"):
         identity = getattr(identities, role, None)
         if identity is not None and identity.token_file:
             secrets.append(token_path(identity, folder).absolute())

@@ -34,7 +34,7 @@ from aiworker.core.providers.registry import (
     read_provider,
 )
 from aiworker.core.tasks.deadlines import run_limit_s
-from aiworker.runtime.attempts import default_attempt_root
+from aiworker.runtime.attempts import default_attempt_root, ensure_private_root
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.workspace import Workspace
@@ -168,8 +168,13 @@ def run_model_phase(
             env.attempt_tag(phase, attempt),
             phase,
             backend=backend,
-            # The embedded runner's attempts too: other repositories' checks run there.
-            hidden=[*provider_homes(env), *host_secrets(env), default_attempt_root()],
+            # The embedded runner's attempts too: other repositories' checks run there (made
+            # now if missing: the jail hides only what exists when it is built).
+            hidden=[
+                *provider_homes(env),
+                *host_secrets(env),
+                ensure_private_root(default_attempt_root()),
+            ],
             bound=route.bound if route else None,
             timeout_s=limit_s,
         )

@@ -27,6 +27,7 @@ from aiworker.store.task_records import last_task_event
 from aiworker.store.tasks import append_event
 
 LOG_TAIL_BYTES = 2000
+SECRET_MARGIN = 8192  # longer than any token the redactor masks
 
 
 def diagnostic(env: Environment, db: Database, task_id: int) -> tuple[str, str]:
@@ -39,11 +40,12 @@ def diagnostic(env: Environment, db: Database, task_id: int) -> tuple[str, str]:
     path = task_log(env, task_id)
     try:
         with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-            tail = handle.read().decode(errors="replace").strip()
+            # A margin more, masked before the cut: a secret across the cut is masked too.
+            handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES - SECRET_MARGIN))
+            tail = redact(handle.read().decode(errors="replace").strip())
     except OSError:
         tail = ""
-    return f"last recorded: {last}", redact(tail[-LOG_TAIL_BYTES:])
+    return f"last recorded: {last}", tail[-LOG_TAIL_BYTES:]
 
 
 def abandon(
