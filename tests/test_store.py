@@ -433,18 +433,20 @@ def test_a_server_that_refuses_for_a_while_or_an_option_is_named(
     configure_database(url, tmp_path / "pg.toml", monkeypatch)
     assert cli("db", "upgrade").exit_code == 0
     where = f"PostgreSQL at 127.0.0.1:{postgres.port}/{name}"
-    postgres.psql(f"ALTER ROLE {postgres.user} CONNECTION LIMIT 0")
-    try:
-        full = cli("--json", "scheduler", "tick")
-    finally:
-        postgres.psql(f"ALTER ROLE {postgres.user} CONNECTION LIMIT -1")
+
+    def tick_while(setting: str, usual: str):
+        postgres.psql(setting)
+        try:
+            return cli("--json", "scheduler", "tick")
+        finally:
+            postgres.psql(usual)
+
+    role, database = f"ALTER ROLE {postgres.user}", f"ALTER DATABASE {name} SET"
+    full = tick_while(f"{role} CONNECTION LIMIT 0", f"{role} CONNECTION LIMIT -1")
     assert full.exit_code == 75, full
     assert full.json()["error"]["message"] == f"{where} has no free connection; try again"
-    postgres.psql(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
-    try:
-        standby = cli("--json", "scheduler", "tick")
-    finally:
-        postgres.psql(f"ALTER DATABASE {name} SET default_transaction_read_only = off")
+    readonly = "default_transaction_read_only"
+    standby = tick_while(f"{database} {readonly} = on", f"{database} {readonly} = off")
     assert standby.exit_code == 75, standby
     assert standby.json()["error"]["message"].startswith(f"{where} accepts no writes")
     configure_database(f"{url}?sslmod=require", tmp_path / "typo.toml", monkeypatch)
