@@ -9,7 +9,8 @@ import pytest
 
 from aiworker.config.models import Runners
 from aiworker.contracts.agent import AgentResult
-from aiworker.core.evidence.gate import publication_allowed, run_gate
+from aiworker.core.evidence.authorisation import publication_allowed
+from aiworker.core.evidence.gate import run_gate
 from aiworker.core.evidence.requirements import Requirement, requirements_from_issue
 from aiworker.core.runner.dispatch import Dispatch
 from aiworker.core.runner.snapshots import published

@@ -16,8 +16,8 @@ from typing import Any
 
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.delivery.scope_check import answer_moved_scope
+from aiworker.core.evidence.authorisation import publication_allowed
 from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
-from aiworker.core.evidence.gate import publication_allowed
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from aiworker.contracts.agent import Finding
 from aiworker.core.delivery.plan_approval import Plan, PlanStepReport, approve, pause
-from aiworker.core.evidence.gate import checked_at_head
+from aiworker.core.evidence.authorisation import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.approval import read_approval
 from aiworker.core.intake.authorization import PermissionReader

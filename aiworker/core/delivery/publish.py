@@ -18,7 +18,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.refresh import refresh_base
 from aiworker.core.delivery.scope_check import answer_moved_scope
-from aiworker.core.evidence.gate import checked_at_head
+from aiworker.core.evidence.authorisation import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized

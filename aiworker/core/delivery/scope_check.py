@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
-from aiworker.core.evidence.gate import PHASE as VALIDATION
+from aiworker.core.evidence.authorisation import PHASE as VALIDATION
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report

@@ -29,15 +29,14 @@ from aiworker.core.evidence.artifacts import (
     record_received,
     store,
 )
+from aiworker.core.evidence.authorisation import PHASE
 from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.evidence.requirements import Requirement
 from aiworker.runtime.gitcache import GitCache, GitCacheError
 from aiworker.secrets import redact
 from aiworker.store.engine import Database
-from aiworker.store.models import Task
-from aiworker.store.receipts import add_receipt, receipts_for
+from aiworker.store.receipts import add_receipt
 
-PHASE = "validation"
 DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
 TAIL_CHARS = 2000
 
@@ -265,48 +264,3 @@ def _measure(
 def _tail(encoded: str, limit: int | None = TAIL_CHARS) -> str:
     text = redact(base64.b64decode(encoded).decode(errors="replace"))
     return text if limit is None else text[-limit:]
-
-
-def checked_at_head(db: Database, task: Task, requirements: list[Requirement]) -> tuple[bool, str]:
-    """publication_allowed for TASK at the head, base and scope it records (a task that
-    records none has no receipts for it)."""
-    return publication_allowed(
-        db,
-        task.id,
-        head=str(task.head_commit),
-        base=str(task.base_commit),
-        scope=task.scope_fingerprint,
-        requirements=requirements,
-    )
-
-
-def publication_allowed(
-    db: Database,
-    task_id: int | None,
-    *,
-    head: str,
-    base: str,
-    scope: str | None,
-    requirements: list[Requirement],
-) -> tuple[bool, str]:
-    """Only passing receipts for exactly this head, base and scope authorise publication."""
-    with db.read() as session:
-        receipts = receipts_for(session, task_id, PHASE)
-        latest: dict[str, Any] = {}
-        for receipt in receipts:
-            if (receipt.head_commit, receipt.base_commit, receipt.scope_fingerprint) == (
-                head,
-                base,
-                scope,
-            ):
-                latest[receipt.check_id or ""] = receipt.outcome
-    for requirement in requirements:
-        outcome = latest.get(requirement.check_id)
-        if outcome is None:
-            return False, (
-                f"no receipt for check {requirement.check_id} at head {head[:12]} "
-                f"on base {base[:12]} (missing or stale evidence)"
-            )
-        if outcome != "pass":
-            return False, f"check {requirement.check_id} failed at head {head[:12]}"
-    return True, "every required check passed at this exact head and base"
