@@ -127,7 +127,7 @@ def host_secrets(env: Environment) -> list[Path]:
         if identity is not None and identity.token_file:
             secrets.append(token_path(identity, folder).absolute())
     database = sqlite_path(env.database_url)  # a SQLite store kept elsewhere
-    if database is not None:
+    if database is not None and env.state_dir.absolute() not in database.absolute().parents:
         secrets += [Path(f"{database.absolute()}{end}") for end in ("", "-wal", "-shm")]
     home = Path.home().absolute()
     return secrets + [home / name for name in HOME_LOGINS if (home / name).exists()]
