@@ -219,6 +219,7 @@ class Transport:
                 method, shown, None, type(exc).__name__, forge=self.shown_base
             ) from None
         if response.is_redirect:
+            response.close()  # its body is not read: the connection goes back
             where = urlsplit(response.headers.get("Location", ""))
             raise ForgeUnreachable(
                 method,
