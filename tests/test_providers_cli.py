@@ -286,7 +286,10 @@ class _Health(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize(
     ("trickle", "said"),
-    [(False, 'health answered 200 without {"status": "ok"}'), (True, "no whole answer within")],
+    [
+        (False, 'health answered 200 without {"status": "ok"}'),
+        (True, "the answer did not arrive whole within"),
+    ],
     ids=["another service", "a byte at a time"],
 )
 def test_a_health_answer_that_is_not_llamas_is_not_admitted(

@@ -26,6 +26,7 @@ from aiworker.adapters.forgejo.errors import (
     ForgeUnavailable,
     ForgeUnreachable,
 )
+from aiworker.runtime.answers import AnswerLate, AnswerRefused, read_whole
 from aiworker.secrets import redact, register_secret
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,6 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # A listing longer than this is a server that never stops paging (at 50 a page, 50,000).
 MAX_PAGES = 1000
 MAX_REDIRECTS = 5  # of a read, on the forge's own host
-
-
-class _Late(Exception):
-    """An answer that did not arrive whole in time."""
 
 
 class _Retryable(Exception):
@@ -197,7 +194,7 @@ class Transport:
                 )
             if not stream and not response.is_redirect:
                 self._read_whole(response, started, method, shown)
-        except _Late as exc:  # not tried again: each try could take as long
+        except AnswerLate as exc:  # not tried again: each try could take as long
             raise ForgeUnavailable(method, shown, None, str(exc), forge=self.shown_base) from None
         except (requests.ConnectionError, requests.Timeout) as exc:
             cause, curable = connection_cause(exc, self.timeout)
@@ -272,41 +269,20 @@ class Transport:
         if getattr(response, "_content_consumed", False):  # a hook of the session read it
             self.bytes_received += len(response.content)
             return
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("identity", ""):
-            response.close()
-            raise ForgeError(
-                method,
-                shown,
-                response.status_code,
-                f"the answer is {encoding}-encoded, though asked for as it is",
-                forge=self.shown_base,
-            )
-        deadline = started + self.timeout * DEADLINE_TIMEOUTS
-        data = bytearray()
+        spent = self.timeout * DEADLINE_TIMEOUTS
         try:
-            # read1 returns what one read brings, so that the deadline is looked at
-            # between reads however slowly the bytes come.
-            while chunk := response.raw.read1(64 * 1024, decode_content=False):
-                data += chunk
-                if len(data) > MAX_ANSWER_BYTES:
-                    raise ForgeError(
-                        method,
-                        shown,
-                        response.status_code,
-                        f"the answer is larger than {MAX_ANSWER_BYTES} bytes",
-                        forge=self.shown_base,
-                    )
-                if time.monotonic() > deadline:
-                    spent = self.timeout * DEADLINE_TIMEOUTS
-                    raise _Late(f"the answer did not arrive whole within {spent:g} s")
+            data = read_whole(response, started=started, seconds=spent, limit=MAX_ANSWER_BYTES)
+        except AnswerLate:
+            raise
+        except AnswerRefused as exc:
+            raise ForgeError(
+                method, shown, response.status_code, str(exc), forge=self.shown_base
+            ) from None
         except urllib3.exceptions.ReadTimeoutError as exc:
             raise requests.Timeout(str(exc)) from None
         except urllib3.exceptions.HTTPError as exc:
             raise requests.ConnectionError(str(exc)) from None
-        finally:
-            response.close()
-        response._content = bytes(data)  # what .content and .json() read from now on
+        response._content = data  # what .content and .json() read from now on
         self.bytes_received += len(data)
 
     @staticmethod

@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Protocol
 import requests
 import urllib3
 
+from aiworker.runtime.answers import AnswerRefused, read_whole
+
 # environment: the CLI refuses to run here as set up (e.g. claude's permission bypass as
 # root); another provider may, this one will not until the installation changes.
 FAILURE_CLASSES = ("quota_exhausted", "auth", "transient", "environment", "invalid", "other")
@@ -220,26 +222,14 @@ HTTP_GET_BYTES = 1024 * 1024
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """(status, the JSON body or None) of a GET, answered whole within HTTP_GET_SECONDS
     and HTTP_GET_BYTES; (0, why) when it was not (refused, too slow, too large)."""
-    deadline = time.monotonic() + HTTP_GET_SECONDS
+    started = time.monotonic()
+    # As it is, and from where it was asked: a redirect's answer would be read unbounded.
+    plain = {**(headers or {}), "Accept-Encoding": "identity"}
     try:
-        # As it is (a compressed answer can trickle in blocks that decode to nothing) and
-        # from where it was asked: a redirect's answer would be read unbounded.
-        plain = {**(headers or {}), "Accept-Encoding": "identity"}
-        with requests.get(
-            url, headers=plain, timeout=10, stream=True, allow_redirects=False
-        ) as response:
-            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-            if encoding not in ("identity", ""):
-                return 0, f"an answer {encoding}-encoded, though asked for as it is"
-            data = bytearray()
-            # read1: what one read brings, so that a server sending a byte at a time still
-            # meets the deadline.
-            while chunk := response.raw.read1(65536, decode_content=False):
-                data += chunk
-                if len(data) > HTTP_GET_BYTES:
-                    return 0, f"an answer over {HTTP_GET_BYTES} bytes"
-                if time.monotonic() > deadline:
-                    return 0, f"no whole answer within {HTTP_GET_SECONDS:g} s"
+        response = requests.get(url, headers=plain, timeout=10, stream=True, allow_redirects=False)
+        data = read_whole(response, started=started, seconds=HTTP_GET_SECONDS, limit=HTTP_GET_BYTES)
+    except AnswerRefused as exc:
+        return 0, str(exc)
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         return 0, type(exc).__name__
     try:
