@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -82,8 +84,7 @@ def pause(env: Environment, reason: str, by: str) -> SchedulerState:
     the operator's terminal as an escape sequence."""
     if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in reason):
         raise InvalidInput("the pause reason must be one line without control characters")
-    now = datetime.now(UTC).isoformat()
-    return update_state(env, paused=True, paused_reason=reason, paused_by=by, paused_at=now)
+    return update_state(env, paused=True, paused_reason=reason, paused_by=by, paused_at=_stamp())
 
 
 def resume(env: Environment) -> SchedulerState:
@@ -111,12 +112,10 @@ def record_check(
 ) -> SchedulerState:
     """A tick that began at BEGAN checked at CHECKED: a request made before it began is
     answered; one made while it ran stays (the tick may have passed what it was about)."""
-    with env.locks.held("scheduler-state", timeout=10):
-        state = SchedulerState.load(env.state_dir)
+    with _changing(env) as state:
         asked = state.check_requested_at
         state.check_requested = bool(state.check_requested and asked and asked > began)
         state.last_check, state.next_deadline = checked, next_deadline
-        state.save(env.state_dir)
     return state
 
 
@@ -124,25 +123,29 @@ def _stamp() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def update_state(env: Environment, **changes: Any) -> SchedulerState:
-    """Change the scheduler's state under its lock (pause, resume, check requests)."""
+@contextmanager
+def _changing(env: Environment) -> Iterator[SchedulerState]:
+    """The scheduler's state, saved as the block left it, under its lock."""
     env.ensure_state_dir()  # named when unusable, before its locks are made there
     with env.locks.held("scheduler-state", timeout=10):
         state = SchedulerState.load(env.state_dir)
+        yield state
+        state.save(env.state_dir)
+
+
+def update_state(env: Environment, **changes: Any) -> SchedulerState:
+    """Change the scheduler's state under its lock (pause, resume, check requests)."""
+    with _changing(env) as state:
         for key, value in changes.items():
             setattr(state, key, value)
-        state.save(env.state_dir)
     return state
 
 
 def record_poll(env: Environment, error: str | None, when: datetime) -> SchedulerState:
     """A poll's outcome, for status and doctor: its error (None when it worked) and how
     many polls in a row have failed."""
-    env.ensure_state_dir()
-    with env.locks.held("scheduler-state", timeout=10):
-        state = SchedulerState.load(env.state_dir)
+    with _changing(env) as state:
         state.poll_failures = state.poll_failures + 1 if error else 0
         state.poll_error = error
         state.poll_error_at = when.isoformat() if error else None
-        state.save(env.state_dir)
     return state
