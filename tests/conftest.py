@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,32 @@ from tests.llama_fixtures import (  # noqa: E402, F401 - shared fixtures
     llama_server,
     opencode_on_path,
 )
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
+lock = LockDir(Path(sys.argv[1])).lock(sys.argv[2])
+assert lock.try_share() if sys.argv[3:] == ["shared"] else lock.try_acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def hold_in_child():
+    """Hold a named lock of a state directory in a child process (killed at the end)."""
+    children = []
+
+    def start(state_dir, name, *, shared=False):
+        argv = [sys.executable, "-c", HOLDER, str(state_dir), name, *(["shared"] if shared else [])]
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        children.append(child)
+        assert child.stdout.readline().strip() == "held"
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+        child.stdout.close()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
+import subprocess
+import sys
+import time
 
 from aiworker.store.attempts import start_attempt
 from aiworker.store.engine import Database
@@ -161,3 +165,60 @@ def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(
     assert result.exit_code == 0, result
     assert table_counts(back) == table_counts(postgres_url)
     assert rows(back, "select reason from attempts") == [(NUL_REASON.replace("\x00", "\ufffd"),)]
+
+
+def test_a_copy_waits_for_a_running_tick_and_copies_what_it_recorded(
+    cli, upgraded, fake, tmp_path, monkeypatch
+):
+    """A tick that began before the copy holds maintenance.lock shared until it ends: the
+    copy waits for it, so nothing the tick records is left behind in the old store."""
+    trickled = json.dumps({"message": "slow"}).encode()
+    script, url = fake(("trickle", 401, trickled, {}))  # about 4 s for the tick's first call
+    monkeypatch.setenv("AIWORKER_TEST_TOKEN", "t0ken-for-the-fake")
+    config = tmp_path / "config.toml"
+    identity = 'token_env = "AIWORKER_TEST_TOKEN"'
+    config.write_text(
+        f'[forge]\nurl = "{url}"\n'
+        + "".join(f"[forge.identities.{r}]\n{identity}\n" for r in ("planner", "worker"))
+        + '[[repositories]]\nindex = 1\nowner = "team"\nname = "app"\n'
+    )
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    tick = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "--json", "scheduler", "tick"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not script.seen:  # the tick is polling: it holds the lock
+            assert tick.poll() is None, tick.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        copied = tmp_path / "copy.db"
+        result = cli("db", "copy", "--to", f"sqlite:///{copied}")
+        ended = tick.poll()
+    finally:
+        out, err = tick.communicate(timeout=60)
+    assert result.exit_code == 0, result
+    assert ended is not None, "the copy ran while the tick was still running"
+    assert tick.returncode in (0, 75), (out, err)
+    checks = f"sqlite:///{copied}", "select count(*) from events where kind = 'scheduler.check'"
+    assert rows(*checks) == rows(f"sqlite:///{upgraded}", checks[1]) == [(1,)]
+
+
+def test_a_copy_refuses_while_a_started_job_has_not_recorded_its_attempt(
+    cli, upgraded, state_dir, hold_in_child, tmp_path
+):
+    """A job the tick started holds its slot's (or its task's) lock before it records an
+    attempt: that is work running too."""
+    seed(f"sqlite:///{upgraded}")
+    for name, said in (("slot-2", "slot 2"), ("task-7", "task 7")):
+        child = hold_in_child(state_dir, name)
+        busy = cli("db", "copy", "--to", f"sqlite:///{tmp_path / 'other.db'}")
+        assert busy.exit_code == 75, busy
+        assert f"work is running ({said})" in busy.stderr
+        assert not (tmp_path / "other.db").exists()
+        child.kill()
+        child.wait()
+    assert cli("db", "copy", "--to", f"sqlite:///{tmp_path / 'other.db'}").exit_code == 0

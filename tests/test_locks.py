@@ -15,35 +15,6 @@ import pytest
 from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
 
-HOLDER = """
-import sys, time
-from pathlib import Path
-from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
-lock = LockDir(Path(sys.argv[1])).lock(sys.argv[2])
-assert lock.try_acquire()
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
-@pytest.fixture
-def hold_in_child():
-    children = []
-
-    def start(state_dir, name):
-        child = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(state_dir), name], stdout=subprocess.PIPE, text=True
-        )
-        children.append(child)
-        assert child.stdout.readline().strip() == "held"
-        return child
-
-    yield start
-    for child in children:
-        child.kill()
-        child.wait()
-        child.stdout.close()
-
 
 def test_lock_excludes_other_processes_and_names_the_holder(state_dir, hold_in_child):
     child = hold_in_child(state_dir, "discovery")
@@ -153,3 +124,30 @@ def test_lock_files_are_private(state_dir):
 def test_invalid_lock_names_are_refused(state_dir, name):
     with pytest.raises(InvalidInput):
         LockDir(state_dir).lock(name)
+
+
+def test_sharers_keep_out_an_exclusive_holder_and_not_each_other(state_dir, hold_in_child):
+    hold_in_child(state_dir, "maintenance", shared=True)
+    locks = LockDir(state_dir)
+    second = locks.lock("maintenance")
+    assert second.try_share()  # a second tick runs beside the first
+    assert not locks.lock("maintenance").try_acquire()
+    assert not locks.lock("maintenance").is_locked()  # shared: no maintenance in progress
+    second.release()
+
+
+def test_maintenance_waits_for_a_tick_but_not_for_another_maintenance(state_dir, hold_in_child):
+    tick = hold_in_child(state_dir, "maintenance", shared=True)
+    killer = subprocess.Popen(["sh", "-c", f"sleep 0.5; kill {tick.pid}"])
+    started = time.monotonic()
+    lock = LockDir(state_dir).maintenance()
+    killer.wait()
+    assert lock.held
+    assert time.monotonic() - started >= 0.4
+    lock.release()
+    holder = hold_in_child(state_dir, "maintenance")
+    started = time.monotonic()
+    with pytest.raises(LockHeld, match="another maintenance operation"):
+        LockDir(state_dir).maintenance()
+    assert time.monotonic() - started < SETTLE_SECONDS  # a live holder: answered at once
+    assert holder.poll() is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import time
@@ -27,15 +28,18 @@ from aiworker.runtime.processes import process_alive
 _LOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _POLL_SECONDS = 0.01
 SETTLE_SECONDS = 2.0  # a child between fork and exec lets go in far less
+MAINTENANCE_WAIT_S = 30.0  # a tick, which holds maintenance.lock shared, ends sooner
 
 
 class FileLock:
-    """An exclusive flock on one file. Not reentrant; one holder per instance."""
+    """An exclusive flock on one file (or, taken with try_share, a shared one). Not
+    reentrant; one holder per instance."""
 
     def __init__(self, path: Path, *, description: str | None = None) -> None:
         self.path = path
         self.description = description or path.name
         self._fd: int | None = None
+        self._shared = False
 
     @property
     def held(self) -> bool:
@@ -45,13 +49,22 @@ class FileLock:
         """Take the lock if it is free; never waits for a holder that still runs."""
         return self._settled(self._take)
 
-    def _take(self) -> bool:
+    def try_share(self) -> bool:
+        """Take the lock shared, beside any other sharer, if no one holds it exclusively:
+        while any sharer holds it, no exclusive holder can take it. A sharer records no
+        pid (sharers would overwrite each other's)."""
+        if self._settled(functools.partial(self._take, shared=True)):
+            self._shared = True
+            return True
+        return False
+
+    def _take(self, *, shared: bool = False) -> bool:
         if self._fd is not None:
             raise RuntimeError(f"{self.description} is already held by this process")
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False
@@ -59,6 +72,10 @@ class FileLock:
             os.close(fd)
             raise
         self._fd = fd
+        if shared:  # no one holds it exclusively: a pid there is a dead holder's
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            return True
         os.ftruncate(fd, 0)
         # Who holds it is for people reading status; a full disk keeps the lock held
         # and names no holder.
@@ -82,9 +99,12 @@ class FileLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        # Unlock before close so a waiter never sees our stale pid as the holder.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+        # Unlock before close so a waiter never sees our stale pid as the holder (a
+        # sharer wrote none, and must not erase the pid of one that waits to take it).
+        if not self._shared:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+        self._shared = False
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -105,7 +125,8 @@ class FileLock:
         os.close(fd)
 
     def is_locked(self) -> bool:
-        """True when some process (possibly this one) holds the lock now."""
+        """True when some process (possibly this one) holds the lock now, exclusively (or
+        this one, shared)."""
         if self._fd is not None:
             return True
         return not self._settled(self._free)
@@ -176,6 +197,32 @@ class LockDir:
 
     def slot(self, number: int) -> FileLock:
         return self.lock(f"slot-{number}")
+
+    def working(self) -> list[str]:
+        """The slots and tasks whose lock a job holds now ("slot 1", "task 7"): work that
+        runs, or was handed its lock and has not recorded an attempt yet."""
+        found = []
+        for path in sorted(self.root.glob("*.lock")):
+            kind, _, number = path.stem.partition("-")
+            if kind in ("slot", "task") and number.isdigit() and self.lock(path.stem).is_locked():
+                found.append(f"{kind} {number}")
+        return found
+
+    def maintenance(self) -> FileLock:
+        """maintenance.lock, taken exclusively: no tick starts work until it is released.
+        A tick holds it shared while it runs, and is waited for (up to MAINTENANCE_WAIT_S);
+        another maintenance operation holds it exclusively, and is not."""
+        lock = self.lock("maintenance")
+        deadline = time.monotonic() + MAINTENANCE_WAIT_S
+        while not lock.try_acquire():
+            if lock.is_locked():
+                raise LockHeld("another maintenance operation holds maintenance.lock; try later")
+            if time.monotonic() >= deadline:
+                raise LockHeld(
+                    f"a tick has held maintenance.lock for over {MAINTENANCE_WAIT_S:g} s; try later"
+                )
+            time.sleep(_POLL_SECONDS * 10)
+        return lock
 
     @contextlib.contextmanager
     def held(self, name: str, timeout: float | None = 0) -> Iterator[FileLock]:

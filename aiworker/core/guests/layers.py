@@ -19,7 +19,7 @@ from aiworker.core.guests.backends import accel_of, require_image
 from aiworker.core.guests.provision import boot_and_save, sha256_of, wait_for_jobs
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
-from aiworker.errors import AiworkerError, InvalidInput, LockHeld, Unavailable
+from aiworker.errors import AiworkerError, InvalidInput, Unavailable
 from aiworker.runtime.guests.backend import proxy_env
 from aiworker.runtime.guests.egress import EgressPolicy
 from aiworker.runtime.guests.images import Image, ImageStore
@@ -47,9 +47,7 @@ def provision_layer(
         raise InvalidInput(f"--script {script}: no such file")
     store, image = require_image(env, layered=False)
     layer = image.with_layer(name)
-    maintenance = env.locks.lock("maintenance")
-    if not maintenance.try_acquire():
-        raise LockHeld("another maintenance operation holds maintenance.lock")
+    maintenance = env.locks.maintenance()
     try:
         wait_for_jobs(env, store, wait_s)
         users = [g.name for g in store.guests() if g.record.get("layer") == name and g.alive]

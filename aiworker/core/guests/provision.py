@@ -25,7 +25,7 @@ from aiworker.core.context import Environment
 from aiworker.core.guests.backends import guest_store, missing_tools
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
-from aiworker.errors import AiworkerError, InvalidInput, LockHeld, Unavailable
+from aiworker.errors import AiworkerError, InvalidInput, Unavailable
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import Image, ImageStore
@@ -78,9 +78,7 @@ def provision(
         raise Unavailable(f"provisioning needs {', '.join(missing)}: install them first")
     if os.geteuid() != 0:
         raise InvalidInput("provisioning builds the root filesystem as root; run it as root")
-    maintenance = env.locks.lock("maintenance")
-    if not maintenance.try_acquire():
-        raise LockHeld("another maintenance operation holds maintenance.lock")
+    maintenance = env.locks.maintenance()
     try:
         wait_for_jobs(env, guest_store(env), wait_s)
         return _provision(env, recipe, save_state, stages)

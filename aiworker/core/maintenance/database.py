@@ -117,8 +117,7 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     revision = database_revision(env).current
     maintenance, retention = env.locks.lock("maintenance"), env.locks.lock("retention")
     if artifacts is not None:
-        if not maintenance.try_acquire():
-            raise LockHeld("another maintenance operation holds maintenance.lock; try later")
+        maintenance = env.locks.maintenance()
         if not retention.try_acquire():
             maintenance.release()
             raise LockHeld("a retention pass holds retention.lock; try again later")
@@ -263,17 +262,17 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
     if to_url == env.database_url:
         raise InvalidInput("--to names the database in use; name another one")
     _a_file_to_copy_to(to_url)
-    maintenance = env.locks.lock("maintenance")
-    if not maintenance.try_acquire():
-        raise LockHeld("another maintenance operation holds maintenance.lock; try later")
+    maintenance = env.locks.maintenance()
     source, target = env.open_database(), None
     try:
         with source.read_connection() as connection:
-            if has_open_attempts(connection):
-                raise LockHeld(
-                    "work is running (open attempts): pause the scheduler, let the jobs "
-                    "finish, then copy"
-                )
+            running = has_open_attempts(connection)
+        working = env.locks.working()  # a job started that has not recorded its attempt yet
+        if running or working:
+            what = ", ".join(working) if working else "open attempts"
+            raise LockHeld(
+                f"work is running ({what}): pause the scheduler, let the jobs finish, then copy"
+            )
         full = occupied(to_url)  # before anything is written there
         if full:
             raise InvalidInput(f"--to is not empty ({'; '.join(full)}); name a new database")

@@ -25,7 +25,7 @@ from aiworker.core.context import RESTORING, Environment
 from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
 from aiworker.core.maintenance.database import MANIFEST
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput, LockHeld
+from aiworker.errors import InvalidInput
 from aiworker.runtime.artifact_files import ArtifactFiles
 from aiworker.runtime.atomic import fsync_directory, write_private_file
 from aiworker.store.artifacts import live_digests, mark_removed
@@ -86,9 +86,7 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
     # stays and the tick refuses (remove the directory and restore again).
     marker = env.state_dir / RESTORING
     write_private_file(marker, f"restoring {backup}\n".encode())
-    maintenance = env.locks.lock("maintenance")
-    if not maintenance.try_acquire():
-        raise LockHeld("another maintenance operation holds maintenance.lock")
+    maintenance = env.locks.maintenance()
     try:
         target = sqlite_path(env.database_url)
         assert target is not None

@@ -49,16 +49,23 @@ log = logging.getLogger(__name__)
 
 
 def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
-    report = TickReport()
-    began = datetime.now(UTC).isoformat()  # a check requested from now on is not this one
-    config = env.loaded.config
     # Paused: nothing new starts, but what dead jobs left is still recovered and
     # finished tasks are still cleaned up.
     paused = SchedulerState.load(env.state_dir).paused
-    _refuse_during_maintenance(env, paused)
     if not paused:
-        refuse_direct_launch_in_a_service(config.scheduler.launcher)
-    env.ensure_state_dir()  # before the database: the installation's key is made there
+        refuse_direct_launch_in_a_service(env.loaded.config.scheduler.launcher)
+    env.ensure_state_dir()  # before its locks and the database (the installation's key)
+    gate = _refuse_during_maintenance(env, paused)
+    try:
+        return _tick(env, paused, poll_forge)
+    finally:
+        gate.release()
+
+
+def _tick(env: Environment, paused: bool, poll_forge: bool) -> TickReport:
+    report = TickReport()
+    began = datetime.now(UTC).isoformat()  # a check requested from now on is not this one
+    config = env.loaded.config
     db = env.open_database()
     try:
         _refuse_a_skewed_clock(db)
@@ -114,11 +121,20 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     return report
 
 
-def _refuse_during_maintenance(env: Environment, paused: bool) -> None:
+def _refuse_during_maintenance(env: Environment, paused: bool) -> FileLock:
+    """maintenance.lock, shared for the whole tick, so that no maintenance operation
+    (a copy of the store, a new guest image) starts while the tick claims and starts
+    work; held by one already: refused, unless paused (then recovery and clean-up go on,
+    and the lock is returned not held)."""
     maintenance = env.locks.lock("maintenance")
-    if maintenance.is_locked() and not paused:
+    if not maintenance.try_share() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
-    env.ensure_restored()
+    try:
+        env.ensure_restored()
+    except BaseException:
+        maintenance.release()
+        raise
+    return maintenance
 
 
 def _refuse_a_skewed_clock(db: Database) -> None:
