@@ -26,6 +26,7 @@ from aiworker.config.loader import load_config
 from aiworker.core.context import Environment
 from aiworker.core.tasks.lifecycle import TransitionRefused, advance
 from aiworker.store import models, tables
+from aiworker.store.attempts import start_attempt
 from aiworker.store.claims import claim_next
 from aiworker.store.driver import DriverConnection, DriverStatement
 from aiworker.store.engine import Database
@@ -485,6 +486,53 @@ def test_a_controller_whose_clock_is_off_the_servers_is_told_and_refused(
     [database] = [c for c in report["checks"] if c["name"] == "database"]
     assert database["status"] == "warn"
     assert "10 s ahead of the database server's" in database["detail"]
+
+
+HEARTBEAT = """
+import sys
+from aiworker.store.controllers import renew
+from aiworker.store.engine import Database
+db = Database(sys.argv[1], host="host-a", lease_s=60, instance="key-a host-a:/state")
+with db.transaction() as connection:  # a job's heartbeat, as Heartbeat beats
+    renew(connection, db.host, db.instance)
+db.dispose()
+"""
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (.ci/run)")
+def test_a_live_job_on_a_host_whose_clock_is_behind_is_not_taken_for_abandoned(
+    postgres_url, tmp_path, monkeypatch
+):
+    """Signs of life are written and judged by the database server's clock: a job on a
+    host ten minutes behind renews its controller, and another controller's tick leaves
+    its claim and attempt alone, though they began an hour ago."""
+    config = tmp_path / "b.toml"
+    config.write_text(f'[database]\nurl = "{postgres_url}"\n[controller]\nid = "host-b"\n')
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    assert run_process("db", "upgrade").exit_code == 0
+    db = Database(postgres_url)
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task = create_task(session, repo.id, "issue", issue_number=1, state="running").id
+        start_attempt(session, task, "implementation", "script", None, None, {}, host="host-a")
+    db.dispose()
+    hour_ago = "now() - interval '1 hour'"
+    rows(
+        postgres_url,
+        "update tasks set claim_slot = 1, claim_host = 'host-a', claim_token = '1-pid999999',"
+        f" claimed_at = {hour_ago} where id = :task",
+        task=task,
+    )
+    rows(postgres_url, f"update attempts set pid = 999999, started_at = {hour_ago}")
+    argv = ["faketime", "-f", "-600s", sys.executable, "-c", HEARTBEAT, postgres_url]
+    subprocess.run(argv, check=True, timeout=60)
+    [(age,)] = rows(postgres_url, "select extract(epoch from now() - seen_at) from controllers")
+    assert abs(age) < 30  # the server's time, not the host's ten minutes behind
+    tick = run_process("--json", "scheduler", "tick")
+    assert tick.exit_code == 0, tick
+    assert tick.json()["recovered"] == []
+    assert rows(postgres_url, "select state, claim_host from tasks") == [("running", "host-a")]
+    assert rows(postgres_url, "select count(*) from attempts where finished_at is null") == [(1,)]
 
 
 OTHER_PROCESS = """

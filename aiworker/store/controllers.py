@@ -3,14 +3,15 @@
 Every tick and every running job renews its controller's row. Another controller
 recovers a host's claims and attempts only once that host has been silent for longer
 than the lease: never while it still renews, whatever its locks (which live on its own
-disk) would say.
+disk) would say. Signs of life are written and judged by the database server's clock
+(server_now), so controllers whose clocks disagree still agree on who is silent.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select, update
@@ -36,7 +37,7 @@ def renew(
     long before they count it gone. With LEASE: refused (ControllerIdInUse) while another
     instance renewed HOST within the lease; past it, this instance takes the id over (a
     host whose state directory moved)."""
-    now = now or utcnow()
+    now = now or server_now(connection)
     row = connection.execute(
         select(controllers.c.instance, controllers.c.seen_at).where(controllers.c.id == host)
     ).first()
@@ -65,6 +66,15 @@ def renew(
     if lease_s is not None:
         changed["lease_s"] = lease_s
     connection.execute(update(controllers).where(controllers.c.id == host).values(**changed))
+
+
+def server_now(connection: Connection) -> datetime:
+    """The database server's time now; on SQLite this host's (one host, one clock)."""
+    if connection.dialect.name == "sqlite":
+        return utcnow()
+    now = connection.exec_driver_sql("SELECT clock_timestamp()").scalar()
+    assert isinstance(now, datetime)
+    return now.astimezone(UTC)
 
 
 def _key(instance: str) -> str:

@@ -11,7 +11,7 @@ from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.maintenance.retention import store_summary
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import SchedulerState
-from aiworker.store.controllers import last_seen
+from aiworker.store.controllers import last_seen, server_now
 from aiworker.store.engine import Session
 from aiworker.store.task_records import claims_by_host, claims_by_slot, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
@@ -70,7 +70,7 @@ def collect_status(env: Environment) -> StatusReport:
             claims = claims_by_slot(session, db.host)
             check = latest_event(session, CHECK_EVENT)
             last_check = check.created_at if check else None
-            controllers = _controllers(session, datetime.now(UTC))
+            controllers = _controllers(session)
         artifacts = store_summary(env, db)
     finally:
         db.dispose()
@@ -106,9 +106,10 @@ def collect_status(env: Environment) -> StatusReport:
     )
 
 
-def _controllers(session: Session, now: datetime) -> list[dict[str, Any]]:
+def _controllers(session: Session) -> list[dict[str, Any]]:
     """Each controller seen (or holding a claim), its last sign of life and its claims."""
     seen = last_seen(session.connection())
+    now = server_now(session.connection())  # the clock signs of life are written by
     held = claims_by_host(session)
     return [
         {

@@ -138,7 +138,7 @@ def _refuse_during_maintenance(env: Environment, paused: bool) -> FileLock:
 
 
 def _refuse_a_skewed_clock(db: Database) -> None:
-    """On PostgreSQL: several controllers judge each other's leases by their clocks."""
+    """On PostgreSQL: several controllers compare the times they stamp with their clocks."""
     if db.sqlite:
         return
     from aiworker.core.tasks.hosts import clock_skew_problem

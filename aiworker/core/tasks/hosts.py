@@ -10,9 +10,8 @@ from datetime import datetime, timedelta
 from aiworker.core.context import Environment, hold_job_lock
 from aiworker.errors import LockHeld
 from aiworker.runtime.locks import FileLock
-from aiworker.store.controllers import Sighting, last_seen, lease_of, silent_since
+from aiworker.store.controllers import Sighting, last_seen, lease_of, server_now, silent_since
 from aiworker.store.engine import Database
-from aiworker.store.tables import utcnow
 from aiworker.store.tasks import task_state
 
 
@@ -25,17 +24,18 @@ SKEW_WARN_S = 2.0
 
 
 def clock_skew_problem(db: Database) -> tuple[str, str] | None:
-    """("warn" or "fail", why) when this host's clock is off the database server's: the
-    controllers judge each other's signs of life by their own clocks, so a clock a
-    quarter of the lease behind makes this host's live jobs look abandoned to the others.
-    None when in step (or on SQLite)."""
+    """("warn" or "fail", why) when this host's clock is off the database server's. Signs
+    of life go by the server's clock, but claims, attempts, deadlines and runner leases
+    are stamped with this host's, which the others compare with theirs: a quarter of
+    the lease off is refused. None when in step (or on SQLite)."""
     skew = db.clock_skew()
     if skew is None or abs(skew) <= SKEW_WARN_S:
         return None
     way = "behind" if skew > 0 else "ahead of"
     why = (
         f"this host's clock is {abs(skew):.0f} s {way} the database server's; the "
-        "controllers judge each other's leases by their clocks: keep them in step (NTP)"
+        "controllers compare the times they stamp on claims and attempts: keep the clocks in "
+        "step (NTP)"
     )
     return ("fail" if abs(skew) > db.lease_s / 4 else "warn"), why
 
@@ -60,7 +60,7 @@ def _alive(db: Database, hosts: Iterable[str]) -> set[str]:
     """Of HOSTS (other controllers), those that still renew."""
     with db.read_connection() as connection:
         seen = last_seen(connection)
-    now = utcnow()
+        now = server_now(connection)
     return {host for host in hosts if gone(db, seen, host, now, None) is None}
 
 

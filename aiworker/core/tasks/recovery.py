@@ -35,7 +35,7 @@ from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.runtime.processes import runs_with_arguments
 from aiworker.store.attempts import open_attempts
 from aiworker.store.claims import active_claims
-from aiworker.store.controllers import last_seen
+from aiworker.store.controllers import last_seen, server_now
 from aiworker.store.engine import Database
 from aiworker.store.task_records import task_row
 
@@ -67,7 +67,9 @@ def recover_slots(
     recovered = []
     with db.read_connection() as connection:
         claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
-        seen = last_seen(connection) if any(not ours(db, r.host) for r in claims) else {}
+        others = any(not ours(db, r.host) for r in claims)
+        seen = last_seen(connection) if others else {}
+        judged = server_now(connection) if others else now  # as signs of life are written
     for row in claims:
         # A job the tick started (as a process or a unit) that died before it began
         # counts like any other death: a unit that cannot start is not restarted for ever.
@@ -80,7 +82,7 @@ def recover_slots(
                 continue
             silent = None
         else:
-            silent = gone(db, seen, row.host, now, row.claimed_at)
+            silent = gone(db, seen, row.host, judged, row.claimed_at)
             if silent is None:
                 continue  # that controller still renews: its claim is its own business
         if unstarted:
@@ -159,11 +161,11 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
     recovery does not see it). A step whose task is still where the step started is
     retried within its budget; one that had already moved its task is only closed."""
     recovered = []
-    now = datetime.now(UTC)
     with db.read() as session:
         dead: dict[int, list[str]] = {}
         away: dict[int, str] = {}  # task: why its attempts' controller counts as gone
         seen = last_seen(session.connection())
+        now = server_now(session.connection())  # the clock signs of life are written by
         for attempt in open_attempts(session):
             if ours(db, attempt.host):
                 if job_alive(attempt.pid, attempt.task_id):
