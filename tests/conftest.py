@@ -98,7 +98,7 @@ import sys, time
 from pathlib import Path
 from aiworker.runtime.locks import SETTLE_SECONDS, LockDir
 lock = LockDir(Path(sys.argv[1])).lock(sys.argv[2])
-assert lock.try_share() if sys.argv[3:] == ["shared"] else lock.try_acquire()
+assert lock.try_share() if sys.argv[3:] == ["--share"] else lock.try_acquire()
 print("held", flush=True)
 time.sleep(600)
 """
@@ -110,7 +110,8 @@ def hold_in_child():
     children = []
 
     def start(state_dir, name, *, shared=False):
-        argv = [sys.executable, "-c", HOLDER, str(state_dir), name, *(["shared"] if shared else [])]
+        mode = ["--share"] if shared else []
+        argv = [sys.executable, "-c", HOLDER, str(state_dir), name, *mode]
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         children.append(child)
         assert child.stdout.readline().strip() == "held"

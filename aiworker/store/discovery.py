@@ -1,10 +1,10 @@
-"""Reading the tasks poll compares the forge against."""
+"""Reading the tasks poll compares the forge against, and what their authorisation covers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Event, Repository, Task
@@ -19,6 +19,21 @@ def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task
         select(Task).where(Task.repository_id == repository_id, Task.issue_number.is_not(None))
     ).all()
     return {(t.kind, t.issue_number): t for t in rows if t.issue_number is not None}
+
+
+def record_coverage(session: Session, task_id: int, scope: str | None, item: int | None) -> None:
+    """What TASK_ID's authorisation covers now (no move of the task: its version stays)."""
+    session.execute(
+        update(Task)
+        .where(
+            Task.id == task_id,
+            or_(
+                Task.authorized_scope.is_distinct_from(scope),
+                Task.authorized_item.is_distinct_from(item),
+            ),
+        )
+        .values(authorized_scope=scope, authorized_item=item)
+    )
 
 
 def authorizers(session: Session, task_ids: Iterable[int]) -> dict[int, str]:

@@ -63,6 +63,8 @@ class Task(Base):
         state: Mapped[str]
         version: Mapped[int]
         scope_fingerprint: Mapped[str | None]
+        authorized_scope: Mapped[str | None]
+        authorized_item: Mapped[int | None]
         base_commit: Mapped[str | None]
         head_commit: Mapped[str | None]
         claim_slot: Mapped[int | None]

@@ -28,6 +28,7 @@ KNOWN_REVISIONS = (
     "0005_artifacts",
     "0006_controllers",
     "0007_controller_instance",
+    "0008_authorized_scope",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -97,6 +98,11 @@ tasks = Table(
     Column("state", String(32), nullable=False),
     Column("version", Integer, nullable=False, default=1),
     Column("scope_fingerprint", String(64)),
+    # What the task's authorisation covers: the scope as it stood when the timeline item
+    # that authorised it (an assignment, a label) was first seen. An issue whose author
+    # cannot authorise that changes beyond it needs a writer to authorise it again.
+    Column("authorized_scope", String(64)),
+    Column("authorized_item", BigInteger),
     Column("base_commit", String(64)),
     Column("head_commit", String(64)),
     Column("claim_slot", Integer),

@@ -109,7 +109,7 @@ def merge(job: Job) -> Outcome:
     job.report = report
     if not pull.merged:  # merged already: a run that died after the request
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
-        decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
+        decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
         # Work still authorised but done for an issue that changed since: repaired first
         # (a plan approved again first).
         moved = answer_moved_scope(env, db, task, issue, report) if decision.authorized else None

@@ -69,7 +69,7 @@ def _preconditions(
     plan whose issue changed."""
     env, db, task, repo = job.env, job.db, job.task, job.repo
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
-    decision = still_authorized(env, access, repo.owner, repo.name, task.kind, issue)
+    decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
     if not decision.authorized:
         refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
     moved = answer_moved_scope(env, db, task, issue, report)

@@ -17,12 +17,12 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.config.models import Config
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.authorization import Decision, PermissionReader, authorize
+from aiworker.core.intake.authorization import Covered, Decision, PermissionReader, authorize
 from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import Standing, judge_standing
 from aiworker.core.report import Report
-from aiworker.store.discovery import tasks_of
+from aiworker.store.discovery import repository_at, tasks_of
 from aiworker.store.engine import Session
 from aiworker.store.task_records import (
     PollCursor,
@@ -71,8 +71,10 @@ def candidates(
     owner: str,
     name: str,
     worker_login: str,
+    covered: dict[tuple[str, int], Covered],
 ) -> list[Candidate]:
-    """The open issues that ask for work, each with its authorisation decided now."""
+    """The open issues that ask for work, each with its authorisation decided now (and
+    for a known task, whether it covers the issue as it reads: COVERED)."""
     labels = config.labels
     found: dict[int, tuple[str, Issue]] = {}
     for issue in client.list_issues(owner, name, assignee=worker_login):
@@ -82,7 +84,19 @@ def candidates(
             found[issue.number] = (kind, issue)
     return [
         Candidate(
-            kind, issue, authorize(client, reader, config, owner, name, kind, issue, worker_login)
+            kind,
+            issue,
+            authorize(
+                client,
+                reader,
+                config,
+                owner,
+                name,
+                kind,
+                issue,
+                worker_login,
+                covered.get((kind, issue.number)),
+            ),
         )
         for kind, issue in (found[number] for number in sorted(found))
     ]
@@ -96,6 +110,7 @@ def changed_candidates(
     name: str,
     worker_login: str,
     cursor: PollCursor,
+    covered: dict[tuple[str, int], Covered],
 ) -> tuple[list[Candidate], list[Issue]]:
     """An incremental poll: every issue updated since the cursor, open or closed, in one
     listing; those that ask for work get their authorisation decided now, from their
@@ -108,9 +123,19 @@ def changed_candidates(
     for issue in changed:
         kind = kind_of(issue, config, worker_login)
         if kind is not None:
-            decision = authorize(client, reader, config, owner, name, kind, issue, worker_login)
+            known = covered.get((kind, issue.number))
+            decision = authorize(
+                client, reader, config, owner, name, kind, issue, worker_login, known
+            )
             found.append(Candidate(kind, issue, decision))
     return found, changed
+
+
+def coverage(session: Session, index: int) -> dict[tuple[str, int], Covered]:
+    """What each recorded task of the repository at INDEX has its authorisation cover."""
+    repo = repository_at(session, index)
+    known = tasks_of(session, repo.id) if repo is not None else {}
+    return {key: Covered(t.authorized_scope, t.authorized_item) for key, t in known.items()}
 
 
 def kind_of(issue: Issue, config: Config, worker_login: str) -> str | None:
@@ -140,15 +165,16 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             owner, name = repo_config.owner, repo_config.name
             with db.read() as session:
                 cursor = poll_cursor(session, repo_config.index)
+                covered = coverage(session, repo_config.index)
             started = datetime.now(UTC)
             complete = full or cursor is None or started - cursor.full_at >= FULL_POLL_EVERY
             if complete:
-                found = candidates(worker, reader, config, owner, name, worker_login)
+                found = candidates(worker, reader, config, owner, name, worker_login, covered)
                 listed = [c.issue for c in found]
             else:
                 assert cursor is not None
                 found, listed = changed_candidates(
-                    worker, reader, config, owner, name, worker_login, cursor
+                    worker, reader, config, owner, name, worker_login, cursor, covered
                 )
             report.repositories += 1
             report.count("full" if complete else "incremental", bucket=report.polls)
@@ -207,6 +233,7 @@ def _record(
                 task,
                 candidate.decision.actor,
                 standing.authorizers.get(task.id) if task else None,
+                candidate.decision.item,
             )
         )
     for key, task in known.items():

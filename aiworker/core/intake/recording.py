@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
 from aiworker.core.tasks.states import ACTIVE, RESUMABLE, TaskState
+from aiworker.store.discovery import record_coverage
 from aiworker.store.engine import Session
 from aiworker.store.models import Task
 from aiworker.store.task_records import create_task, held_for_operator, paused_from
@@ -34,11 +35,15 @@ def record_discovered(
     known: Task | None,
     actor: str | None,
     authorizer: str | None = None,
+    item: int | None = None,
 ) -> str:
     """Create, resume or update the task for an authorised issue; say which (or 'unchanged').
-    ACTOR authorised it now; AUTHORIZER is who did so as last recorded: a different writer
-    standing behind the work is recorded, so that later polls judge their permission."""
+    ACTOR authorised it now, with timeline ITEM; AUTHORIZER is who did so as last recorded:
+    a different writer standing behind the work is recorded, so that later polls judge their
+    permission. The authorisation covers the scope FINGERPRINT from now on."""
     title = short_title(title)
+    if known is not None:
+        record_coverage(session, known.id, fingerprint, item)
     if known is None:
         task = create_task(
             session,
@@ -60,6 +65,7 @@ def record_discovered(
             data={"fingerprint": fingerprint},
             scope_fingerprint=fingerprint,
         )
+        record_coverage(session, task.id, fingerprint, item)
         return "created"
     outcome = _update(session, known, title, fingerprint, actor)
     if outcome == "conflict":

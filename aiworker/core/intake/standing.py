@@ -9,6 +9,7 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import (
+    Covered,
     Decision,
     PermissionReader,
     authorize,
@@ -21,9 +22,14 @@ from aiworker.store.models import Repository, Task
 
 
 def still_authorized(
-    env: Environment, access: ForgeAccess, owner: str, name: str, kind: str, issue: Issue
+    env: Environment, access: ForgeAccess, owner: str, name: str, task: Task, issue: Issue
 ) -> Decision:
-    """Re-verify, from the issue's timeline now, that a task's work is still authorised."""
+    """Re-verify, from the issue's timeline now, that TASK's work is still authorised and
+    that its authorisation covers the issue as it reads now. A milestone stands on its
+    plan's label, on the plan's issue."""
+    kind, covered = "plan", None
+    if task.kind != "milestone":
+        kind, covered = task.kind, Covered(task.authorized_scope, task.authorized_item)
     return authorize(
         access.required("worker"),
         PermissionReader(access.optional("operator"), access.bots()),
@@ -33,6 +39,7 @@ def still_authorized(
         kind,
         issue,
         access.logins["worker"],
+        covered,
     )
 
 
@@ -83,6 +90,5 @@ def withdrawn_at_claim(
     """Why a claimed task may not be worked on now because its authorisation was withdrawn
     (None when it stands). A milestone stands on its plan's label, on the plan's issue:
     its caller lets it wait (poll pauses the plan, which a milestone waits for)."""
-    kind = "plan" if task.kind == "milestone" else task.kind
-    decision = still_authorized(env, access, repo.owner, repo.name, kind, issue)
+    decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
     return None if decision.authorized else f"authorisation no longer holds: {decision.reason}"

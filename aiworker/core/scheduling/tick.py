@@ -54,62 +54,63 @@ def tick(env: Environment, *, poll_forge: bool = True) -> TickReport:
     paused = SchedulerState.load(env.state_dir).paused
     if not paused:
         refuse_direct_launch_in_a_service(env.loaded.config.scheduler.launcher)
-    env.ensure_state_dir()  # before its locks and the database (the installation's key)
-    gate = _refuse_during_maintenance(env, paused)
+    env.ensure_state_dir()  # before the database: the installation's key is made there
+    env.ensure_restored()
+    db = env.open_database()  # refused before the tick makes anything (its lock) there
     try:
-        return _tick(env, paused, poll_forge)
+        gate = _refuse_during_maintenance(env, paused)
+        try:
+            return _tick(env, db, paused, poll_forge)
+        finally:
+            gate.release()
     finally:
-        gate.release()
+        db.dispose()
 
 
-def _tick(env: Environment, paused: bool, poll_forge: bool) -> TickReport:
+def _tick(env: Environment, db: Database, paused: bool, poll_forge: bool) -> TickReport:
     report = TickReport()
     began = datetime.now(UTC).isoformat()  # a check requested from now on is not this one
     config = env.loaded.config
-    db = env.open_database()
+    _refuse_a_skewed_clock(db)
+    # First, before the poll and any claim: the other controllers see this one alive,
+    # and a second installation using this controller.id is refused having done nothing.
+    with db.transaction() as connection:
+        renew(connection, env.controller_id, db.instance, timedelta(seconds=db.lease_s))
+    if paused:
+        report.status = "paused"
+    elif poll_forge and config.forge is not None and config.repositories:
+        _poll(env, report)
+    starting = not paused and report.poll_error is None and not _short_of_space(env, report)
+    own = _free_slots(env, report)
     try:
-        _refuse_a_skewed_clock(db)
-        # First, before the poll and any claim: the other controllers see this one alive,
-        # and a second installation using this controller.id is refused having done nothing.
-        with db.transaction() as connection:
-            renew(connection, env.controller_id, db.instance, timedelta(seconds=db.lease_s))
-        if paused:
-            report.status = "paused"
-        elif poll_forge and config.forge is not None and config.repositories:
-            _poll(env, report)
-        starting = not paused and report.poll_error is None and not _short_of_space(env, report)
-        own = _free_slots(env, report)
-        try:
-            report.recovered = _recover(env, db, [s for s, _ in own])
-            report.guests_swept = _sweep_guests(env)
-            # Only while work may start: paused, unpolled or short of space, nothing could
-            # have moved the tasks on, so none is ended for its time.
-            report.expired = _end_overdue(env, db) if starting else []
-            kinds, report.skipped = runnable_kinds(env)
-            if starting:
-                for slot, lock in own:
-                    with db.read_connection() as connection:
-                        if claimed_on(connection, slot, db.host) is not None:
-                            continue  # a fresh claim made by hand keeps its slot
-                    claim = claim_for_slot(env, db, slot, kinds)
-                    if claim is None:
-                        break  # nothing eligible: the other slots would find nothing either
-                    report.started.append(launch(env, db, slot, lock, claim.task_id))
-        finally:
-            for _, lock in own:
-                lock.release()
+        report.recovered = _recover(env, db, [s for s, _ in own])
+        report.guests_swept = _sweep_guests(env)
+        # Only while work may start: paused, unpolled or short of space, nothing could
+        # have moved the tasks on, so none is ended for its time.
+        report.expired = _end_overdue(env, db) if starting else []
+        kinds, report.skipped = runnable_kinds(env)
         if starting:
-            report.delivering = start_delivery_steps(env, db)
-        report.cleaned = _keep_house(env, db)
-        report.retention = _retention(env, db)
-        now = datetime.now(UTC)
-        report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
-        with db.transaction() as connection:
-            renew(connection, env.controller_id, db.instance)  # after what may have taken long
-            append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
-            _prune(connection, config.housekeeping)
+            for slot, lock in own:
+                with db.read_connection() as connection:
+                    if claimed_on(connection, slot, db.host) is not None:
+                        continue  # a fresh claim made by hand keeps its slot
+                claim = claim_for_slot(env, db, slot, kinds)
+                if claim is None:
+                    break  # nothing eligible: the other slots would find nothing either
+                report.started.append(launch(env, db, slot, lock, claim.task_id))
     finally:
-        db.dispose()
+        for _, lock in own:
+            lock.release()
+    if starting:
+        report.delivering = start_delivery_steps(env, db)
+    report.cleaned = _keep_house(env, db)
+    report.retention = _retention(env, db)
+    now = datetime.now(UTC)
+    report.next_deadline = (now + timedelta(seconds=config.check_interval)).isoformat()
+    with db.transaction() as connection:
+        renew(connection, env.controller_id, db.instance)  # after what may have taken long
+        append_event(connection, CHECK_EVENT, actor="scheduler", data=report.to_json())
+        _prune(connection, config.housekeeping)
     record_check(env, began, now.isoformat(), report.next_deadline)
     log.info(
         "tick: %s; %d started, %d steps, %d recovered",
@@ -129,11 +130,6 @@ def _refuse_during_maintenance(env: Environment, paused: bool) -> FileLock:
     maintenance = env.locks.lock("maintenance")
     if not maintenance.try_share() and not paused:
         raise Unavailable("maintenance is in progress; no work is started")
-    try:
-        env.ensure_restored()
-    except BaseException:
-        maintenance.release()
-        raise
     return maintenance
 
 
