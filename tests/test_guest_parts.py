@@ -197,6 +197,32 @@ def test_request_smuggling_shapes_are_refused_and_never_reach_the_origin(tmp_pat
         upstream.server_close()
 
 
+def test_what_a_guest_asks_for_cannot_grow_the_decision_log_without_bound(tmp_path, monkeypatch):
+    """A guest that asks for a 16 KB name over and over gets each refusal logged with the
+    name cut, and the log rotates past its size: the host's disk is not the guest's."""
+    from aiworker.runtime.guests import egress
+    from aiworker.runtime.logfiles import Rotation
+
+    monkeypatch.setattr(egress, "LOG_ROTATION", Rotation(40_000, keep=2))
+    log = tmp_path / "egress.jsonl"
+    proxy = EgressProxy(EgressPolicy(hosts=("allowed.example",)), DecisionLog(log, "test"))
+    name = b"a" * 16_000
+    try:
+        for _ in range(150):
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+                client.sendall(b"CONNECT " + name + b":443 HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert client.recv(100).startswith(b"HTTP/1.1 403")
+    finally:
+        proxy.close()
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["egress.jsonl", "egress.jsonl.1", "egress.jsonl.2"]
+    assert sum((tmp_path / k).stat().st_size for k in kept) < 3 * 40_000 + 2_000
+    entry = json.loads(log.read_text().splitlines()[-1])
+    assert entry["host"] == "a" * 254 + "…"
+    assert entry["allowed"] is False
+    assert len(entry["reason"]) <= 512
+
+
 def _image(store: ImageStore, name: str, manifest: bool = True) -> None:
     path = store.images_dir / name
     path.mkdir(parents=True)

@@ -24,9 +24,12 @@ from urllib.parse import urlsplit
 
 import h11
 
+from aiworker.runtime.logfiles import Rotation, rotate
+
 log = logging.getLogger("aiworker.egress")
 PORTS = (80, 443)
 HEAD_LIMIT = 16 * 1024
+LOG_ROTATION = Rotation(16 * 1024 * 1024, keep=2)  # egress.jsonl and two older ones
 IDLE_S = 300.0
 HEAD_DEADLINE_S = 15.0
 MAX_CONNECTIONS = 64  # per proxy (one guest): more wait for none, they are refused
@@ -103,6 +106,9 @@ class DecisionLog:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, method: str, host: str, port: int, decision: Decision) -> None:
+        # The guest chose the host: a name is at most 253 characters, and what is longer
+        # is cut, so that refused requests cannot fill the host's disk with it.
+        host, reason = _cut(host, 255), _cut(decision.reason, 512)
         entry = {
             "at": time.time(),
             "phase": self.phase,
@@ -110,20 +116,20 @@ class DecisionLog:
             "host": host,
             "port": port,
             "allowed": decision.allowed,
-            "reason": decision.reason,
+            "reason": reason,
             "address": decision.address,
         }
-        log.info(
-            "egress %s %s:%d %s: %s",
-            method,
-            host,
-            port,
-            "allowed" if decision.allowed else "refused",
-            decision.reason,
-        )
+        verdict = "allowed" if decision.allowed else "refused"
+        log.info("egress %s %s:%d %s: %s", method, host, port, verdict, reason)
         if self.path is not None:
-            with self.lock, self.path.open("a") as handle:
-                handle.write(json.dumps(entry) + "\n")
+            with self.lock:
+                rotate(self.path, LOG_ROTATION)  # all guests write it, for as long as they run
+                with self.path.open("a") as handle:
+                    handle.write(json.dumps(entry) + "\n")
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def _relay(a: socket.socket, b: socket.socket) -> None:
