@@ -11,9 +11,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable, HostKeyRefused
+from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable, HostKeyRefused, pump
 
 
 def _feed(channel: object, stream: int) -> None:
@@ -40,24 +42,18 @@ def main(spec_path: str) -> int:
     channel = transport.open_session(timeout=10)
     channel.exec_command(spec["command"])
     threading.Thread(target=_feed, args=(channel, 0), daemon=True).start()
-    channel.settimeout(0.2)
     out, err = sys.stdout.buffer, sys.stderr.buffer
-    while True:
-        try:
-            chunk = channel.recv(65536)
-        except TimeoutError:
-            chunk = b"?"
-        else:
-            out.write(chunk)
-            out.flush()
-        while channel.recv_stderr_ready():
-            err.write(channel.recv_stderr(65536))
-            err.flush()
-        if not chunk and channel.exit_status_ready():
-            while channel.recv_stderr_ready():
-                err.write(channel.recv_stderr(65536))
-            err.flush()
-            return int(channel.recv_exit_status())
+    status = pump(channel, _writer(out), _writer(err), None)
+    assert status is not None  # no deadline: the runner's own ends this process
+    return status
+
+
+def _writer(stream: BinaryIO) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import shlex
 import signal
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -382,6 +383,65 @@ def test_an_operator_boots_enters_and_stops_a_guest(guests_dir, tmp_path, monkey
     missing = run_process("qemu", "ssh", name, "--", "true")
     assert missing.exit_code == 2
     assert f"no guest named {name!r}" in missing.stderr
+
+
+STALLED_SFTP = (
+    "printf '#!/bin/sh\\nexec sleep 100000\\n' > /tmp/stall && chmod 755 /tmp/stall && "
+    "mount --bind /tmp/stall /usr/lib/openssh/sftp-server && echo x > /root/f"
+)
+
+
+def test_a_guest_command_ends_with_its_exit_and_a_stalled_guest_fails_in_bounded_time(
+    guests_dir, tmp_path, monkeypatch
+):
+    """What the guest's processes do cannot hold the host: a background child that keeps
+    the output open is drained for 10 s after the command exits (as on the local
+    backend), a command that closes its output is waited for without spinning, and an
+    SFTP server that never answers is a broken connection, not a hang."""
+    from aiworker.runtime.artifact_files import ArtifactFiles
+    from aiworker.runtime.guests import transfer
+    from aiworker.runtime.guests.ssh import GuestUnreachable
+
+    store = ImageStore(guests_dir)
+    image = store.current()
+    proxy = EgressProxy(EgressPolicy(), DecisionLog(tmp_path / "egress.jsonl", "test"))
+    machine = MachineSpec(**image.manifest()["machine"])
+    guest = Guest.start(store, image, StartOptions("bounded", proxy.port, machine))
+    try:
+        spec = tmp_path / "remote.json"
+        command = as_dev("sleep 120 & echo main-done; exit 3", proxy_env(), cwd="/home/dev")
+        key = {"host_key": image.host_key, "client_key": str(image.client_key)}
+        spec.write_text(json.dumps({"port": guest.port, "command": command, **key}))
+        started = time.monotonic()
+        argv = [sys.executable, "-m", "aiworker.guest_exec", str(spec)]
+        done = subprocess.run(argv, capture_output=True, timeout=150, check=False)
+        assert (done.returncode, done.stdout) == (3, b"main-done\n"), done
+        assert time.monotonic() - started < 60  # not the 120 s of the child it left
+        cpu = time.process_time()
+        closed = as_dev("exec >&- 2>&-; sleep 10", proxy_env(), cwd="/home/dev")
+        assert guest.shell.run(closed, timeout=60).exit_code == 0
+        assert time.process_time() - cpu < 3  # waited for, not polled in a loop
+        # A guest that names the digest of bytes the store holds must still hold them.
+        files = ArtifactFiles(tmp_path / "a")
+        assert guest.shell.run("echo real > /root/real && echo fake > /root/fake").ok
+        digest, _ = transfer.fetch_verified(guest, "/root/real", files, 1 << 20)
+        lie = f"printf '#!/bin/sh\\necho \"{digest}  -\"\\n' > /tmp/sum && chmod 755 /tmp/sum"
+        assert guest.shell.run(f"{lie} && mount --bind /tmp/sum /usr/bin/sha256sum").ok
+        with pytest.raises(GuestUnreachable, match="not the file it described"):
+            transfer.fetch_verified(guest, "/root/fake", files, 1 << 20)
+        assert guest.shell.run(STALLED_SFTP).exit_code == 0  # as the guest's root may
+        started = time.monotonic()
+        broke = pytest.raises(GuestUnreachable, match="SFTP with the guest broke")
+        with broke, guest.shell.sftp(stall_s=3) as sftp:
+            sftp.stat("/root/f")
+        assert time.monotonic() - started < 30
+        monkeypatch.setattr(transfer, "STALL_S", 2.0)
+        with pytest.raises(GuestUnreachable):
+            transfer.fetch_verified(guest, "/root/f", ArtifactFiles(tmp_path / "b"), 1 << 20)
+        assert time.monotonic() - started < 150
+    finally:
+        guest.stop()
+        proxy.close()
 
 
 BROKEN_RECIPE = """#!/bin/sh

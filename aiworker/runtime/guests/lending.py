@@ -78,7 +78,7 @@ def _credentials(shell: GuestShell, target: str) -> dict[str, bytes]:
         f"cd {shlex.quote(target)} && find . -type f -size -{MAX_CREDENTIAL_BYTES // 1024}k -print0"
     )
     found = {}
-    with shell.client.open_sftp() as sftp:
+    with shell.sftp() as sftp:
         for name in listing.stdout.split(b"\0"):
             relative = name.decode(errors="replace").removeprefix("./")
             if not relative or not is_credential(relative):

@@ -5,11 +5,12 @@ deadlines and bounded output, files over SFTP."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import shlex
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 # paramiko logs each refused attempt of a booting guest from its own thread; the
 # outcome is reported by the caller.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+STALL_S = 60.0  # no SFTP answer for this long: the connection is taken as broken
+DRAIN_S = 10.0  # output a command's background children write after it exited
 
 
 class GuestUnreachable(AiworkerError):
@@ -114,32 +117,19 @@ class GuestShell:
         limit: int = 1 << 20,
     ) -> Completed:
         """COMMAND (a shell line) with a deadline; at most LIMIT bytes of each stream."""
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise GuestUnreachable("the SSH connection to the guest is closed")
-        channel = transport.open_session(timeout=10)
+        channel = self._transport().open_session(timeout=10)
         try:
-            channel.settimeout(0.2)
             channel.exec_command(command)
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
             out, err = bytearray(), bytearray()
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                try:
-                    chunk = channel.recv(65536)
-                    if chunk and len(out) < limit:
-                        out += chunk[: limit - len(out)]
-                except TimeoutError:
-                    chunk = b"?"
-                while channel.recv_stderr_ready():
-                    data = channel.recv_stderr(65536)
-                    if len(err) < limit:
-                        err += data[: limit - len(err)]
-                if not chunk and channel.exit_status_ready():
-                    return Completed(channel.recv_exit_status(), bytes(out), bytes(err))
-            return Completed(None, bytes(out), bytes(err))
+
+            def keep(into: bytearray) -> Callable[[bytes], None]:
+                return lambda data: into.extend(data[: max(0, limit - len(into))])
+
+            status = pump(channel, keep(out), keep(err), time.monotonic() + timeout)
+            return Completed(status, bytes(out), bytes(err))
         finally:
             channel.close()
 
@@ -153,10 +143,7 @@ class GuestShell:
 
     def put_tree(self, local: Path, remote: str, timeout: float = 600) -> None:
         """LOCAL's tree (links kept as links) into REMOTE, owned by the unprivileged user."""
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise GuestUnreachable("the SSH connection to the guest is closed")
-        channel = transport.open_session(timeout=10)
+        channel = self._transport().open_session(timeout=10)
         try:
             channel.settimeout(timeout)
             target = shlex.quote(remote)
@@ -174,17 +161,90 @@ class GuestShell:
             raise GuestUnreachable(f"unpacking the tree into the guest exited {status}")
 
     def put(self, local: Path, remote: str) -> None:
-        with self.client.open_sftp() as sftp:
+        with self.sftp() as sftp:
             sftp.put(str(local), remote)
 
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
-        with self.client.open_sftp() as sftp, sftp.open(remote, "wb") as handle:
+        with self.sftp() as sftp, sftp.open(remote, "wb") as handle:
             handle.write(data)
             handle.chmod(mode)
 
     def get(self, remote: str, local: Path) -> None:
-        with self.client.open_sftp() as sftp:
+        with self.sftp() as sftp:
             sftp.get(remote, str(local))
+
+    def open_sftp(self, stall_s: float = STALL_S) -> paramiko.SFTPClient:
+        """An SFTP session each of whose answers, its opening handshake included, comes
+        within STALL_S, else a TimeoutError: a guest whose SFTP server never answers is a
+        broken connection, not a job that hangs."""
+        import paramiko
+
+        channel = self._transport().open_session(timeout=10)
+        channel.settimeout(stall_s)
+        try:
+            channel.invoke_subsystem("sftp")
+            return paramiko.SFTPClient(channel)
+        except BaseException:
+            channel.close()
+            raise
+
+    @contextlib.contextmanager
+    def sftp(self, stall_s: float = STALL_S) -> Iterator[paramiko.SFTPClient]:
+        """open_sftp for the block, closed after it; a broken or stalled session is
+        GuestUnreachable (a missing or refused file is the guest's answer, as it is)."""
+        import paramiko
+
+        try:
+            client = self.open_sftp(stall_s)
+            try:
+                yield client
+            finally:
+                client.close()
+        except (paramiko.SSHException, EOFError, TimeoutError, ConnectionError) as exc:
+            why = str(exc) or type(exc).__name__
+            raise GuestUnreachable(f"SFTP with the guest broke: {why}") from None
+
+    def _transport(self) -> paramiko.Transport:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestUnreachable("the SSH connection to the guest is closed")
+        return transport
 
     def close(self) -> None:
         self.client.close()
+
+
+def pump(
+    channel: paramiko.Channel,
+    stdout: Callable[[bytes], None],
+    stderr: Callable[[bytes], None],
+    deadline: float | None,
+) -> int | None:
+    """Hand CHANNEL's output to STDOUT and STDERR as it comes, until its command has
+    exited and its output ended, or DEADLINE (monotonic; None: none) passed: the exit
+    status, or None at the deadline. What the command left running that holds its output
+    open may write for DRAIN_S after its exit, no longer (as the local backend drains).
+    Once its output ended it waits for the exit status; it never spins."""
+    channel.settimeout(0.2)
+    ended, drained_by = False, None
+    while deadline is None or time.monotonic() < deadline:
+        if ended:
+            channel.status_event.wait(0.2)
+        else:
+            try:
+                chunk = channel.recv(65536)
+            except TimeoutError:
+                pass
+            else:
+                ended = not chunk
+                if chunk:
+                    stdout(chunk)
+        while channel.recv_stderr_ready():
+            stderr(channel.recv_stderr(65536))
+        if channel.exit_status_ready():
+            drained_by = drained_by or time.monotonic() + DRAIN_S
+            if ended or time.monotonic() >= drained_by:
+                while channel.recv_stderr_ready():
+                    stderr(channel.recv_stderr(65536))
+                return int(channel.recv_exit_status())
+    return None

@@ -3,11 +3,13 @@ first, then the bytes come over SFTP from what the store already holds of that d
 A connection that breaks in the middle (sshd or its SFTP server killed, a reset) is
 logged in again with the pinned host key and the transfer goes on from the bytes
 received; the payload is published only whole and hashing to the digest the guest
-named, so nothing half-sent or altered is ever handed on."""
+named, so nothing half-sent or altered is ever handed on. Bytes the store already holds
+are still read from the guest and hashed: naming a digest proves nothing."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import shlex
 import time
@@ -16,12 +18,11 @@ from collections.abc import Callable, Iterator
 from aiworker.runtime.artifact_files import CHUNK, ArtifactDamaged, ArtifactFiles, is_digest
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.guests.guest import Guest
-from aiworker.runtime.guests.ssh import GuestUnreachable
+from aiworker.runtime.guests.ssh import STALL_S, GuestUnreachable
 from aiworker.runtime.workspace import WorkspaceError
 
 log = logging.getLogger(__name__)
 RECONNECTS = 5
-STALL_S = 60.0  # no answer for this long: the connection is taken as broken
 # Called after each chunk is kept, with the bytes held so far (progress, and the tests'
 # hook to break the connection at a known point).
 Progress = Callable[[int], None]
@@ -54,6 +55,9 @@ def fetch_verified(
     """REMOTE into FILES under its digest; returns (digest, size). GuestUnreachable when
     the guest stays away after RECONNECTS new logins, or its bytes do not match twice."""
     digest, size = describe(guest, remote, limit)
+    if files.has(digest):
+        _prove(guest, remote, digest, size)  # naming a digest is not holding its bytes
+        return digest, size
     breaks = damaged = 0
     while not files.has(digest):
         try:
@@ -81,6 +85,24 @@ def fetch_verified(
     return digest, size
 
 
+def _prove(guest: Guest, remote: str, digest: str, size: int) -> None:
+    """The guest's REMOTE is the SIZE bytes hashing to DIGEST that the store already holds:
+    read and hashed here, kept nowhere. Else GuestUnreachable."""
+    assert guest.shell is not None
+    hashed, held = hashlib.sha256(), 0
+    try:
+        with guest.shell.sftp(STALL_S) as sftp, sftp.open(remote, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                hashed.update(chunk)
+                held += len(chunk)
+                if held > size:
+                    break
+    except (FileNotFoundError, PermissionError) as exc:
+        raise WorkspaceError(f"the guest refused the file: {exc}") from None
+    if (held, hashed.hexdigest()) != (size, digest):
+        raise GuestUnreachable(f"{remote} from the guest is not the file it described")
+
+
 class _Broken(Exception):
     """The connection broke in the middle of a transfer."""
 
@@ -98,8 +120,7 @@ def _copy(
         files.complete(digest, held)
     assert guest.shell is not None
     with _broken_as():
-        sftp = guest.shell.client.open_sftp()
-        sftp.get_channel().settimeout(STALL_S)  # a stalled guest is a broken connection
+        sftp = guest.shell.open_sftp(STALL_S)  # a stalled guest is a broken connection
     try:
         with _broken_as():
             handle = sftp.open(remote, "rb")
