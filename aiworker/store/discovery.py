@@ -21,6 +21,20 @@ def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task
     return {(t.kind, t.issue_number): t for t in rows if t.issue_number is not None}
 
 
+Coverage = tuple[str | None, int | None]  # a task's authorised scope, and its timeline item
+
+
+def coverage_of(session: Session, index: int) -> dict[tuple[str, int], Coverage]:
+    """For each task of the repository with configuration INDEX: what its authorisation
+    covers as recorded (its scope, and the timeline item that authorised it)."""
+    rows = session.execute(
+        select(Task.kind, Task.issue_number, Task.authorized_scope, Task.authorized_item)
+        .join(Repository, Repository.id == Task.repository_id)
+        .where(Repository.index == index, Task.issue_number.is_not(None))
+    )
+    return {(str(k), int(n)): (scope, item) for k, n, scope, item in rows if n is not None}
+
+
 def record_coverage(session: Session, task_id: int, scope: str | None, item: int | None) -> None:
     """What TASK_ID's authorisation covers now (no move of the task: its version stays)."""
     session.execute(

@@ -22,7 +22,7 @@ from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import Standing, judge_standing
 from aiworker.core.report import Report
-from aiworker.store.discovery import repository_at, tasks_of
+from aiworker.store.discovery import coverage_of, tasks_of
 from aiworker.store.engine import Session
 from aiworker.store.task_records import (
     PollCursor,
@@ -131,13 +131,6 @@ def changed_candidates(
     return found, changed
 
 
-def coverage(session: Session, index: int) -> dict[tuple[str, int], Covered]:
-    """What each recorded task of the repository at INDEX has its authorisation cover."""
-    repo = repository_at(session, index)
-    known = tasks_of(session, repo.id) if repo is not None else {}
-    return {key: Covered(t.authorized_scope, t.authorized_item) for key, t in known.items()}
-
-
 def kind_of(issue: Issue, config: Config, worker_login: str) -> str | None:
     """The kind of work an open issue asks for (the plan label wins, as in a full poll)."""
     if issue.state != "open":
@@ -165,7 +158,10 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             owner, name = repo_config.owner, repo_config.name
             with db.read() as session:
                 cursor = poll_cursor(session, repo_config.index)
-                covered = coverage(session, repo_config.index)
+                covered = {
+                    key: Covered(*known)
+                    for key, known in coverage_of(session, repo_config.index).items()
+                }
             started = datetime.now(UTC)
             complete = full or cursor is None or started - cursor.full_at >= FULL_POLL_EVERY
             if complete:
