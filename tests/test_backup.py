@@ -134,6 +134,27 @@ def test_a_backup_stopped_by_sigterm_says_so_and_leaves_nothing(upgraded, tmp_pa
     assert run_process("db", "backup", "--to", str(target)).exit_code == 0  # nothing in the way
 
 
+def test_what_a_killed_backup_left_is_removed_by_the_next_backup_there(upgraded, tmp_path):
+    """SIGKILL leaves the half-copied snapshot (as large as the store) in the backups'
+    folder, which nothing else cleans: the next backup into that folder removes it, and
+    only what a process that no longer runs left there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    killed = run_process(
+        "db", "backup", "--to", str(out / "a.db"), env={"AIWORKER_FAILPOINT": "backup.copying"}
+    )
+    assert killed.exit_code == -9, killed
+    [left] = [p.name for p in out.iterdir()]
+    assert left.startswith(".a.db.pid")
+    assert left.endswith(".tmp")
+    theirs = out / f".c.db.pid{os.getpid()}.x1y2.tmp"  # a live process's: kept
+    notes = out / ".notes.tmp"  # not a backup's at all: kept
+    for path in (theirs, notes):
+        path.write_text("in use")
+    assert run_process("db", "backup", "--to", str(out / "b.db")).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(["b.db", theirs.name, notes.name])
+
+
 def logged_clients(folder, log) -> str:
     """A PATH whose pg_dump and pg_restore log their command lines, then run the real ones
     (another user on the host reads a command line in /proc)."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from aiworker.runtime.processes import process_alive
 
 
 def fsync_directory(directory: Path) -> None:
@@ -18,11 +21,14 @@ def fsync_directory(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def new_file(target: Path) -> Iterator[Path]:
+def new_file(target: Path, *, owned: bool = False) -> Iterator[Path]:
     """A private (0600) temporary file beside TARGET to build it in. When the block ends
     without an error it is synced and linked into place as TARGET (which must not exist:
-    FileExistsError); it is removed either way, so TARGET is absent or complete."""
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    FileExistsError); it is removed either way, so TARGET is absent or complete. OWNED:
+    its name carries this process's pid, so that what a SIGKILL left behind is known for
+    a leftover by sweep_abandoned (a large file, in a folder nothing else cleans)."""
+    prefix = f".{target.name}.pid{os.getpid()}." if owned else f".{target.name}."
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -34,6 +40,23 @@ def new_file(target: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+_OWNED = re.compile(r"^\..+\.pid(\d+)\.[^.]+\.tmp(-journal)?$")
+
+
+def sweep_abandoned(folder: Path) -> list[Path]:
+    """Remove the temporary files of new_file(owned=True) in FOLDER whose process no
+    longer runs (killed before it could remove them); the paths removed."""
+    removed = []
+    for path in folder.glob(".*.tmp*"):
+        match = _OWNED.match(path.name)
+        if match is None or process_alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> None:

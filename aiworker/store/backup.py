@@ -36,7 +36,7 @@ def backup_sqlite(source: Path, target: Path) -> int:
 
 
 def _backup_sqlite(source: Path, target: Path) -> int:
-    with new_file(target) as tmp:
+    with new_file(target, owned=True) as tmp:
         src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
         journal = Path(f"{tmp}-journal")  # left by a copy that failed part-way
         try:

@@ -223,7 +223,7 @@ def dump(url: str, target: Path) -> int:
     """pg_dump the database at URL to TARGET (which must not exist) in custom format, built
     beside it, checked with `pg_restore --list`, then linked into place; returns its size."""
     args, env = _libpq_environment(url)
-    with new_file(target) as tmp:
+    with new_file(target, owned=True) as tmp:
         done = subprocess.run(
             # A table another session holds exclusively fails the dump instead of hanging it.
             [

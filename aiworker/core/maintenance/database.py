@@ -14,7 +14,7 @@ from typing import Any
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput, LockHeld, Unavailable
-from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.atomic import sweep_abandoned, write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
 from aiworker.store.engine import is_sqlite, sqlite_path
@@ -105,6 +105,8 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     pair: maintenance.lock and retention.lock are held throughout, so no tick starts
     work and no retention pass removes a payload meanwhile."""
     _new_file(target)
+    for leftover in sweep_abandoned(target.parent):
+        log.warning("removed %s, left by a backup that was killed", leftover)
     if artifacts is not None:
         _new_directory(artifacts, "--with-artifacts")
         if artifacts == target:
