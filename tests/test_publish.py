@@ -151,3 +151,39 @@ def test_a_move_that_cannot_be_taken_starts_a_repair_and_nothing_is_published(
     again = publish(task)
     assert again.exit_code == 1
     assert "is repairing, not implemented" in again.json()["error"]["message"]
+
+
+def test_a_retry_after_publish_spent_its_budget_publishes_the_work_it_kept(
+    forge, implemented, upgraded, cli
+):
+    """Publishing fails until its budget is spent (here, raising before its request): the
+    task fails. The operator's retry takes it back where it failed, its work kept: the
+    next publish opens the PR at the same head, and nothing is implemented again."""
+    task, head = implemented
+    for _ in range(5):
+        failed = publish(task, failpoint="publish.before_request:raise")
+        assert failed.exit_code == 1, failed
+        if query(upgraded, "select state from tasks") == [("failed",)]:
+            break
+    assert query(upgraded, "select state, head_commit from tasks") == [("failed", head)]
+    retried = cli("--json", "task", "retry", str(task))
+    assert retried.exit_code == 0, retried
+    assert (retried.json()["state"], retried.json()["budget_reset"]["publish"] > 0) == (
+        "implemented",
+        True,
+    )
+    assert publish(task).exit_code == 0
+    the_only_pull(forge, head)
+    assert query(upgraded, "select count(*) from attempts where phase = 'implementation'") == [(1,)]
+    assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
+
+
+def test_a_retry_from_the_start_makes_the_work_anew(implemented, upgraded, cli):
+    task, _ = implemented
+    for _ in range(5):
+        publish(task, failpoint="publish.before_request:raise")
+        if query(upgraded, "select state from tasks") == [("failed",)]:
+            break
+    retried = cli("--json", "task", "retry", str(task), "--from-start")
+    assert retried.exit_code == 0, retried
+    assert query(upgraded, "select state from tasks") == [("ready",)]

@@ -56,14 +56,20 @@ def show(
 
 @app.command("retry")
 def retry(
-    ctx: typer.Context, task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")]
+    ctx: typer.Context,
+    task: Annotated[int, typer.Argument(min=1, max=ID_MAX, help="Task id.")],
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Back to ready, its work made anew.")
+    ] = False,
 ) -> None:
-    """Put a failed or needs_input task back to ready, resetting its budgets (recorded)."""
+    """Retry a failed or needs_input task, resetting its budgets (recorded): work past
+    implementation where it failed, its work kept; anything earlier from ready."""
     from aiworker.core.tasks.operator import retry_task
 
     inv: Invocation = ctx.obj
-    report = retry_task(inv.environment(), task).to_json()
-    emit(inv.json, report, lambda c: c.print(f"task {task}: ready again", markup=False))
+    report = retry_task(inv.environment(), task, from_start=from_start)
+    state = report.state
+    emit(inv.json, report.to_json(), lambda c: c.print(f"task {task}: {state}", markup=False))
 
 
 @app.command("resume")

@@ -198,6 +198,17 @@ def paused_from(session: Session, task_id: int) -> str | None:
     return None if value is None else str(value)
 
 
+def failed_from(session: Session, task_id: int) -> str | None:
+    """The state the task was in when it last failed."""
+    value = session.scalar(
+        select(Event.from_state)
+        .where(Event.task_id == task_id, Event.to_state == "failed")
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    return None if value is None else str(value)
+
+
 def held_for_operator(session: Session, task_id: int) -> bool:
     """Whether the task's last pause holds it until an operator resumes it."""
     return _last_pause(session, task_id)[1] == "task.held"

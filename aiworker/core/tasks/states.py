@@ -137,8 +137,9 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
     # implementation (each step re-verifies its evidence), a plan past planning (its step
     # re-reads the approval) and a repair episode; -> ready for anything earlier.
     S.PAUSED: frozenset({S.PAUSED, S.READY, S.CANCELLED}) | RESUMABLE,
-    # failed -> ready: an operator's retry, with the budget reset recorded.
-    S.FAILED: frozenset({S.READY, S.CANCELLED}),
+    # failed -> ready: an operator's retry, with the budget reset recorded; -> the state it
+    # failed in, for work past implementation (as a resumption: nothing is made again).
+    S.FAILED: frozenset({S.READY, S.CANCELLED}) | RESUMABLE,
     S.DONE: frozenset(),
     S.CANCELLED: frozenset(),
 }
