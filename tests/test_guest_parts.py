@@ -212,12 +212,18 @@ def test_what_a_guest_asks_for_cannot_grow_the_decision_log_without_bound(tmp_pa
             with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
                 client.sendall(b"CONNECT " + name + b":443 HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert client.recv(100).startswith(b"HTTP/1.1 403")
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+            line = b"M" * 12_000 + b" http://b.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n"
+            client.sendall(line)  # a method of the guest's making
+            assert client.recv(100).startswith(b"HTTP/1.1 403")
     finally:
         proxy.close()
     kept = sorted(p.name for p in tmp_path.iterdir())
     assert kept == ["egress.jsonl", "egress.jsonl.1", "egress.jsonl.2"]
     assert sum((tmp_path / k).stat().st_size for k in kept) < 3 * 40_000 + 2_000
-    entry = json.loads(log.read_text().splitlines()[-1])
+    *_, cut, method = (json.loads(line) for line in log.read_text().splitlines())
+    assert method["method"] == "M" * 31 + "…"
+    entry = cut
     assert entry["host"] == "a" * 254 + "…"
     assert entry["allowed"] is False
     assert len(entry["reason"]) <= 512

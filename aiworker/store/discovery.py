@@ -21,18 +21,24 @@ def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task
     return {(t.kind, t.issue_number): t for t in rows if t.issue_number is not None}
 
 
-Coverage = tuple[str | None, int | None]  # a task's authorised scope, and its timeline item
+Coverage = tuple[str | None, int | None]  # an authorised scope, and its timeline item
 
 
-def coverage_of(session: Session, index: int) -> dict[tuple[str, int], Coverage]:
-    """For each task of the repository with configuration INDEX: what its authorisation
-    covers as recorded (its scope, and the timeline item that authorised it)."""
+def coverage_of(session: Session, index: int) -> dict[int, Coverage]:
+    """For each issue of the repository with configuration INDEX: what the authorisation
+    of its newest task that has one recorded covers (whatever kind of work it asked
+    for: a task of another kind on the same issue stands on the same text)."""
     rows = session.execute(
-        select(Task.kind, Task.issue_number, Task.authorized_scope, Task.authorized_item)
+        select(Task.issue_number, Task.authorized_scope, Task.authorized_item)
         .join(Repository, Repository.id == Task.repository_id)
-        .where(Repository.index == index, Task.issue_number.is_not(None))
+        .where(
+            Repository.index == index,
+            Task.issue_number.is_not(None),
+            Task.authorized_scope.is_not(None),
+        )
+        .order_by(Task.id)
     )
-    return {(str(k), int(n)): (scope, item) for k, n, scope, item in rows if n is not None}
+    return {int(n): (scope, item) for n, scope, item in rows if n is not None}
 
 
 def record_coverage(session: Session, task_id: int, scope: str | None, item: int | None) -> None:

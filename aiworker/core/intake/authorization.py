@@ -9,12 +9,13 @@ own permission, and the repository owner.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeForbidden, ForgeNotFound
 from aiworker.adapters.forgejo.models import Issue, TimelineComment
 from aiworker.config.models import Config
-from aiworker.core.intake.scope import fingerprint
+from aiworker.core.intake.scope import authored
 
 WRITERS = ("write", "admin", "owner")
 
@@ -26,6 +27,8 @@ class Decision:
     permission: str | None
     reason: str
     item: int | None = None  # the timeline item that authorised it (None: at creation)
+    item_at: datetime | None = None  # when that item was made
+    scope: str | None = None  # what of the issue it covers now (scope.authored)
 
 
 @dataclass(frozen=True)
@@ -61,25 +64,21 @@ class PermissionReader:
             return None
 
 
-def label_actor(timeline: list[TimelineComment], label: str) -> tuple[str | None, int | None]:
-    """Who last added LABEL (Forgejo marks an addition with body "1"), and its item."""
+def label_event(timeline: list[TimelineComment], label: str) -> TimelineComment | None:
+    """The item that last added LABEL (Forgejo marks an addition with body "1"), if it
+    stands (not removed since) and names who added it."""
     for event in reversed(timeline):
         if event.type == "label" and event.label and event.label.name == label:
-            added = event.body == "1" and event.user is not None
-            return (event.user.login, event.id) if added and event.user else (None, None)
-    return None, None
+            return event if event.body == "1" and event.user is not None else None
+    return None
 
 
-def assignment_actor(
-    timeline: list[TimelineComment], assignee: str
-) -> tuple[str | None, int | None]:
-    """Who last assigned ASSIGNEE, and its item."""
+def assignment_event(timeline: list[TimelineComment], assignee: str) -> TimelineComment | None:
+    """The item that last assigned ASSIGNEE, if it stands and names who did."""
     for event in reversed(timeline):
         if event.type == "assignees" and event.assignee and event.assignee.login == assignee:
-            if event.removed_assignee or event.user is None:
-                return None, None
-            return event.user.login, event.id
-    return None, None
+            return None if event.removed_assignee or event.user is None else event
+    return None
 
 
 def decide(
@@ -89,8 +88,9 @@ def decide(
     issue: Issue,
     actor: str | None,
     what: str,
-    item: int | None = None,
+    item: TimelineComment | None = None,
 ) -> Decision:
+    """Whether ACTOR (by timeline ITEM) may authorise the work WHAT describes."""
     if actor is None:
         # No timeline entry (e.g. set when the issue was created): the author applied it.
         actor = issue.user.login
@@ -107,7 +107,14 @@ def decide(
         return Decision(
             False, actor, permission, f"{what} by {actor}, who has only {permission} permission"
         )
-    return Decision(True, actor, permission, f"{what} by {actor} ({permission})", item)
+    return Decision(
+        True,
+        actor,
+        permission,
+        f"{what} by {actor} ({permission})",
+        item.id if item is not None else None,
+        item.created_at if item is not None else None,
+    )
 
 
 def still_standing(reader: PermissionReader, owner: str, repo: str, actor: str) -> Decision:
@@ -139,16 +146,17 @@ def authorize(
     COVERED (a known task's), whether that authorisation covers the issue as it reads."""
     timeline = client.timeline(owner, name, issue.number)
     if kind == "issue":
-        actor, item = assignment_actor(timeline, worker_login)
+        event = assignment_event(timeline, worker_login)
         what = f"assigned to {worker_login}"
     else:
         label = config.labels.plan if kind == "plan" else config.labels.feature
-        actor, item = label_actor(timeline, label)
+        event = label_event(timeline, label)
         what = f"labelled {label}"
-    decision = decide(reader, owner, name, issue, actor, what, item)
+    actor = event.user.login if event is not None and event.user is not None else None
+    decision = decide(reader, owner, name, issue, actor, what, event)
     if not decision.authorized:
         return decision
-    return within_scope(decision, covered, reader, owner, name, issue, config)
+    return within_scope(decision, covered, reader, owner, name, issue)
 
 
 def within_scope(
@@ -158,21 +166,24 @@ def within_scope(
     owner: str,
     repo: str,
     issue: Issue,
-    config: Config,
 ) -> Decision:
-    """DECISION, if it covers the issue as it reads now: a writer authorised it since the
-    scope COVERED was recorded, or it has not changed since, or its author may authorise
-    (nobody else without write permission can edit an issue; the forge does not say who
-    did). Else the change is the author's word alone, and a writer must authorise it."""
-    scope = fingerprint(issue, config.labels.approved)
-    # No item recorded (a task from before items were): this authorisation is recorded.
-    renewed = covered is not None and (covered.item is None or decision.item != covered.item)
-    if covered is None or renewed or covered.scope in (None, scope):
-        return decision
+    """DECISION, with the scope it covers, if it covers the issue as its author may have
+    changed it: unchanged since COVERED was recorded (nothing recorded yet: a task from
+    before coverage was, until its next poll), or authorised anew by an item made after
+    the issue's last change, or by an author who may authorise (nobody else without
+    write permission can edit an issue, and the forge does not say who did). Else the
+    change is the author's word alone, and a writer must authorise it."""
+    scope = authored(issue)
+    covers = replace(decision, scope=scope)
+    if covered is None or covered.scope in (None, scope):
+        return covers
+    renewed = decision.item is not None and decision.item != covered.item
+    if renewed and decision.item_at is not None and decision.item_at >= issue.updated_at:
+        return covers  # the newest change to the issue: made knowing its text
     author = issue.user.login
     permission = reader.permission(owner, repo, author)
     if permission in WRITERS:
-        return decision
+        return covers
     has = f"only {permission} permission" if permission else "a permission that cannot be read"
     again = "assign it" if decision.reason.startswith("assigned") else "apply the label"
     return replace(

@@ -71,7 +71,7 @@ def candidates(
     owner: str,
     name: str,
     worker_login: str,
-    covered: dict[tuple[str, int], Covered],
+    covered: dict[int, Covered],
 ) -> list[Candidate]:
     """The open issues that ask for work, each with its authorisation decided now (and
     for a known task, whether it covers the issue as it reads: COVERED)."""
@@ -95,7 +95,7 @@ def candidates(
                 kind,
                 issue,
                 worker_login,
-                covered.get((kind, issue.number)),
+                covered.get(issue.number),
             ),
         )
         for kind, issue in (found[number] for number in sorted(found))
@@ -110,7 +110,7 @@ def changed_candidates(
     name: str,
     worker_login: str,
     cursor: PollCursor,
-    covered: dict[tuple[str, int], Covered],
+    covered: dict[int, Covered],
 ) -> tuple[list[Candidate], list[Issue]]:
     """An incremental poll: every issue updated since the cursor, open or closed, in one
     listing; those that ask for work get their authorisation decided now, from their
@@ -123,7 +123,7 @@ def changed_candidates(
     for issue in changed:
         kind = kind_of(issue, config, worker_login)
         if kind is not None:
-            known = covered.get((kind, issue.number))
+            known = covered.get(issue.number)
             decision = authorize(
                 client, reader, config, owner, name, kind, issue, worker_login, known
             )
@@ -230,6 +230,7 @@ def _record(
                 candidate.decision.actor,
                 standing.authorizers.get(task.id) if task else None,
                 candidate.decision.item,
+                candidate.decision.scope,
             )
         )
     for key, task in known.items():

@@ -36,14 +36,15 @@ def record_discovered(
     actor: str | None,
     authorizer: str | None = None,
     item: int | None = None,
+    covers: str | None = None,
 ) -> str:
     """Create, resume or update the task for an authorised issue; say which (or 'unchanged').
-    ACTOR authorised it now, with timeline ITEM; AUTHORIZER is who did so as last recorded:
-    a different writer standing behind the work is recorded, so that later polls judge their
-    permission. The authorisation covers the scope FINGERPRINT from now on."""
+    ACTOR authorised it now, with timeline ITEM, covering what its author wrote as COVERS
+    (scope.authored); AUTHORIZER is who did so as last recorded: a different writer
+    standing behind the work is recorded, so that later polls judge their permission."""
     title = short_title(title)
     if known is not None:
-        record_coverage(session, known.id, fingerprint, item)
+        record_coverage(session, known.id, covers, item)
     if known is None:
         task = create_task(
             session,
@@ -65,7 +66,7 @@ def record_discovered(
             data={"fingerprint": fingerprint},
             scope_fingerprint=fingerprint,
         )
-        record_coverage(session, task.id, fingerprint, item)
+        record_coverage(session, task.id, covers, item)
         return "created"
     outcome = _update(session, known, title, fingerprint, actor)
     if outcome == "conflict":

@@ -25,15 +25,24 @@ ENTRYPOINTS = ("ci/run.sh", "ci/run")
 def fingerprint(issue: Issue, approval_label: str = "") -> str:
     """What the requirements are: title, body, labels and eligible images. The plan
     approval label (APPROVAL_LABEL) approves a scope; it is not part of it."""
+    labels = sorted(n for n in issue.label_names if n != approval_label)
+    return _digest({**_authored(issue), "labels": labels})
+
+
+def authored(issue: Issue) -> str:
+    """What the issue's author can change of its requirements (its title, body and
+    images; labels only a writer can): the part an authorisation must cover."""
+    return _digest(_authored(issue))
+
+
+def _authored(issue: Issue) -> dict[str, object]:
     images = sorted(
         (a.name, a.size, a.uuid) for a in issue.assets if a.name.lower().endswith(IMAGE_SUFFIXES)
     )
-    document = {
-        "title": issue.title,
-        "body": issue.body,
-        "labels": sorted(n for n in issue.label_names if n != approval_label),
-        "images": images,
-    }
+    return {"title": issue.title, "body": issue.body, "images": images}
+
+
+def _digest(document: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 

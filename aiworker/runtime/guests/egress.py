@@ -106,9 +106,9 @@ class DecisionLog:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, method: str, host: str, port: int, decision: Decision) -> None:
-        # The guest chose the host: a name is at most 253 characters, and what is longer
-        # is cut, so that refused requests cannot fill the host's disk with it.
-        host, reason = _cut(host, 255), _cut(decision.reason, 512)
+        # The guest chose the method and the host (a name is at most 253 characters):
+        # what is longer is cut, so that refused requests cannot fill the host's disk.
+        method, host, reason = _cut(method, 32), _cut(host, 255), _cut(decision.reason, 512)
         entry = {
             "at": time.time(),
             "phase": self.phase,

@@ -87,20 +87,35 @@ def fetch_verified(
 
 def _prove(guest: Guest, remote: str, digest: str, size: int) -> None:
     """The guest's REMOTE is the SIZE bytes hashing to DIGEST that the store already holds:
-    read and hashed here, kept nowhere. Else GuestUnreachable."""
+    read and hashed here, kept nowhere (a broken connection is logged in again, as a
+    transfer's is). Else GuestUnreachable."""
+    for breaks in range(RECONNECTS + 1):
+        try:
+            if _hashed(guest, remote, size) == (size, digest):
+                return
+            raise GuestUnreachable(f"{remote} from the guest is not the file it described")
+        except _Broken as exc:
+            if breaks == RECONNECTS:
+                raise GuestUnreachable(f"{remote} from the guest: {exc}") from None
+            time.sleep(min(0.2 * 2**breaks, 5))
+            guest.reconnect()
+
+
+def _hashed(guest: Guest, remote: str, size: int) -> tuple[int, str]:
+    """How many bytes REMOTE holds (reading stops past SIZE) and their SHA-256."""
     assert guest.shell is not None
     hashed, held = hashlib.sha256(), 0
-    try:
-        with guest.shell.sftp(STALL_S) as sftp, sftp.open(remote, "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                hashed.update(chunk)
-                held += len(chunk)
-                if held > size:
-                    break
-    except (FileNotFoundError, PermissionError) as exc:
-        raise WorkspaceError(f"the guest refused the file: {exc}") from None
-    if (held, hashed.hexdigest()) != (size, digest):
-        raise GuestUnreachable(f"{remote} from the guest is not the file it described")
+    with _broken_as():
+        sftp = guest.shell.open_sftp(STALL_S)
+        try:
+            with sftp.open(remote, "rb") as handle:
+                while held <= size and (chunk := handle.read(CHUNK)):
+                    hashed.update(chunk)
+                    held += len(chunk)
+        finally:
+            with contextlib.suppress(Exception):
+                sftp.close()
+    return held, hashed.hexdigest()
 
 
 class _Broken(Exception):
