@@ -233,6 +233,38 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert "only failed or needs_input tasks" in again.json()["error"]["message"]
 
 
+def test_a_retry_resumes_only_a_step_whose_own_budget_ran_out(upgraded, cli):
+    """Where each failed task is retried: a step that spent its own budget where it
+    failed (its work kept); a failure the work decided (a plan stopped, its milestones
+    cancelled), a repair that ran out, or an implemented head this controller does not
+    hold from ready, as before."""
+    from aiworker.core.tasks.lifecycle import advance
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    cases = {
+        # kind, the state it failed in, what the failure recorded, where a retry goes
+        1: ("issue", "awaiting_ci", {"phase": "ci", "used": 3, "limit": 3}, "awaiting_ci"),
+        2: ("issue", "approved", {"phase": "merge", "used": 3, "limit": 3}, "approved"),
+        3: ("plan", "milestones", {}, "ready"),  # the plan's step decided to stop
+        4: ("issue", "awaiting_review", {"phase": "repair", "used": 3, "limit": 3}, "ready"),
+        5: ("issue", "implemented", {"phase": "publish", "used": 3, "limit": 3}, "ready"),
+    }
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        for number, (kind, state, data, _) in cases.items():
+            task = create_task(session, repo.id, kind, issue_number=number, state=state)
+            task.head_commit = "ab" * 20  # in no git cache here
+            advance(session, task.id, state, task.version, "failed", "x", data=data)
+    db.dispose()
+    for number, (_, _, _, expected) in cases.items():
+        retried = cli("--json", "task", "retry", str(number))
+        assert retried.exit_code == 0, retried
+        assert retried.json()["state"] == expected, number
+    assert query(upgraded, "select count(*) from tasks where state = 'failed'") == [(0,)]
+
+
 def test_a_killed_job_is_recovered_as_an_abandoned_attempt_and_counted(
     forge, claimed, upgraded, state_dir, cli
 ):

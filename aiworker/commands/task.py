@@ -62,9 +62,10 @@ def retry(
         bool, typer.Option("--from-start", help="Back to ready, its work made anew.")
     ] = False,
 ) -> None:
-    """Retry a failed or needs_input task, resetting its budgets (recorded): work past
-    implementation where it failed, its work kept; anything earlier from ready."""
-    from aiworker.core.tasks.operator import retry_task
+    """Retry a failed or needs_input task, resetting its budgets (recorded): a step past
+    implementation whose own budget ran out where it failed, its work kept; else from
+    ready."""
+    from aiworker.core.tasks.retry import retry_task
 
     inv: Invocation = ctx.obj
     report = retry_task(inv.environment(), task, from_start=from_start)

@@ -198,15 +198,17 @@ def paused_from(session: Session, task_id: int) -> str | None:
     return None if value is None else str(value)
 
 
-def failed_from(session: Session, task_id: int) -> str | None:
-    """The state the task was in when it last failed."""
-    value = session.scalar(
-        select(Event.from_state)
+def failure(session: Session, task_id: int) -> tuple[str, dict[str, Any]] | None:
+    """The state the task was in when it last failed, and what that move recorded."""
+    row = session.execute(
+        select(Event.from_state, Event.data)
         .where(Event.task_id == task_id, Event.to_state == "failed")
         .order_by(Event.id.desc())
         .limit(1)
-    )
-    return None if value is None else str(value)
+    ).first()
+    if row is None or row[0] is None:
+        return None
+    return str(row[0]), dict(row[1] or {})
 
 
 def held_for_operator(session: Session, task_id: int) -> bool:

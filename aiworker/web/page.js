@@ -231,7 +231,10 @@ async function act(path, body) {
 }
 
 async function taskAction(action, body) {
-  try { await api("POST", "/api/v1/tasks/" + selected + "/" + action, body); say("task " + selected + ": " + action + " done"); await refresh(); }
+  try {
+    const done = await api("POST", "/api/v1/tasks/" + selected + "/" + action, body);
+    say("task " + selected + ": " + action + " done, now " + done.state); await refresh();
+  }
   catch (e) { say(e.message, true); }
 }
 

@@ -15,6 +15,11 @@ from aiworker.errors import InvalidInput
 TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
+class RetryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    from_start: StrictBool = False  # back to ready, its work made anew
+
+
 class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     confirm: StrictBool  # "yes" or 1 is not a confirmation
@@ -56,10 +61,11 @@ def add_task_routes(router: APIRouter, Env: Any) -> None:
         return report
 
     @router.post("/tasks/{task_id}/retry")
-    def retry(env: Env, task_id: TaskId) -> dict[str, Any]:
-        from aiworker.core.tasks.operator import retry_task
+    def retry(env: Env, task_id: TaskId, request: RetryRequest | None = None) -> dict[str, Any]:
+        from aiworker.core.tasks.retry import retry_task
 
-        return retry_task(env, task_id).to_json()
+        from_start = request is not None and request.from_start
+        return retry_task(env, task_id, from_start=from_start).to_json()
 
     @router.post("/tasks/{task_id}/cancel")
     def cancel(env: Env, task_id: TaskId, request: CancelRequest) -> dict[str, Any]:

@@ -1,13 +1,11 @@
-"""`aiworker task retry` and `aiworker task cancel`: an operator steers one task.
+"""`aiworker task cancel`: an operator stops one task (retry is in retry.py).
 
-Retry puts a failed or needs_input task back to ready and resets its budgets,
-recording what had been used; work past implementation that failed is retried where it
-failed, its work kept (from ready only when asked). Cancel moves the task to cancelled first (so the
-job that runs it finds its own last move refused), then stops that job: SIGTERM
-to its process tree, which its phase guard turns into a closed attempt, and
-SIGKILL after a grace period to whatever is left, including the provider's
-processes found by their attempt tag. Open attempts are closed as cancelled,
-workspaces removed with an inventory, and an open PR is left open with a comment.
+Cancel moves the task to cancelled first (so the job that runs it finds its own last
+move refused), then stops that job: SIGTERM to its process tree, which its phase guard
+turns into a closed attempt, and SIGKILL after a grace period to whatever is left,
+including the provider's processes found by their attempt tag. Open attempts are closed
+as cancelled, workspaces removed with an inventory, and an open PR is left open with a
+comment.
 """
 
 from __future__ import annotations
@@ -21,31 +19,22 @@ from pathlib import Path
 from aiworker.core.context import Environment, task_artifacts
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import RELEASE
-from aiworker.core.tasks.lifecycle import Refusal, advance, try_advance
+from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.recovery import job_alive, launched_pid
-from aiworker.core.tasks.states import RESUMABLE, TERMINAL, TaskState
+from aiworker.core.tasks.states import TERMINAL, TaskState
 from aiworker.errors import AiworkerError, Conflict
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.processes import process_alive
 from aiworker.runtime.reaper import process_tree, signal_all, tagged_processes
 from aiworker.store.attempts import finish_attempt, open_attempts
-from aiworker.store.budgets import reset
 from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.publications import publications_of
-from aiworker.store.task_records import existing_task, failed_from
+from aiworker.store.task_records import existing_task
 from aiworker.store.tasks import append_event
 
 STOP_GRACE_S = 10.0
-RETRYABLE = (TaskState.FAILED, TaskState.NEEDS_INPUT)
-
-
-@dataclass
-class RetryReport(Report):
-    task: int
-    state: str
-    budget_reset: dict[str, int]
 
 
 @dataclass
@@ -62,39 +51,6 @@ class CancelReport(Report):
 def _task(db: Database, task_id: int) -> Task:
     with db.read() as session:
         return existing_task(session, task_id)
-
-
-def retry_task(env: Environment, task_id: int, *, from_start: bool = False) -> RetryReport:
-    """Retry a failed or needs_input task with its budgets reset. Work past implementation
-    that failed (a publish, CI, review, merge or repair that spent its budget) is retried
-    where it failed, its work kept, as a resumption is; FROM_START: from ready, made anew."""
-    db = env.open_database()
-    try:
-        task = _task(db, task_id)
-        if task.state not in RETRYABLE:
-            raise Conflict(
-                f"task {task_id} is {task.state}; only failed or needs_input tasks are retried"
-            )
-        with db.write() as session:
-            where = failed_from(session, task.id) if task.state == TaskState.FAILED else None
-            to_state = TaskState.READY
-            if where is not None and where in RESUMABLE and not from_start:
-                to_state = TaskState(where)
-            before = reset(session, task.id)
-            advance(
-                session,
-                task.id,
-                task.state,
-                task.version,
-                to_state,
-                "retried by an operator; budgets reset",
-                actor="operator",
-                kind="task.retried",
-                data={"budget_reset": before},
-            )
-        return RetryReport(task.id, to_state, before)
-    finally:
-        db.dispose()
 
 
 def cancel_task(env: Environment, task_id: int) -> CancelReport:

@@ -1,0 +1,94 @@
+"""`aiworker task retry`: an operator gives a failed or needs_input task another go.
+
+Its budgets are reset, recording what had been used. A step past implementation that
+failed because its own budget was spent (publish, CI, review, merge, the plan's step)
+is retried where it failed, its work kept, as after a pause: the step re-verifies what
+it relies on, and nothing is implemented again. Anything else (a failure the work
+decided, a repair that ran out, an implemented head this controller no longer holds),
+or a retry asked to start over, goes back to ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiworker.core.context import Environment
+from aiworker.core.phases.table import TASK, starting
+from aiworker.core.report import Report
+from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.states import TaskState
+from aiworker.errors import Conflict
+from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.store.budgets import reset
+from aiworker.store.engine import Database
+from aiworker.store.models import Repository, Task
+from aiworker.store.task_records import existing_task, failure
+
+RETRYABLE = (TaskState.FAILED, TaskState.NEEDS_INPUT)
+
+
+@dataclass
+class RetryReport(Report):
+    task: int
+    state: str
+    budget_reset: dict[str, int]
+
+
+def retry_task(env: Environment, task_id: int, *, from_start: bool = False) -> RetryReport:
+    """Retry TASK_ID with its budgets reset: where it failed, or (FROM_START) from ready."""
+    db = env.open_database()
+    try:
+        with db.read() as session:
+            task = existing_task(session, task_id)
+        if task.state not in RETRYABLE:
+            raise Conflict(
+                f"task {task_id} is {task.state}; only failed or needs_input tasks are retried"
+            )
+        resumed = None if from_start else _where_it_failed(env, db, task)
+        to_state = resumed or TaskState.READY
+        with db.write() as session:
+            before = reset(session, task.id)
+            advance(
+                session,
+                task.id,
+                task.state,
+                task.version,
+                to_state,
+                "retried by an operator; budgets reset",
+                actor="operator",
+                kind="task.retried",
+                data={"budget_reset": before},
+            )
+        return RetryReport(task.id, to_state, before)
+    finally:
+        db.dispose()
+
+
+def _where_it_failed(env: Environment, db: Database, task: Task) -> TaskState | None:
+    """The state of the step whose own budget ran out, if the task failed there and its
+    work is still at hand; None: from ready."""
+    if task.state != TaskState.FAILED:
+        return None
+    with db.read() as session:
+        failed = failure(session, task.id)
+        repo = session.get(Repository, task.repository_id)
+    if failed is None or repo is None:
+        return None
+    where, data = failed
+    step = starting(TASK, task.kind, where)
+    if step is None or data.get("phase") != step.name or "used" not in data:
+        return None  # not the step's spent budget: a decided end, a repair that ran out
+    if where == TaskState.IMPLEMENTED and not _held(env, repo, task):
+        return None
+    return TaskState(where)
+
+
+def _held(env: Environment, repo: Repository, task: Task) -> bool:
+    """The implemented head is still in this controller's git cache, to be published."""
+    if task.head_commit is None:
+        return False
+    try:
+        GitCache(env.state_dir).resolve(repo.index, task.head_commit)
+    except GitCacheError:
+        return False
+    return True
