@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -145,14 +147,18 @@ def test_what_a_killed_backup_left_is_removed_by_the_next_backup_there(upgraded,
     )
     assert killed.exit_code == -9, killed
     [left] = [p.name for p in out.iterdir()]
-    assert left.startswith(".a.db.pid")
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+    assert left.startswith(f".a.db.{host}-pid")
     assert left.endswith(".tmp")
-    theirs = out / f".c.db.pid{os.getpid()}.x1y2.tmp"  # a live process's: kept
-    notes = out / ".notes.tmp"  # not a backup's at all: kept
-    for path in (theirs, notes):
+    kept = [
+        out / f".c.db.{host}-pid{os.getpid()}.x1y2.tmp",  # a live process's
+        out / ".d.db.elsewhere-pid999999.x1y2.tmp",  # another host's, in a shared folder
+        out / ".notes.tmp",  # not a backup's at all
+    ]
+    for path in kept:
         path.write_text("in use")
     assert run_process("db", "backup", "--to", str(out / "b.db")).exit_code == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(["b.db", theirs.name, notes.name])
+    assert sorted(p.name for p in out.iterdir()) == sorted(["b.db", *(p.name for p in kept)])
 
 
 def logged_clients(folder, log) -> str:

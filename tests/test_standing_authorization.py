@@ -177,7 +177,7 @@ def test_an_edit_by_a_read_only_author_needs_a_writer_to_authorise_it_again(forg
     assert paused["reason"] == (
         "the issue changed after it was assigned to worker-bot by team (owner), and its "
         "author reader has only read permission: a writer must authorise the new text "
-        "(assign it again)"
+        "(assign it again, as the last change to the issue before aiworker's next poll)"
     )
     assert states(polled) == {1: "ready", 2: "paused"}
     assert scope_of(polled, 2) == authorised  # the new text is not recorded as its scope

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from aiworker.runtime.processes import process_alive
+
+log = logging.getLogger(__name__)
 
 
 def fsync_directory(directory: Path) -> None:
@@ -27,7 +31,7 @@ def new_file(target: Path, *, owned: bool = False) -> Iterator[Path]:
     FileExistsError); it is removed either way, so TARGET is absent or complete. OWNED:
     its name carries this process's pid, so that what a SIGKILL left behind is known for
     a leftover by sweep_abandoned (a large file, in a folder nothing else cleans)."""
-    prefix = f".{target.name}.pid{os.getpid()}." if owned else f".{target.name}."
+    prefix = f".{target.name}.{_owner()}." if owned else f".{target.name}."
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
@@ -42,20 +46,34 @@ def new_file(target: Path, *, owned: bool = False) -> Iterator[Path]:
             tmp.unlink()
 
 
-_OWNED = re.compile(r"^\..+\.pid(\d+)\.[^.]+\.tmp(-journal)?$")
+def _owner() -> str:
+    """This process as the name of a file it makes says: its host and its pid (a folder
+    may be shared with other hosts, whose pids mean nothing here)."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+    return f"{host}-pid{os.getpid()}"
+
+
+_OWNED = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)-pid(?P<pid>\d+)\.[^.]+\.tmp(-journal)?$")
 
 
 def sweep_abandoned(folder: Path) -> list[Path]:
-    """Remove the temporary files of new_file(owned=True) in FOLDER whose process no
-    longer runs (killed before it could remove them); the paths removed."""
+    """Remove the temporary files of new_file(owned=True) in FOLDER that a process of this
+    host made and that no longer runs (killed before it could remove them); the paths
+    removed. One that cannot be removed is left, and logged."""
+    here = _owner().rpartition("-pid")[0]
     removed = []
     for path in folder.glob(".*.tmp*"):
         match = _OWNED.match(path.name)
-        if match is None or process_alive(int(match.group(1))):
+        if match is None or match["host"] != here or process_alive(int(match["pid"])):
             continue
-        with contextlib.suppress(FileNotFoundError):
+        try:
             path.unlink()
-            removed.append(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("cannot remove %s, left by a killed process: %s", path, exc.strerror)
+            continue
+        removed.append(path)
     return removed
 
 

@@ -25,9 +25,8 @@ Coverage = tuple[str | None, int | None]  # an authorised scope, and its timelin
 
 
 def coverage_of(session: Session, index: int) -> dict[int, Coverage]:
-    """For each issue of the repository with configuration INDEX: what the authorisation
-    of its newest task that has one recorded covers (whatever kind of work it asked
-    for: a task of another kind on the same issue stands on the same text)."""
+    """For each issue of the repository with configuration INDEX: what its authorisation
+    covers as recorded (on each of its tasks alike; record_coverage)."""
     rows = session.execute(
         select(Task.issue_number, Task.authorized_scope, Task.authorized_item)
         .join(Repository, Repository.id == Task.repository_id)
@@ -42,17 +41,22 @@ def coverage_of(session: Session, index: int) -> dict[int, Coverage]:
 
 
 def record_coverage(session: Session, task_id: int, scope: str | None, item: int | None) -> None:
-    """What TASK_ID's authorisation covers now (no move of the task: its version stays)."""
+    """What the authorisation of TASK_ID's issue covers now, recorded on every task of
+    that issue (a task of another kind on it stands on the same text). No task moves:
+    their versions stay."""
+    issue = select(Task.repository_id, Task.issue_number).where(Task.id == task_id).subquery()
     session.execute(
         update(Task)
         .where(
-            Task.id == task_id,
+            Task.repository_id == issue.c.repository_id,
+            Task.issue_number == issue.c.issue_number,
             or_(
                 Task.authorized_scope.is_distinct_from(scope),
                 Task.authorized_item.is_distinct_from(item),
             ),
         )
         .values(authorized_scope=scope, authorized_item=item)
+        .execution_options(synchronize_session=False)
     )
 
 

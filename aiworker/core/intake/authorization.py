@@ -191,6 +191,7 @@ def within_scope(
         authorized=False,
         reason=(
             f"the issue changed after it was {decision.reason}, and its author {author} has "
-            f"{has}: a writer must authorise the new text ({again} again)"
+            f"{has}: a writer must authorise the new text ({again} again, as the last change "
+            "to the issue before aiworker's next poll)"
         ),
     )
