@@ -43,8 +43,6 @@ def record_discovered(
     (scope.authored); AUTHORIZER is who did so as last recorded: a different writer
     standing behind the work is recorded, so that later polls judge their permission."""
     title = short_title(title)
-    if known is not None:
-        record_coverage(session, known.id, covers, item)
     if known is None:
         task = create_task(
             session,
@@ -68,6 +66,7 @@ def record_discovered(
         )
         record_coverage(session, task.id, covers, item)
         return "created"
+    record_coverage(session, known.id, covers, item)
     outcome = _update(session, known, title, fingerprint, actor)
     if outcome == "conflict":
         return outcome
