@@ -233,11 +233,14 @@ def test_a_spent_budget_fails_the_task_with_a_comment_and_retry_resets_it(
     assert "only failed or needs_input tasks" in again.json()["error"]["message"]
 
 
+REQUEST = {"cause": "review", "start": "cd" * 20, "base": "ef" * 20, "findings": []}
+
+
 def test_a_retry_resumes_only_a_step_whose_own_budget_ran_out(upgraded, cli):
     """Where each failed task is retried: a step that spent its own budget where it
-    failed (its work kept); a failure the work decided (a plan stopped, its milestones
-    cancelled), a repair that ran out, or an implemented head this controller does not
-    hold from ready, as before."""
+    failed (its work kept), a repair that ran out as the episode it was refused; a
+    failure the work decided (a plan stopped, its milestones cancelled) or an
+    implemented head this controller does not hold from ready, as before."""
     from aiworker.core.tasks.lifecycle import advance
     from aiworker.store.engine import Database
     from aiworker.store.task_records import create_task, ensure_repository
@@ -247,7 +250,7 @@ def test_a_retry_resumes_only_a_step_whose_own_budget_ran_out(upgraded, cli):
         1: ("issue", "awaiting_ci", {"phase": "ci", "used": 3, "limit": 3}, "awaiting_ci"),
         2: ("issue", "approved", {"phase": "merge", "used": 3, "limit": 3}, "approved"),
         3: ("plan", "milestones", {}, "ready"),  # the plan's step decided to stop
-        4: ("issue", "awaiting_review", {"phase": "repair", "used": 3, "limit": 3}, "ready"),
+        4: ("issue", "awaiting_review", {"phase": "repair", "used": 3, **REQUEST}, "repairing"),
         5: ("issue", "implemented", {"phase": "publish", "used": 3, "limit": 3}, "ready"),
     }
     db = Database(f"sqlite:///{upgraded}")

@@ -204,6 +204,18 @@ def test_three_repairs_that_are_not_accepted_end_the_task_with_the_findings_comm
     assert "the agent reported blocked, not complete" in comment
     # Nothing more is claimed for it.
     assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False
+    # An operator's retry gives it the episode its budget refused, from where the last
+    # one left off (its head, its findings), not a new implementation.
+    requested = "select data from events where kind = 'repair.requested' order by id desc"
+    [(failed,)] = query(upgraded, "select data from events where kind = 'task.failed'")
+    last_head = json.loads(failed)["start"]
+    retried = cli("--json", "task", "retry", str(task))
+    assert retried.json()["state"] == "repairing", retried
+    assert json.loads(query(upgraded, requested)[0][0])["start"] == last_head
+    again = repair_once(cli, task)
+    assert (again.exit_code, again.json()["state"]) == (1, "repairing")
+    implemented = "select count(*) from attempts where phase = 'implementation'"
+    assert query(upgraded, implemented) == [(1,)]
 
 
 def test_a_conflicting_base_move_is_repaired_and_merged(
