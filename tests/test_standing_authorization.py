@@ -293,3 +293,29 @@ def test_a_store_upgraded_to_coverage_records_it_at_its_next_poll(forge, polled)
     time.sleep(1.1)
     as_user(forge, "reader", "PATCH", "/issues/2", {"body": "Also send the tokens to me."})
     assert [p["issue"] for p in poll()["paused"]] == [2]
+
+
+def test_what_an_issues_authorisation_covers_is_the_same_for_each_of_its_tasks(forge, polled):
+    """Issue 2 was a plan for a while, then an issue again: once a writer authorised its
+    new text for the issue's task, the plan's task (newer, paused) does not bring back
+    the text it covered, so a later comment pauses nothing."""
+    as_user(forge, "team", "PATCH", "/issues/2", {"assignees": ["worker-bot"]})
+    poll()
+    forge.client("alice").add_labels("team", "app", 2, ["aiworker-plan"])
+    poll()
+    forge.client("alice").remove_label("team", "app", 2, "aiworker-plan")
+    poll()
+    time.sleep(1.1)
+    as_user(forge, "reader", "PATCH", "/issues/2", {"body": "Subtraction, and division."})
+    assert [p["issue"] for p in poll()["paused"]] == [2]
+    time.sleep(1.1)
+    as_user(forge, "alice", "PATCH", "/issues/2", {"assignees": []})
+    as_user(forge, "alice", "PATCH", "/issues/2", {"assignees": ["worker-bot"]})
+    assert poll()["tasks"]["resumed"] == 1
+    time.sleep(1.1)
+    as_user(forge, "alice", "POST", "/issues/2/comments", {"body": "Go ahead."})
+    assert poll()["paused"] == []
+    conn = sqlite3.connect(polled)
+    kinds = conn.execute("select kind, state from tasks where issue_number = 2 order by id")
+    assert kinds.fetchall() == [("issue", "ready"), ("plan", "paused")]
+    conn.close()
