@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable, HostKeyRefused, pump
+from aiworker.runtime.guests.ssh import GuestShell, GuestUnreachable, HostKeyRefused, pump, request
 
 
 def _feed(channel: object, stream: int) -> None:
@@ -29,18 +29,23 @@ def _feed(channel: object, stream: int) -> None:
 
 
 def main(spec_path: str) -> int:
+    import paramiko
+
     spec = json.loads(Path(spec_path).read_text())
     try:
         shell = GuestShell.connect(
             int(spec["port"]), spec["host_key"], Path(spec["client_key"]), time.monotonic() + 30
         )
+        transport = shell.client.get_transport()
+        assert transport is not None
+        channel = transport.open_session(timeout=10)
+        request(channel, "exec_command", spec["command"])
     except (GuestUnreachable, HostKeyRefused) as exc:
         sys.stderr.write(f"aiworker: {exc.message}\n")
         return 255
-    transport = shell.client.get_transport()
-    assert transport is not None
-    channel = transport.open_session(timeout=10)
-    channel.exec_command(spec["command"])
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        sys.stderr.write(f"aiworker: no session in the guest: {exc or type(exc).__name__}\n")
+        return 255
     threading.Thread(target=_feed, args=(channel, 0), daemon=True).start()
     out, err = sys.stdout.buffer, sys.stderr.buffer
     status = pump(channel, _writer(out), _writer(err), None)

@@ -399,7 +399,7 @@ def test_a_guest_command_ends_with_its_exit_and_a_stalled_guest_fails_in_bounded
     backend), a command that closes its output is waited for without spinning, and an
     SFTP server that never answers is a broken connection, not a hang."""
     from aiworker.runtime.artifact_files import ArtifactFiles
-    from aiworker.runtime.guests import transfer
+    from aiworker.runtime.guests import ssh, transfer
     from aiworker.runtime.guests.ssh import GuestUnreachable
 
     store = ImageStore(guests_dir)
@@ -439,6 +439,25 @@ def test_a_guest_command_ends_with_its_exit_and_a_stalled_guest_fails_in_bounded
         with pytest.raises(GuestUnreachable):
             transfer.fetch_verified(guest, "/root/f", ArtifactFiles(tmp_path / "b"), 1 << 20)
         assert time.monotonic() - started < 150
+        # A guest that freezes after the command's channel opened never answers its
+        # request: the command fails in bounded time instead of waiting for ever.
+        transport = guest.shell.client.get_transport()
+        opened = transport.open_session
+
+        def open_then_freeze(*args: object, **kwargs: object) -> object:
+            channel = opened(*args, **kwargs)
+            os.kill(guest.pid, signal.SIGSTOP)
+            return channel
+
+        monkeypatch.setattr(transport, "open_session", open_then_freeze)
+        monkeypatch.setattr(ssh, "REQUEST_S", 3.0)
+        started = time.monotonic()
+        try:
+            with pytest.raises(GuestUnreachable, match="did not answer exec_command within 3 s"):
+                guest.shell.run("true", timeout=600)
+        finally:
+            os.kill(guest.pid, signal.SIGCONT)
+        assert time.monotonic() - started < 30
     finally:
         guest.stop()
         proxy.close()

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import shlex
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 # outcome is reported by the caller.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 STALL_S = 60.0  # no SFTP answer for this long: the connection is taken as broken
+REQUEST_S = 60.0  # no answer to a command's or a subsystem's request: the same
 DRAIN_S = 10.0  # output a command's background children write after it exited
 
 
@@ -119,7 +121,7 @@ class GuestShell:
         """COMMAND (a shell line) with a deadline; at most LIMIT bytes of each stream."""
         channel = self._transport().open_session(timeout=10)
         try:
-            channel.exec_command(command)
+            request(channel, "exec_command", command)
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
@@ -147,13 +149,13 @@ class GuestShell:
         try:
             channel.settimeout(timeout)
             target = shlex.quote(remote)
-            channel.exec_command(
-                f"mkdir -p {target} && tar -x -C {target} --no-same-owner && "
-                f"chown -R dev:dev {target}"
-            )
+            unpack = f"mkdir -p {target} && tar -x -C {target} --no-same-owner"
+            request(channel, "exec_command", f"{unpack} && chown -R dev:dev {target}")
             with channel.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
                 tar.add(local, arcname=".")
             channel.shutdown_write()
+            if not channel.status_event.wait(timeout):
+                raise GuestUnreachable(f"unpacking the tree into the guest took over {timeout} s")
             status = channel.recv_exit_status()
         finally:
             channel.close()
@@ -182,7 +184,7 @@ class GuestShell:
         channel = self._transport().open_session(timeout=10)
         channel.settimeout(stall_s)
         try:
-            channel.invoke_subsystem("sftp")
+            request(channel, "invoke_subsystem", "sftp", stall_s)
             return paramiko.SFTPClient(channel)
         except BaseException:
             channel.close()
@@ -212,6 +214,36 @@ class GuestShell:
 
     def close(self) -> None:
         self.client.close()
+
+
+def request(
+    channel: paramiko.Channel, name: str, argument: str, within: float | None = None
+) -> None:
+    """Make CHANNEL's request NAME (exec_command, invoke_subsystem) with ARGUMENT, whose
+    answer must come WITHIN seconds (REQUEST_S), else the channel is closed and the guest
+    is unreachable: paramiko waits for the answer without a limit, and a guest that froze
+    after the channel opened (its memory spent, its sshd stopped) would hold the job for
+    ever, its heartbeat beating."""
+    within = REQUEST_S if within is None else within
+    unanswered = threading.Event()
+
+    def give_up() -> None:
+        unanswered.set()
+        channel.close()  # wakes the waiting request, which fails
+
+    timer = threading.Timer(within, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        getattr(channel, name)(argument)
+    except Exception:
+        if unanswered.is_set():
+            raise GuestUnreachable(
+                f"the guest did not answer {name} within {within:.0f} s"
+            ) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def pump(
