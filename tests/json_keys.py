@@ -40,7 +40,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "scheduler tick": frozenset(
         {"status", "poll", "poll_error", "recovered", "started", "busy_slots", "delivering"}
         | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}
-        | {"expired", "retention"}
+        | {"expired", "stuck", "retention"}
     ),
     "scheduler pause": frozenset({"paused", "reason"}),
     "scheduler resume": frozenset({"paused"}),

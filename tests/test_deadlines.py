@@ -6,12 +6,15 @@ hands (a question, a pause) never counts."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 
+from aiworker.runtime.processes import process_alive
 from tests.delivery_fixtures import write_scenario
 from tests.helpers import configure
 from tests.test_fault_injection import tick
 from tests.test_implement import FIX, query, result_doc
+from tests.test_lifecycle import wait_for
 
 DEADLINE_S = 8
 
@@ -155,3 +158,42 @@ def test_a_milestone_counts_only_while_its_plan_runs_its_milestones(upgraded):
         advance(session, plan.id, "awaiting_plan_approval", version, "milestones", "approved")
     assert late() == []  # handed back: no attempt of the child since
     db.dispose()
+
+
+def test_a_job_stuck_past_its_deadline_is_stopped_and_the_task_ended(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """A job that hangs after its provider run (a call that never returns) keeps its
+    heartbeat, so recovery would leave it for ever: the tick stops it once it ran
+    `deadlines.stuck` past its task's deadline, and the deadline ends the task."""
+    config = configure(tmp_path, forge, monkeypatch)
+    write_scenario(tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc())
+    config.write_text(
+        '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+        + config.read_text()
+        + f"[scheduler]\nfollow_up = false\n[deadlines]\ntask = {DEADLINE_S}\nstuck = 2\n"
+    )
+    assert cli("poll").exit_code == 0
+    with monkeypatch.context() as scoped:
+        scoped.setenv("AIWORKER_FAILPOINT", "implementation.after_run:hang")
+        first = cli("--json", "scheduler", "tick")
+    [job] = first.json()["started"]
+    (started,) = wait_for(upgraded, "select started_at from attempts", timeout=120)
+    # Past the deadline the job still runs, held by nothing but its hang.
+    stuck_at = at(started).timestamp() + DEADLINE_S + 2
+    time.sleep(max(0.0, stuck_at - time.time()) + 0.5)
+    assert process_alive(job["pid"])
+    assert query(upgraded, "select state from tasks") == [("running",)]
+
+    report = tick(cli, monkeypatch)
+    [stopped] = report["stuck"]
+    assert stopped["task"] == 1
+    assert job["pid"] in stopped["pids"]
+    assert stopped["reason"].startswith("its job still ran 2 s after its deadline")
+    assert not process_alive(job["pid"])
+    assert [(e["task"], e["from"]) for e in report["expired"]] == [(1, "ready")]
+    assert query(upgraded, "select state, claim_slot from tasks") == [("failed", None)]
+    [(outcome,)] = query(upgraded, "select outcome from attempts")
+    assert outcome == "interrupted"  # closed by its own guard, not left to recovery
+    [(data,)] = query(upgraded, "select data from events where kind = 'task.jobs_stopped'")
+    assert "stuck, so stopped" in json.loads(data)["reason"]

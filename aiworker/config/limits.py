@@ -39,10 +39,13 @@ class Deadlines(Strict):
     implementation: Annotated[int, Field(ge=1, le=7 * 86_400)] = RUN_LIMIT_S
     repair: Annotated[int, Field(ge=1, le=7 * 86_400)] = RUN_LIMIT_S
     review: Annotated[int, Field(ge=1, le=7 * 86_400)] = RUN_LIMIT_S
+    # A job of this host still running this long past its task's deadline is stuck (its
+    # provider run ended at the deadline): the tick stops it, and the deadline ends the task.
+    stuck: Annotated[int, Field(ge=1, le=7 * 86_400)] = 1800
 
     def run_limit(self, phase: str) -> int:
-        value = getattr(self, phase, None)
-        return int(value) if isinstance(value, int) and phase != "task" else RUN_LIMIT_S
+        value = getattr(self, phase, None) if phase not in ("task", "stuck") else None
+        return int(value) if isinstance(value, int) else RUN_LIMIT_S
 
 
 class Storage(Strict):

@@ -1,6 +1,7 @@
 """Crash points for the fault tests: AIWORKER_FAILPOINT=NAME kills the process right there
-(SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead, and
-NAME:term sends the process SIGTERM there (a stop request arriving at that moment).
+(SIGKILL, nothing runs after it); NAME:raise raises an ordinary exception instead;
+NAME:term sends the process SIGTERM there (a stop request arriving at that moment);
+NAME:hang makes it wait there for ever (a job stuck in a call that never returns).
 
 Nothing happens unless that variable names the point; operators never set it. Every
 point is listed in POINTS under the step whose job passes it, in the order it does: the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 # Between the durable writes of each step (the phase commands, and the runner listener).
 POINTS: dict[str, tuple[str, ...]] = {
@@ -60,3 +62,5 @@ def failpoint(name: str) -> None:
         raise FailpointError(f"failpoint {name}")
     if wanted == f"{name}:term":
         os.kill(os.getpid(), signal.SIGTERM)
+    while wanted == f"{name}:hang":
+        time.sleep(3600)

@@ -24,6 +24,21 @@ def work_started_before(session: Executor, before: datetime, states: Collection[
     return found.first() is not None
 
 
+def open_attempts_before(session: Executor, before: datetime, host: str | None) -> list[int]:
+    """The tasks of HOST's open attempts (None: of no controller) that started at or
+    before BEFORE."""
+    found = session.scalars(
+        select(attempts.c.task_id)
+        .where(
+            attempts.c.finished_at.is_(None),
+            attempts.c.host.is_not_distinct_from(host),
+            attempts.c.started_at <= before,
+        )
+        .order_by(attempts.c.task_id)
+    )
+    return sorted(set(found))
+
+
 def clock_start(session: Executor, task_id: int, restarts: Collection[str]) -> datetime | None:
     """The start of TASK_ID's first charged attempt since it, or the plan it is a
     milestone of, last left one of RESTARTS (a person's hands: waiting for input or an

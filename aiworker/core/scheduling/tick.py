@@ -35,7 +35,7 @@ from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.locks import FileLock
 from aiworker.store.claims import active_claims, claimed_on
 from aiworker.store.controllers import renew
-from aiworker.store.deadlines import work_started_before
+from aiworker.store.deadlines import open_attempts_before, work_started_before
 from aiworker.store.engine import Database
 from aiworker.store.tables import WORKER_JOB_EVENTS
 from aiworker.store.tasks import append_event, has_open_attempts, prune_events
@@ -87,7 +87,8 @@ def _tick(env: Environment, db: Database, paused: bool, poll_forge: bool) -> Tic
         report.guests_swept = _sweep_guests(env)
         # Only while work may start: paused, unpolled or short of space, nothing could
         # have moved the tasks on, so none is ended for its time.
-        report.expired = _end_overdue(env, db) if starting else []
+        if starting:
+            report.stuck, report.expired = _end_overdue(env, db)
         kinds, report.skipped = runnable_kinds(env)
         if starting:
             for slot, lock in own:
@@ -174,19 +175,24 @@ def _recover(env: Environment, db: Database, own_slots: list[int]) -> list[dict[
     return [{"task": r.task, "state": r.state, "reason": r.reason} for r in found]
 
 
-def _end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:
-    """Idle tasks past their deadline end as failed (before anything claims them). The
-    deadlines module is imported only when some waiting task worked that long ago."""
-    seconds = env.loaded.config.deadlines.task
-    if seconds <= 0:
-        return []
-    before = datetime.now(UTC) - timedelta(seconds=seconds)
+def _end_overdue(env: Environment, db: Database) -> tuple[list[Any], list[Any]]:
+    """This host's jobs stuck long past their task's deadline are stopped, then idle tasks
+    past their deadline end as failed (before anything claims them); (stopped, ended).
+    The deadlines module is imported only when some task worked that long ago."""
+    limits = env.loaded.config.deadlines
+    if limits.task <= 0:
+        return [], []
+    now = datetime.now(UTC)
+    before = now - timedelta(seconds=limits.task)
     with db.read_connection() as connection:
-        if not work_started_before(connection, before, sorted(AWAITING_WORK)):
-            return []
-    from aiworker.core.tasks.deadlines import end_overdue
+        waiting = work_started_before(connection, before, sorted(AWAITING_WORK))
+        running = open_attempts_before(connection, now - timedelta(seconds=limits.stuck), db.host)
+    if not waiting and not running:
+        return [], []
+    from aiworker.core.tasks.deadlines import end_overdue, stop_stuck
 
-    return end_overdue(env, db)
+    stopped = stop_stuck(env, db) if running else []
+    return stopped, end_overdue(env, db)
 
 
 def _sweep_guests(env: Environment) -> list[str]:

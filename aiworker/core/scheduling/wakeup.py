@@ -34,6 +34,7 @@ class TickReport(Report):
     retention: dict[str, int] | None = None
     low_space: str | None = None  # why nothing new started: under storage.reserve_gib
     expired: list[dict[str, Any]] = field(default_factory=list)  # ended at their deadline
+    stuck: list[dict[str, Any]] = field(default_factory=list)  # jobs stopped long after it
 
 
 def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | None:

@@ -6,7 +6,8 @@ person's hands never counts. A provider run never outlasts what is left of the
 deadline (nor its phase's own limit, `deadlines.PHASE`), so the work in flight stops at
 the deadline with what it wrote kept; the tick then ends every idle task past its
 deadline as failed, with the reason and its attempts commented on the issue. A task
-whose job still runs is left to that job, bounded as above, and ended after it.
+whose job still runs is left to that job, bounded as above, and ended after it; a job
+still running `deadlines.stuck` after the deadline hangs somewhere, and is stopped.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from aiworker.core.context import Environment
 from aiworker.core.tasks.budgets import attempts_summary
 from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.notices import comment_on_issue
+from aiworker.core.tasks.operator import stop_jobs
 from aiworker.core.tasks.states import AWAITING_WORK
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict
-from aiworker.store.deadlines import clock_start, is_idle, overdue
+from aiworker.store.deadlines import clock_start, is_idle, open_attempts_before, overdue
 from aiworker.store.engine import Database
+from aiworker.store.task_records import existing_task
 
 log = logging.getLogger(__name__)
 # Where a task waits for a person; leaving one starts the clock anew (failed: a retry).
@@ -93,6 +96,36 @@ def _fail(
     finally:
         lock.release()
     return not isinstance(moved, Refusal)
+
+
+def stop_stuck(env: Environment, db: Database) -> list[dict[str, Any]]:
+    """Stop this host's jobs still running `deadlines.stuck` past their task's deadline:
+    their provider run ended at the deadline, so such a job hangs somewhere, and its
+    heartbeat keeps recovery from it for ever. Its guard lands the task (or, when it does
+    not end within the stop's grace, recovery closes what it left), and end_overdue then
+    ends the task for its deadline; what each was."""
+    limits = env.loaded.config.deadlines
+    now = datetime.now(UTC)
+    with db.read() as session:
+        running = open_attempts_before(session, now - timedelta(seconds=limits.stuck), db.host)
+        late = {
+            task_id: start
+            for task_id in running
+            if (start := clock_start(session, task_id, RESTARTS)) is not None
+            and start + timedelta(seconds=limits.task + limits.stuck) <= now
+        }
+    stopped = []
+    for task_id, start in late.items():
+        reason = (
+            f"its job still ran {limits.stuck} s after its deadline ({_hours(limits.task)} "
+            f"from its start at {start.isoformat(timespec='seconds')}): stuck, so stopped"
+        )
+        log.warning("task %d: %s", task_id, reason)
+        with db.read() as session:
+            task = existing_task(session, task_id)
+        pids = stop_jobs(env, db, task, reason)
+        stopped.append({"task": task_id, "pids": pids, "reason": reason})
+    return stopped
 
 
 def end_overdue(env: Environment, db: Database) -> list[dict[str, Any]]:

@@ -58,7 +58,7 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
     try:
         task = _cancel_record(db, task_id)
         report = CancelReport(task.id, TaskState.CANCELLED, task.state)
-        report.stopped = _stop_jobs(env, db, task)
+        report.stopped = stop_jobs(env, db, task)
         with db.write() as session:
             for attempt in open_attempts(session, task.id):
                 if finish_attempt(
@@ -95,8 +95,10 @@ def _cancel_record(db: Database, task_id: int) -> Task:
     raise Conflict(f"task {task_id} kept changing; try the cancel again")
 
 
-def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
-    """Stop every process working on TASK; return the pids that were running."""
+def stop_jobs(
+    env: Environment, db: Database, task: Task, why: str = "cancelled by an operator"
+) -> list[int]:
+    """Stop every process working on TASK, because WHY; return the pids that were running."""
     # The job's own records name it: the pid in its claim and in its open attempts (never a
     # lock's holder, which may be a tick that holds every free slot for a moment).
     holders = {launched_pid(task.claim_token)}
@@ -127,7 +129,8 @@ def _stop_jobs(env: Environment, db: Database, task: Task) -> list[int]:
         signal_all(left, signal.SIGKILL)
         time.sleep(0.05)
     with db.write() as session:
-        append_event(session, "task.jobs_stopped", task_id=task.id, data={"pids": sorted(tree)})
+        data = {"pids": sorted(tree), "reason": why}
+        append_event(session, "task.jobs_stopped", task_id=task.id, data=data)
     return sorted(tree)
 
 
