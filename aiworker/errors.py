@@ -7,6 +7,7 @@ runner's token is not accepted, or the server speaks no contract the runner does
 
 from __future__ import annotations
 
+import errno
 import signal
 
 EXIT_OK = 0
@@ -111,6 +112,31 @@ class Unavailable(AiworkerError):
 
 class LockHeld(Unavailable):
     code = "lock_held"
+
+
+class DiskFull(Unavailable):
+    """A write found no space (or quota) left: the installation's to fix, not the work's."""
+
+    code = "disk_full"
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk is full")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether EXC, or what it was raised from, is a write that found the disk full: a
+    DiskFull, an OSError that says so, or an error carrying a tool's words for it (git's)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain of causes, not a cycle of them
+        if seen is None:
+            return False
+        if isinstance(seen, DiskFull) or getattr(seen, "errno", None) in FULL_ERRNOS:
+            return True
+        if any(word in str(seen).lower() for word in FULL_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Conflict(AiworkerError):

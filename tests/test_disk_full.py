@@ -5,6 +5,8 @@ and the work goes on once space is back."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -42,14 +44,19 @@ def _payloads_named_exist(database: Path, disk: Path) -> None:
         assert (disk / "artifacts" / "sha256" / sha[:2] / sha).is_file(), sha
 
 
-def test_a_phase_whose_disk_fills_fails_cleanly_and_runs_again_once_space_is_back(
+def test_a_phase_whose_disk_fills_after_its_run_is_held_and_runs_again_once_resumed(
     small_disk,  # noqa: F811
     forge,
     tmp_path,
     monkeypatch,
     cli,
 ):
-    _configured(forge, tmp_path, monkeypatch, cli, sleep_s=3)
+    """The disk fills while the provider runs (its work committed): the job cannot keep
+    its result, so the attempt is closed (what it left removed first, to make room for
+    the record), refunded, and the task held for the operator, since a run whose own output
+    filled the disk would spend inference again at every retry. Once space is back and
+    the task resumed, it runs to the end."""
+    _configured(forge, tmp_path, monkeypatch, cli, sleep_s=5)
     database = small_disk / "aiworker.db"
     assert cli("--json", "claim", "--slot", "1").json()["claimed"]
     job = subprocess.Popen(
@@ -58,43 +65,75 @@ def test_a_phase_whose_disk_fills_fails_cleanly_and_runs_again_once_space_is_bac
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while query(database, "select count(*) from attempts") == [(0,)]:
+    deadline = time.monotonic() + 120
+    while not _committed(database):  # the provider ran and committed: it sleeps now
         assert time.monotonic() < deadline
         assert job.poll() is None, job.communicate()
         time.sleep(0.05)
     filler = _fill(small_disk)
     out, err = job.communicate(timeout=120)
-    assert job.returncode != 0, out
+    assert job.returncode == 75, (out, err)
     assert "No space left on device" in out + err or "disk is full" in out + err
-    # Nothing claims success: the task is not implemented, no attempt succeeded, no
-    # receipt passed, and every payload a record names is whole where it should be.
-    # (Where the phase was when the disk filled decides whether its end could still be
-    # recorded: a write that fits in the database's free pages goes through.)
-    assert query(database, "select state from tasks") != [("implemented",)]
-    assert query(database, "select count(*) from attempts where outcome = 'succeeded'") == [(0,)]
+    # Nothing claims success, nothing is charged, nothing is left open or on disk.
+    assert query(database, "select state, claim_slot from tasks") == [("paused", None)]
+    [(data,)] = query(database, "select data from events where kind = 'task.held'")
+    reason = json.loads(data)["reason"]
+    assert "held until an operator fixes it and runs `aiworker task resume 1`" in reason
+    rows = query(database, "select outcome, refunded, finished_at is not null from attempts")
+    assert rows == [("unavailable", 1, 1)]
+    assert not list((small_disk / "workspaces").iterdir())
     assert query(database, "select count(*) from receipts") == [(0,)]
     _payloads_named_exist(database, small_disk)
     partial = small_disk / "artifacts" / "partial"
     assert not partial.is_dir() or list(partial.iterdir()) == []
 
-    # While the disk stays full, the tick refuses to start anything new (under the
-    # reserve, here none: it is full) or fails as a whole; nothing is started.
-    held = run_process("--json", "scheduler", "tick")
-    assert held.exit_code != 0 or held.json()["started"] == [], held
-    assert query(database, "select count(*) from attempts where outcome = 'succeeded'") == [(0,)]
-
-    # Space back: ticks recover what the full disk left open (a job that could not
-    # record its end) and run the phase to the end.
+    # Space back, the task stays held: a tick starts nothing until the operator resumes.
     filler.unlink()
+    assert tick(cli, monkeypatch)["started"] == []
+    assert query(database, "select state from tasks") == [("paused",)]
+    assert cli("--json", "task", "resume", "1").exit_code == 0
     write_scenario(tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc())
-    for _ in range(3):
-        tick(cli, monkeypatch)
-        if query(database, "select state from tasks") == [("implemented",)]:
-            break
+    tick(cli, monkeypatch)
     assert query(database, "select state from tasks") == [("implemented",)]
     assert query(database, "select count(*) from attempts where finished_at is null") == [(0,)]
     _payloads_named_exist(database, small_disk)
+
+
+def _committed(database: Path) -> bool:
+    """The attempt's workspace holds the provider's commit."""
+    rows = query(database, "select workspace_path from attempts where workspace_path is not null")
+    if not rows:
+        return False
+    log = subprocess.run(
+        ["git", "-C", f"{rows[0][0]}/repo", "log", "--format=%s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return "Apply scripted changes" in log.stdout
+
+
+def test_a_full_disk_is_named_as_such_by_every_command_not_as_a_damaged_store(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """A command on a full disk leaves the store's shared-memory file as short as it could
+    write it; every later command that reads the store meets SQLite's I/O error for it,
+    which is the full disk (exit 75, free space), not a database to restore."""
+    _configured(forge, tmp_path, monkeypatch, cli)
+    filler = _fill(small_disk)
+    for argv in (("status",), ("task", "show", "1"), ("scheduler", "tick"), ("doctor",)):
+        done = run_process("--json", *argv)
+        text = done.stdout + done.stderr
+        assert "not a usable aiworker database" not in text, (argv, done)
+        if argv != ("doctor",):
+            assert done.exit_code == 75, (argv, done)
+            assert "the disk is full" in done.json()["error"]["message"], (argv, done)
+    filler.unlink()
+    assert run_process("--json", "task", "show", "1").exit_code == 0
 
 
 def _configured(forge, tmp_path, monkeypatch, cli, **scenario) -> None:
@@ -183,3 +222,68 @@ def test_a_retention_pass_on_a_full_disk_removes_a_payload_with_its_record_or_ne
     assert swept.exit_code == 0, swept
     assert query(database, "select count(*) from artifacts where removed_at is null") == [(0,)]
     assert not [p for p in (small_disk / "artifacts" / "sha256").rglob("*") if p.is_file()]
+
+
+def test_a_backup_that_runs_out_of_room_leaves_nothing_behind(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """A snapshot whose target disk has room for part of it fails as a full disk (exit
+    75), and leaves no part of the copy, nor the files SQLite keeps beside one."""
+    _implemented(forge, tmp_path, monkeypatch, cli)
+    size = (small_disk / "aiworker.db").stat().st_size
+    # ext4 in 4 KiB blocks, as an installation's disk (a tmpfs never failed this way).
+    image, target = tmp_path / "ext4.img", tmp_path / "target"
+    target.mkdir()
+    image.write_bytes(b"")
+    os.truncate(image, 16 * MIB)
+    subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-b", "4096", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(target)], check=True)
+    try:
+        filler = _fill(target)
+        for free in range(size // 2, size + 64 * 1024, 32 * 1024):
+            os.truncate(filler, 0)
+            _fill(target)
+            os.truncate(filler, filler.stat().st_size - free)
+            done = run_process("--json", "db", "backup", "--to", str(target / "b.db"))
+            assert done.exit_code in (0, 75), (free, done)
+            if done.exit_code:
+                assert "the disk is full" in done.json()["error"]["message"], (free, done)
+            left = sorted(p.name for p in target.glob("*b.db*"))
+            assert left == (["b.db"] if done.exit_code == 0 else []), (free, left)
+            (target / "b.db").unlink(missing_ok=True)
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
+
+
+def test_a_restore_that_runs_out_of_room_can_simply_be_run_again(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """A restore that fails on a full disk says so (exit 75) and leaves the directory as
+    empty as it found it: the same command, once space is freed, restores."""
+    _implemented(forge, tmp_path, monkeypatch, cli)
+    snapshot, folder = tmp_path / "backup.db", tmp_path / "backup-artifacts"
+    made = run_process(
+        "--json", "db", "backup", "--to", str(snapshot), "--with-artifacts", str(folder)
+    )
+    assert made.exit_code == 0, made
+    target = small_disk / "restored"
+    filler = _fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - snapshot.stat().st_size // 2)
+    argv = ("--state-dir", str(target), "--json", "restore", "--from", str(snapshot))
+    argv += ("--artifacts", str(folder))
+    full = run_process(*argv)
+    assert full.exit_code == 75, full
+    assert "the disk is full" in full.json()["error"]["message"]
+    assert list(target.iterdir()) == []
+    filler.unlink()
+    again = run_process(*argv)
+    assert again.exit_code == 0, again
+    assert not (target / "restore.incomplete").exists()

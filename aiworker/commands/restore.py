@@ -29,7 +29,7 @@ def restore(
     from aiworker.runtime.interrupts import signals_raise
 
     inv: Invocation = ctx.obj
-    with signals_raise():  # stopped, its marker stays: nothing starts there until redone
+    with signals_raise():  # stopped, what it made goes (killed, its marker stays)
         report = run(inv.environment(), source.absolute(), artifacts).to_json()
     kept = report["artifacts"]
     lines = [

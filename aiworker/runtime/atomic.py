@@ -53,7 +53,9 @@ def _owner() -> str:
     return f"{host}-pid{os.getpid()}"
 
 
-_OWNED = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)-pid(?P<pid>\d+)\.[^.]+\.tmp(-journal)?$")
+_OWNED = re.compile(
+    r"^\..+\.(?P<host>[A-Za-z0-9-]+)-pid(?P<pid>\d+)\.[^.]+\.tmp(-journal|-wal|-shm)?$"
+)
 
 
 def sweep_abandoned(folder: Path) -> list[Path]:

@@ -16,7 +16,7 @@ import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from aiworker.errors import AiworkerError
+from aiworker.errors import FULL_WORDS, AiworkerError, DiskFull
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
 
@@ -28,6 +28,13 @@ LOCK_SECONDS = 60.0
 
 class GitCacheError(AiworkerError):
     code = "git_cache"
+
+
+def _refuse_full(cache: Path, stderr: str) -> None:
+    """Git's failure in CACHE, when it says the disk is full: the installation's to fix
+    (exit 75), not a failure of the work."""
+    if any(word in stderr.lower() for word in FULL_WORDS):
+        raise DiskFull(f"git cache {cache}: the disk is full; free space")
 
 
 class AncestryRejected(GitCacheError):
@@ -98,6 +105,7 @@ class GitCache:
         result = self._git(index, *args, token=token)
         if not result.ok:
             detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            _refuse_full(self.path(index), result.stderr)
             raise GitCacheError(f"git {args[0]} failed in cache {index}: {detail[0][:300]}")
         return result.stdout.strip()
 
@@ -116,6 +124,7 @@ class GitCache:
                     ["git", "init", "--bare", "-q", str(self.path(index))], timeout=60
                 )
                 if not result.ok:
+                    _refuse_full(self.path(index), result.stderr)
                     raise GitCacheError(f"cannot create cache {index}: {result.stderr.strip()}")
             self._must(
                 index,

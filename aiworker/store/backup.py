@@ -11,6 +11,8 @@ from aiworker.runtime.atomic import new_file
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import explained, is_postgresql
 
+COMPANIONS = ("-journal", "-wal", "-shm")  # the files SQLite keeps beside a database
+
 
 def read_only_uri(path: Path) -> str:
     """PATH as a read-only SQLite URI, every character that means something in a URI
@@ -38,11 +40,14 @@ def backup_sqlite(source: Path, target: Path) -> int:
 def _backup_sqlite(source: Path, target: Path) -> int:
     with new_file(target, owned=True) as tmp:
         src = sqlite3.connect(read_only_uri(source), uri=True, timeout=30)
-        journal = Path(f"{tmp}-journal")  # left by a copy that failed part-way
         try:
             src.execute("PRAGMA busy_timeout = 30000")
             dst = sqlite3.connect(tmp)
             try:
+                # The copy takes on the store's WAL mode; held exclusively it keeps its
+                # WAL index in memory, so no shared-memory file is made (on a nearly full
+                # disk, mapping one can end the process with SIGBUS).
+                dst.execute("PRAGMA locking_mode = EXCLUSIVE")
                 failpoint("backup.copying")
                 # pages=-1 copies everything in one step under one read snapshot, so
                 # concurrent writers in WAL mode neither block it nor restart it.
@@ -53,7 +58,8 @@ def _backup_sqlite(source: Path, target: Path) -> int:
                 dst.close()
         finally:
             src.close()
-            journal.unlink(missing_ok=True)
+            for companion in COMPANIONS:  # left by a copy that failed part-way
+                Path(f"{tmp}{companion}").unlink(missing_ok=True)
     return target.stat().st_size
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
-from aiworker.errors import AiworkerError, LockHeld, StateUnusable, Unavailable
+from aiworker.errors import AiworkerError, DiskFull, LockHeld, StateUnusable, Unavailable
 from aiworker.store.driver import DriverConnection
 
 # Session is re-exported: core types the sessions it passes to store/ by it.
@@ -118,7 +118,7 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
         "is damaged; restore it from a backup (`aiworker db backup` made one)",
     ),
     ("disk i/o error", StateUnusable, "could not be read or written (disk I/O error)"),
-    ("database or disk is full", Unavailable, "cannot grow: the disk is full; free space"),
+    ("database or disk is full", DiskFull, "cannot grow: the disk is full; free space"),
 )
 
 

@@ -13,7 +13,14 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection, make_url
 
-from aiworker.errors import AiworkerError, ConfigInvalid, LockHeld, StateUnusable, Unavailable
+from aiworker.errors import (
+    AiworkerError,
+    ConfigInvalid,
+    DiskFull,
+    LockHeld,
+    StateUnusable,
+    Unavailable,
+)
 from aiworker.runtime.atomic import new_file
 
 # The advisory lock every write transaction takes first ("aiwwrite"): transaction-scoped,
@@ -140,7 +147,7 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
     ),
     ("server closed the connection", Unavailable, "closed the connection; try again"),
     ("terminating connection", Unavailable, "ended the connection; try again"),
-    ("no space left on device", Unavailable, "cannot write: its disk is full"),
+    ("no space left on device", DiskFull, "cannot write: its disk is full"),
     (
         "lock timeout",
         LockHeld,

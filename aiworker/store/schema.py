@@ -16,7 +16,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from aiworker.errors import SchemaMismatch, StateUnusable
+from aiworker.errors import AiworkerError, DiskFull, SchemaMismatch, StateUnusable
 from aiworker.store.engine import Database, explained, sqlite_path
 
 # Oldest first; the last one is the head this code runs against.
@@ -106,12 +106,22 @@ def probe_file(path: Path) -> None:
         revision = _read_revision(path, immutable=quiet)
     except sqlite3.DatabaseError as exc:
         if not quiet:
-            raise StateUnusable(f"{path}: not a usable aiworker database ({exc})") from None
+            raise _unusable(path, exc) from None
         try:  # a writer may have opened it meanwhile: read it as a live database
             revision = _read_revision(path, immutable=False)
         except sqlite3.DatabaseError as again:
-            raise StateUnusable(f"{path}: not a usable aiworker database ({again})") from None
+            raise _unusable(path, again) from None
     ensure_not_newer(revision)
+
+
+def _unusable(path: Path, exc: sqlite3.DatabaseError) -> AiworkerError:
+    """Why the database at PATH could not be read: a full disk (SQLite cannot make or grow
+    the shared-memory file a live database is read through, and says I/O error) is one
+    to free space on, not a damaged store."""
+    named = explained(f"sqlite:///{path}", exc)
+    if isinstance(named, DiskFull):
+        return named
+    return StateUnusable(f"{path}: not a usable aiworker database ({exc})")
 
 
 def _read_revision(path: Path, *, immutable: bool) -> str | None:

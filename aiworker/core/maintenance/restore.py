@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,6 +83,18 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
         raise InvalidInput(f"--from {backup}: not a snapshot of an aiworker store")
     ensure_not_newer(revision)
     env.ensure_state_dir()
+    try:
+        return _restore(env, backup, artifacts, revision)
+    except BaseException:
+        # The directory was empty: what is in it now this restore made, and it goes, so
+        # that the same command can run again once its cause is fixed (a full disk).
+        _empty(env.state_dir)
+        raise
+
+
+def _restore(
+    env: Environment, backup: Path, artifacts: Path | None, revision: str
+) -> RestoreReport:
     # Until the check is done no tick starts work here, even after a crash: the marker
     # stays and the tick refuses (remove the directory and restore again).
     marker = env.state_dir / RESTORING
@@ -109,6 +122,17 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
     held = sum(t["outcome"] == "held" for t in report.tasks)
     log.info("restored %s into %s; %d tasks held", backup, env.state_dir, held)
     return report
+
+
+def _empty(folder: Path) -> None:
+    for path in folder.iterdir():
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError as exc:
+            log.warning("restore: cannot remove %s after it failed: %s", path, exc.strerror)
 
 
 def _payloads(env: Environment, db: Database, folder: Path | None) -> dict[str, Any]:

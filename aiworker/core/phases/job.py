@@ -21,7 +21,7 @@ from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import land_after_failure
 from aiworker.core.tasks.hold import hold_task
-from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, failure_reason
+from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, disk_full, failure_reason
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.interrupts import ignore_signals, signals_raise
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
@@ -177,11 +177,14 @@ class Job:
     def _failed(self, exc: BaseException) -> None:
         reason = failure_reason(exc)
         log.warning("task %d: %s failed: %s", self.task.id, self.phase.name, reason)
-        # Something outside was unavailable (the forge, a lock), or the installation is at
-        # fault (a token the forge refuses), before any inference: not this attempt's
-        # fault, so it is refunded; the task waits where it retries.
-        outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE
-        held = getattr(exc, "installation", False) and not self.spent
+        # Something outside was unavailable (the forge, a lock, the disk), or the
+        # installation is at fault (a token the forge refuses), before any inference: not
+        # this attempt's fault, so it is refunded; the task waits where it retries. A full
+        # disk after inference is held for the operator: retried by itself, a run whose
+        # own output fills the disk would spend inference again and again.
+        full = disk_full(exc)
+        outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE or full
+        held = (getattr(exc, "installation", False) and not self.spent) or (full and self.spent)
         transient = (outside and not self.spent) or held
         outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
         outcome = "unavailable" if transient else outcome
@@ -190,8 +193,10 @@ class Job:
             # recorded now, so that a failure that repeats spends the budget and ends.
             failed: dict[str, object] = {"failed_before_start": True}
             self._settle(lambda: self.start(None, failed, checkpoint=False))
-        self._settle(lambda: self.finish(outcome, reason, refunded=transient))
-        self._settle(self._teardown)
+        record = functools.partial(self.finish, outcome, reason, refunded=transient)
+        # On a full disk what the attempt left goes first, so that its end can be recorded.
+        for clean in (self._teardown, record) if full else (record, self._teardown):
+            self._settle(clean)
         # The body's hook, then the landing: held for the operator where only they can
         # help (every later try would meet the same refusal).
         for step in (self.failure_hook, self._hold if held else self.land):
