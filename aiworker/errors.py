@@ -121,7 +121,7 @@ class DiskFull(Unavailable):
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk is full")
+FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk is full", "out of diskspace")
 
 
 def disk_full(exc: BaseException) -> bool:

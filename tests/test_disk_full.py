@@ -132,6 +132,10 @@ def test_a_full_disk_is_named_as_such_by_every_command_not_as_a_damaged_store(
         if argv != ("doctor",):
             assert done.exit_code == 75, (argv, done)
             assert "the disk is full" in done.json()["error"]["message"], (argv, done)
+    # A file that cannot be written names itself (a write into an open file names none).
+    paused = run_process("--json", "scheduler", "pause")
+    assert paused.exit_code == 75, paused
+    assert str(small_disk) in paused.json()["error"]["message"], paused
     filler.unlink()
     assert run_process("--json", "task", "show", "1").exit_code == 0
 

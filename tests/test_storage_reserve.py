@@ -69,6 +69,12 @@ def test_under_the_reserve_doctor_warns_and_no_new_work_starts(
     assert "no new phase or step starts until space is freed" in held["low_space"]
     assert query(db, "select state from tasks") == [("ready",)]
     assert query(db, "select count(*) from attempts") == [(0,)]
+    # Said in words too, not only in --json.
+    said = cli("scheduler", "tick").stdout
+    assert "nothing new started: 0.02 GiB free for" in said, said
+    shown = cli("--json", "status").json()["low_space"]
+    assert "no new phase or step starts until space is freed" in shown
+    assert "Storage: nothing new starts: 0.02 GiB free" in " ".join(cli("status").stdout.split())
 
     filler.unlink()
     [(ok,)] = [
@@ -77,5 +83,6 @@ def test_under_the_reserve_doctor_warns_and_no_new_work_starts(
     assert ok == "ok"
     going = tick(cli, monkeypatch)
     assert going["low_space"] is None
+    assert cli("--json", "status").json()["low_space"] is None
     assert [job["task"] for job in going["started"]] == [1]
     assert query(db, "select state from tasks") == [("implemented",)]

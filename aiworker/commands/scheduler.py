@@ -50,6 +50,12 @@ def tick(
             console.print(f"{kind} tasks wait: {reason}", markup=False)
         if report["poll_error"]:
             console.print(f"poll failed: {report['poll_error']}", markup=False)
+        if report["low_space"]:
+            console.print(f"nothing new started: {report['low_space']}", markup=False)
+        for item in report["stuck"]:
+            console.print(f"task {item['task']}: {item['reason']}", markup=False)
+        for item in report["expired"]:
+            console.print(f"task {item['task']}: failed, {item['reason']}", markup=False)
         console.print(f"next check by {report['next_deadline']}", markup=False)
 
     emit(inv.json, report, human)

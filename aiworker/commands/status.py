@@ -27,6 +27,8 @@ def status(ctx: typer.Context, every_state: EveryState = False) -> None:
 
         for line in scheduler_lines(report["scheduler"]):
             console.print(fold(line), markup=False)
+        if report["low_space"]:
+            console.print(fold(f"Storage: nothing new starts: {report['low_space']}"), markup=False)
         for provider, why in report["isolation"].items():
             console.print(fold(f"Provider {provider} cannot run: {why}"), markup=False)
         title = f"Slots of controller {report['controller']}"

@@ -98,9 +98,12 @@ def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> None
             os.link(tmp, path)
             tmp.unlink()
         fsync_directory(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if isinstance(exc, OSError) and exc.filename is None:
+            # A write into the open file names none: say which file could not be written.
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import isolation_refusal
 from aiworker.core.maintenance.retention import store_summary
+from aiworker.core.maintenance.storage import space_shortage
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import SchedulerState
 from aiworker.store.controllers import last_seen, server_now
@@ -45,6 +46,8 @@ class StatusReport(Report):
     # and the claims it holds.
     controller: str = ""
     controllers: list[dict[str, Any]] = field(default_factory=list)
+    # Why no new work starts for want of space (under storage.reserve_gib), or None.
+    low_space: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class StatusReport(Report):
             "artifacts": self.artifacts,
             "controller": self.controller,
             "controllers": self.controllers,
+            "low_space": self.low_space,
         }
 
 
@@ -103,6 +107,7 @@ def collect_status(env: Environment) -> StatusReport:
         artifacts,
         env.controller_id,
         controllers,
+        space_shortage(env),
     )
 
 

@@ -268,7 +268,8 @@ def poll_recorded(env: Environment, *, full: bool = False) -> PollReport:
     try:
         report = poll(env, ForgeAccess(env.loaded), full=full)
     except AiworkerError as exc:
-        record_poll(env, exc.message, datetime.now(UTC))
+        with contextlib.suppress(OSError):  # the poll's own error is the one to report
+            record_poll(env, exc.message, datetime.now(UTC))
         raise
     record_poll(env, None, datetime.now(UTC))
     return report
