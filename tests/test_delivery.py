@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import html
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -369,3 +370,23 @@ def test_a_ci_status_posted_by_someone_else_does_not_let_the_pr_merge(forge, del
     message = refused.json()["error"]["message"]
     assert "no successful 'aiworker / ci' status by worker-bot on" in message
     assert run_process("--json", "task", "show", str(task)).json()["state"] == "approved"
+
+
+def test_a_ci_run_that_cannot_finish_shows_the_forge_no_controller_path(
+    forge, delivered, upgraded, state_dir
+):
+    """The terminal `error` status says why the run could not finish without spelling out
+    where the controller keeps its files (here a state directory with a file where its
+    snapshots' folder belongs)."""
+    task, head = delivered()
+    assert run_process("publish", "--task", str(task)).exit_code == 0
+    shutil.rmtree(state_dir / "snapshots", ignore_errors=True)
+    (state_dir / "snapshots").write_text("not a folder\n")
+    failed = run_process("--json", "ci", "--task", str(task))
+    assert failed.exit_code == 1, failed
+    assert str(state_dir) in failed.json()["error"]["message"]  # the operator is told
+    [status] = forge.client("worker-bot").combined_status("team", "app", head).statuses
+    assert status.status == "error"
+    assert status.description.startswith("aiworker could not finish ./ci/run: "), status
+    assert "<state directory>/snapshots" in status.description, status.description
+    assert str(state_dir.resolve()) not in status.description

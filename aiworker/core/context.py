@@ -65,6 +65,14 @@ class Environment:
     def locks(self) -> LockDir:
         return LockDir(self.state_dir)
 
+    def for_the_forge(self, text: str) -> str:
+        """TEXT as the forge may show it: this controller's state directory (where its
+        files are, in either spelling) named, not spelled out."""
+        spellings = {str(self.state_dir.resolve()), str(self.state_dir.absolute())} - {"/"}
+        for path in sorted(spellings, key=len, reverse=True):  # one inside the other: it first
+            text = text.replace(path, "<state directory>")
+        return text
+
     def attempt_tag(self, phase: str, attempt_id: int) -> str:
         """AIWORKER_ATTEMPT_ID of a phase attempt's processes: unique to this state directory,
         so recovery and cancel never touch another installation's processes on the host."""

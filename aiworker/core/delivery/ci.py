@@ -65,7 +65,7 @@ def post_ci_error(env: Environment, repo: Repository, head: str, reason: str) ->
         head,
         state="error",
         context=CI_CONTEXT,
-        description=f"aiworker could not finish ./ci/run: {reason}"[:140],
+        description=env.for_the_forge(f"aiworker could not finish ./ci/run: {reason}")[:140],
     )
 
 

@@ -33,7 +33,7 @@ def comment_on_issue(env: Environment, db: Database, task_id: int, body: str) ->
 
         worker = ForgeAccess(env.loaded).required("worker")
         posted = worker.create_comment(
-            repo.owner, repo.name, task.issue_number, f"{body}\n\n{MARK}"
+            repo.owner, repo.name, task.issue_number, f"{env.for_the_forge(body)}\n\n{MARK}"
         )
     except AiworkerError as exc:
         log.warning("task %d: could not comment on the issue: %s", task_id, exc.message)
