@@ -124,16 +124,18 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk is full", "out of diskspace")
 
 
-def disk_full(exc: BaseException) -> bool:
-    """Whether EXC, or what it was raised from, is a write that found the disk full: a
-    DiskFull, an OSError that says so, or an error carrying a tool's words for it (git's)."""
+def disk_full(exc: BaseException, *, words: bool = False) -> bool:
+    """Whether EXC, or what it was raised from, is a write that found this host's disk
+    full: a DiskFull, or an OSError that says so. WORDS: also an error that only carries a
+    tool's words for it, which may be about another machine's disk (a guest's, the
+    forge's): for a caller that knows this host is short of space."""
     seen: BaseException | None = exc
     for _ in range(8):  # the chain of causes, not a cycle of them
         if seen is None:
             return False
         if isinstance(seen, DiskFull) or getattr(seen, "errno", None) in FULL_ERRNOS:
             return True
-        if any(word in str(seen).lower() for word in FULL_WORDS):
+        if words and any(word in str(seen).lower() for word in FULL_WORDS):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -377,8 +377,12 @@ def test_a_ci_run_that_cannot_finish_shows_the_forge_no_controller_path(
 ):
     """The terminal `error` status says why the run could not finish without spelling out
     where the controller keeps its files (here a state directory with a file where its
-    snapshots' folder belongs)."""
-    task, head = delivered()
+    snapshots' folder belongs); a review whose finding names its workspace's host path
+    (bubblewrap binds it there) is posted with it named, not spelled out."""
+    where = f"{state_dir}/workspaces/task-1-review-3/repo/calc.py"
+    finding = {"severity": "info", "message": f"See {where}.", "path": where}
+    review = {"result": {**REVIEW_OK["result"], "findings": [finding]}}
+    task, head = delivered(review=review)
     assert run_process("publish", "--task", str(task)).exit_code == 0
     shutil.rmtree(state_dir / "snapshots", ignore_errors=True)
     (state_dir / "snapshots").write_text("not a folder\n")
@@ -390,3 +394,11 @@ def test_a_ci_run_that_cannot_finish_shows_the_forge_no_controller_path(
     assert status.description.startswith("aiworker could not finish ./ci/run: "), status
     assert "<state directory>/snapshots" in status.description, status.description
     assert str(state_dir.resolve()) not in status.description
+    # CI passes once the snapshots' folder is back; the review follows.
+    (state_dir / "snapshots").unlink()
+    assert run_process("ci", "--task", str(task)).exit_code == 0
+    assert run_process("review", "--task", str(task)).exit_code == 0
+    pr = forge.client("worker-bot").pulls("team", "app", state="all")[0].number
+    [posted] = forge.client("worker-bot").reviews("team", "app", pr)
+    assert "See <state directory>/workspaces/task-1-review-3/repo/calc.py." in posted.body
+    assert str(state_dir) not in posted.body

@@ -4,8 +4,13 @@ the forge that decides, per task, whether it carries on or is held."""
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import sqlite3
 import stat
+import subprocess
+import sys
+import time
 
 from tests.forge_fixtures import git
 from tests.helpers import run_process
@@ -208,3 +213,41 @@ def test_a_restore_that_did_not_finish_starts_no_work_and_odd_paths_are_kept_who
         refused = run_process("--state-dir", str(target), "--json", *args)
         assert refused.exit_code == 75, (args, refused)
         assert "did not finish" in refused.json()["error"]["message"]
+
+
+def test_a_stopped_restore_leaves_its_directory_empty_and_a_second_one_touches_nothing(
+    upgraded, tmp_path
+):
+    """While one restore runs, a second one into the same directory is refused and
+    touches nothing; the first, stopped, removes what it made (the store first, its marker
+    last), so that the same command runs again."""
+    snapshot, folder, _made = _backup(tmp_path)
+    target = tmp_path / "restored"
+    argv = [sys.executable, "-m", "aiworker", "--state-dir", str(target), "--json", "restore"]
+    argv += ["--from", str(snapshot), "--artifacts", str(folder)]
+    first = subprocess.Popen(
+        argv,
+        env={**os.environ, "AIWORKER_FAILPOINT": "backup.copying:hang"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (target / "restore.incomplete").exists():
+            assert time.monotonic() < deadline
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        made = sorted(p.name for p in target.iterdir())
+        second = _restore(target, snapshot, folder)
+        assert second.exit_code in (2, 75), second
+        assert sorted(p.name for p in target.iterdir()) == made
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 143, (out, err)
+    assert sorted(p.name for p in target.iterdir()) == ["locks"]
+    again = _restore(target, snapshot, folder)
+    assert again.exit_code == 0, again
+    assert not (target / "restore.incomplete").exists()

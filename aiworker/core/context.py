@@ -67,10 +67,12 @@ class Environment:
 
     def for_the_forge(self, text: str) -> str:
         """TEXT as the forge may show it: this controller's state directory (where its
-        files are, in either spelling) named, not spelled out."""
+        files are, in either spelling) named, not spelled out; only where it stands as a
+        path of its own, never inside a URL or a longer name."""
         spellings = {str(self.state_dir.resolve()), str(self.state_dir.absolute())} - {"/"}
         for path in sorted(spellings, key=len, reverse=True):  # one inside the other: it first
-            text = text.replace(path, "<state directory>")
+            own = re.compile(rf"(?<![\w.:/~-]){re.escape(path)}(?=/|[^\w.~-]|$)")
+            text = own.sub("<state directory>", text)
         return text
 
     def attempt_tag(self, phase: str, attempt_id: int) -> str:

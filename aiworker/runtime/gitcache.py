@@ -31,9 +31,11 @@ class GitCacheError(AiworkerError):
 
 
 def _refuse_full(cache: Path, stderr: str) -> None:
-    """Git's failure in CACHE, when it says the disk is full: the installation's to fix
-    (exit 75), not a failure of the work."""
-    if any(word in stderr.lower() for word in FULL_WORDS):
+    """Git's failure in CACHE, when it says this host's disk is full (not the forge's,
+    whose words come on `remote:` lines): the installation's to fix (exit 75), not a
+    failure of the work."""
+    own = [line for line in stderr.lower().splitlines() if not line.startswith("remote:")]
+    if any(word in line for line in own for word in FULL_WORDS):
         raise DiskFull(f"git cache {cache}: the disk is full; free space")
 
 

@@ -29,12 +29,14 @@ from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.artifact_files import ArtifactFiles
 from aiworker.runtime.atomic import fsync_directory, write_private_file
+from aiworker.runtime.interrupts import ignore_signals
 from aiworker.store.artifacts import live_digests, mark_removed
 from aiworker.store.backup import NotASnapshot, backup_sqlite, snapshot_revision
 from aiworker.store.engine import Database, default_url, sqlite_path
 from aiworker.store.schema import ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
+LOCKS = "locks"  # LockDir's folder in a state directory
 
 
 @dataclass
@@ -56,12 +58,7 @@ def _refuse_unless_restorable(env: Environment, backup: Path, artifacts: Path | 
     if env.state_dir.exists():
         if not env.state_dir.is_dir():
             raise InvalidInput(f"state directory {env.state_dir} is not a directory")
-        present = sorted(os.listdir(env.state_dir))
-        if present:
-            raise InvalidInput(
-                f"state directory {env.state_dir} is not empty ({', '.join(present[:5])}); "
-                "restore only into an empty one: a restore never mixes with live state"
-            )
+        _refuse_unless_empty(env.state_dir)
     if not backup.is_file():
         raise InvalidInput(f"--from {backup}: no such file")
     if artifacts is not None and not artifacts.is_dir():
@@ -70,6 +67,16 @@ def _refuse_unless_restorable(env: Environment, backup: Path, artifacts: Path | 
         raise InvalidInput(
             f"--artifacts {artifacts} has no {MANIFEST}: the backup that filled it did not "
             "finish; use a complete one"
+        )
+
+
+def _refuse_unless_empty(state_dir: Path) -> None:
+    """Only its lock files (a refused or failed restore's) may be there."""
+    present = sorted(set(os.listdir(state_dir)) - {LOCKS})
+    if present:
+        raise InvalidInput(
+            f"state directory {state_dir} is not empty ({', '.join(present[:5])}); "
+            "restore only into an empty one: a restore never mixes with live state"
         )
 
 
@@ -83,13 +90,20 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
         raise InvalidInput(f"--from {backup}: not a snapshot of an aiworker store")
     ensure_not_newer(revision)
     env.ensure_state_dir()
+    # Taken before anything is written and held to the end: a second restore into the
+    # same directory is refused having touched nothing.
+    maintenance = env.locks.maintenance()
     try:
-        return _restore(env, backup, artifacts, revision)
-    except BaseException:
-        # The directory was empty: what is in it now this restore made, and it goes, so
-        # that the same command can run again once its cause is fixed (a full disk).
-        _empty(env.state_dir)
-        raise
+        _refuse_unless_empty(env.state_dir)  # again: another restore may have ended meanwhile
+        try:
+            return _restore(env, backup, artifacts, revision)
+        except BaseException:
+            # The directory was empty: what is in it now this restore made, and it goes,
+            # so that the same command can run again once its cause is fixed (a full disk).
+            _empty(env.state_dir)
+            raise
+    finally:
+        maintenance.release()
 
 
 def _restore(
@@ -99,40 +113,46 @@ def _restore(
     # stays and the tick refuses (remove the directory and restore again).
     marker = env.state_dir / RESTORING
     write_private_file(marker, f"restoring {backup}\n".encode())
-    maintenance = env.locks.maintenance()
+    target = sqlite_path(env.database_url)
+    assert target is not None
+    backup_sqlite(backup, target)
+    report = RestoreReport(str(env.state_dir), str(backup), revision)
+    db = Database(env.database_url)
     try:
-        target = sqlite_path(env.database_url)
-        assert target is not None
-        backup_sqlite(backup, target)
-        report = RestoreReport(str(env.state_dir), str(backup), revision)
-        db = Database(env.database_url)
-        try:
-            upgrade(db)
-            report.artifacts = _payloads(env, db, artifacts)
-            report.recovered = _release_the_old_hosts_claims(env, db)
-            from aiworker.core.maintenance.restore_check import verify_tasks
+        upgrade(db)
+        report.artifacts = _payloads(env, db, artifacts)
+        report.recovered = _release_the_old_hosts_claims(env, db)
+        from aiworker.core.maintenance.restore_check import verify_tasks
 
-            report.tasks = verify_tasks(env, db)
-        finally:
-            db.dispose()
-        marker.unlink()
-        fsync_directory(env.state_dir)
+        report.tasks = verify_tasks(env, db)
     finally:
-        maintenance.release()
+        db.dispose()
+    marker.unlink()
+    fsync_directory(env.state_dir)
     held = sum(t["outcome"] == "held" for t in report.tasks)
     log.info("restored %s into %s; %d tasks held", backup, env.state_dir, held)
     return report
 
 
 def _empty(folder: Path) -> None:
-    for path in folder.iterdir():
+    """Remove what the restore made in FOLDER (its lock files stay): the store first, its
+    marker last and only when all else went, since without the marker a tick would start
+    work on a store never checked. A second signal must not cut it short (the command's
+    end puts the handlers back)."""
+    ignore_signals()
+    made = [p for p in folder.iterdir() if p.name not in (LOCKS, RESTORING)]
+    left = False
+    for path in sorted(made, key=lambda p: not p.name.startswith("aiworker.db")):
         try:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink()
         except OSError as exc:
+            left = True
             log.warning("restore: cannot remove %s after it failed: %s", path, exc.strerror)
+    if not left:
+        (folder / RESTORING).unlink(missing_ok=True)
 
 
 def _payloads(env: Environment, db: Database, folder: Path | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from aiworker import logs
 from aiworker.core.context import Environment
+from aiworker.core.maintenance.storage import space_shortage
 from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import land_after_failure
@@ -182,7 +183,9 @@ class Job:
         # this attempt's fault, so it is refunded; the task waits where it retries. A full
         # disk after inference is held for the operator: retried by itself, a run whose
         # own output fills the disk would spend inference again and again.
-        full = disk_full(exc)
+        full = disk_full(exc) or (
+            disk_full(exc, words=True) and space_shortage(self.env) is not None
+        )
         outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE or full
         held = (getattr(exc, "installation", False) and not self.spent) or (full and self.spent)
         transient = (outside and not self.spent) or held

@@ -84,7 +84,7 @@ def plan(job: Job) -> Outcome:
         body = plan_comment(
             task.id, milestones, config.labels.approved, config.planning.approve_command
         )
-        posted = planner.create_comment(*where, f"{body}\n{marker}").id
+        posted = planner.create_comment(*where, f"{job.env.for_the_forge(body)}\n{marker}").id
     failpoint("planning.after_post")
     spec = {
         "milestones": [m.model_dump() for m in milestones],

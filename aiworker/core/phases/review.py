@@ -161,7 +161,7 @@ def _post(reviewer: ForgejoClient, login: str, job: Job, decided: Decided) -> in
         repo.name,
         job.pr,
         event=decided.event,
-        body=f"{review_body(decided)}\n\n{marker}",
+        body=f"{job.env.for_the_forge(review_body(decided))}\n\n{marker}",
         commit_id=decided.head,
     )
     return posted.id

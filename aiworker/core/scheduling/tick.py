@@ -192,7 +192,7 @@ def _end_overdue(env: Environment, db: Database) -> tuple[list[Any], list[Any]]:
     from aiworker.core.tasks.deadlines import end_overdue, stop_stuck
 
     stopped = stop_stuck(env, db) if running else []
-    return stopped, end_overdue(env, db)
+    return stopped, end_overdue(env, db) if waiting or stopped else []
 
 
 def _sweep_guests(env: Environment) -> list[str]:

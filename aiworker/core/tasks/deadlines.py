@@ -118,13 +118,14 @@ def stop_stuck(env: Environment, db: Database) -> list[dict[str, Any]]:
     for task_id, start in late.items():
         reason = (
             f"its job still ran {limits.stuck} s after its deadline ({_hours(limits.task)} "
-            f"from its start at {start.isoformat(timespec='seconds')}): stuck, so stopped"
+            f"from its start at {start.isoformat(timespec='seconds')}), so it was stopped"
         )
-        log.warning("task %d: %s", task_id, reason)
         with db.read() as session:
             task = existing_task(session, task_id)
         pids = stop_jobs(env, db, task, reason)
-        stopped.append({"task": task_id, "pids": pids, "reason": reason})
+        if pids:  # else it ended meanwhile
+            log.warning("task %d: %s", task_id, reason)
+            stopped.append({"task": task_id, "pids": pids, "reason": reason})
     return stopped
 
 

@@ -128,9 +128,10 @@ def stop_jobs(
             break
         signal_all(left, signal.SIGKILL)
         time.sleep(0.05)
-    with db.write() as session:
-        data = {"pids": sorted(tree), "reason": why}
-        append_event(session, "task.jobs_stopped", task_id=task.id, data=data)
+    if tree:  # none: nothing ran, and nothing was stopped
+        with db.write() as session:
+            data = {"pids": sorted(tree), "reason": why}
+            append_event(session, "task.jobs_stopped", task_id=task.id, data=data)
     return sorted(tree)
 
 

@@ -234,16 +234,17 @@ def request(
     timer = threading.Timer(within, give_up)
     timer.daemon = True
     timer.start()
+    unreachable = GuestUnreachable(f"the guest did not answer {name} within {within:.0f} s")
     try:
         getattr(channel, name)(argument)
     except Exception:
         if unanswered.is_set():
-            raise GuestUnreachable(
-                f"the guest did not answer {name} within {within:.0f} s"
-            ) from None
+            raise unreachable from None
         raise
     finally:
         timer.cancel()
+    if unanswered.is_set():  # answered as the limit passed: the channel is closed all the same
+        raise unreachable
 
 
 def pump(
