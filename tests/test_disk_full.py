@@ -17,7 +17,7 @@ from tests.helpers import configure, run_process
 from tests.test_fault_injection import tick
 from tests.test_implement import FIX, query, result_doc
 from tests.test_retention import _age
-from tests.test_storage_reserve import MIB, small_disk  # noqa: F401 - fixture
+from tests.test_storage_reserve import MIB, ext4, small_disk  # noqa: F401 - fixture
 
 
 def _fill(disk: Path) -> Path:
@@ -240,13 +240,7 @@ def test_a_backup_that_runs_out_of_room_leaves_nothing_behind(
     _implemented(forge, tmp_path, monkeypatch, cli)
     size = (small_disk / "aiworker.db").stat().st_size
     # ext4 in 4 KiB blocks, as an installation's disk (a tmpfs never failed this way).
-    image, target = tmp_path / "ext4.img", tmp_path / "target"
-    target.mkdir()
-    image.write_bytes(b"")
-    os.truncate(image, 16 * MIB)
-    subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-b", "4096", str(image)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(target)], check=True)
-    try:
+    with ext4(tmp_path, 4096) as target:
         filler = _fill(target)
         for free in range(size // 2, size + 64 * 1024, 32 * 1024):
             os.truncate(filler, 0)
@@ -259,8 +253,6 @@ def test_a_backup_that_runs_out_of_room_leaves_nothing_behind(
             left = sorted(p.name for p in target.glob("*b.db*"))
             assert left == (["b.db"] if done.exit_code == 0 else []), (free, left)
             (target / "b.db").unlink(missing_ok=True)
-    finally:
-        subprocess.run(["umount", str(target)], check=False)
 
 
 def test_a_restore_that_runs_out_of_room_can_simply_be_run_again(

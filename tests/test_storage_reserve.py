@@ -5,6 +5,7 @@ next tick after space is freed starts the work."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 
@@ -33,6 +34,21 @@ def small_disk(tmp_path, monkeypatch):
         yield state
     finally:
         subprocess.run(["umount", "--lazy", str(state)], check=False)
+
+
+@contextlib.contextmanager
+def ext4(tmp_path, block: int, mib: int = 16):
+    """A real ext4 file system of BLOCK-byte blocks on a loop device, mounted for the block."""
+    image, mounted = tmp_path / f"ext4-{block}.img", tmp_path / f"ext4-{block}"
+    mounted.mkdir()
+    image.write_bytes(b"")
+    os.truncate(image, mib * MIB)
+    subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-b", str(block), str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mounted)], check=True)
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
 
 
 def free(path) -> int:
@@ -86,3 +102,24 @@ def test_under_the_reserve_doctor_warns_and_no_new_work_starts(
     assert cli("--json", "status").json()["low_space"] is None
     assert [job["task"] for job in going["started"]] == [1]
     assert query(db, "select state from tasks") == [("implemented",)]
+
+
+def test_doctor_warns_of_a_state_directory_on_blocks_smaller_than_a_page(
+    tmp_path, monkeypatch, cli
+):
+    """SQLite maps its shared memory page by page; on 1 KiB blocks a full disk leaves
+    part of a page unbacked and the next command touching it dies with SIGBUS."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    assert cli("config", "set", "storage.reserve_gib", "0").exit_code == 0  # a small disk
+    with ext4(tmp_path, 1024) as small:
+        monkeypatch.setenv("AIWORKER_STATE_DIR", str(small / "state"))
+        checks = cli("--json", "doctor").json()["checks"]
+        [storage] = [c for c in checks if c["name"] == "storage"]
+        assert storage["status"] == "warn", storage
+        assert "1024-byte blocks, smaller than a memory page (4096)" in storage["detail"]
+    with ext4(tmp_path, 4096) as fine:
+        monkeypatch.setenv("AIWORKER_STATE_DIR", str(fine / "state"))
+        checks = cli("--json", "doctor").json()["checks"]
+        [storage] = [c for c in checks if c["name"] == "storage"]
+        assert storage["status"] == "ok", storage

@@ -4,6 +4,7 @@ work before a write fails half-way; recovery and cleanup (which frees space) go 
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -15,14 +16,23 @@ MIB = 1024**2
 FLOOR = 8 * MIB  # with no reserve configured: full, for a step's records
 
 
-def free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer may still use on the file system of PATH (or of its
-    nearest existing parent: a state directory not made yet)."""
+def _stats(path: Path) -> os.statvfs_result:
+    """The file system of PATH, or of its nearest existing parent (a state directory not
+    made yet)."""
     probe = path.absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    stats = os.statvfs(probe)
+    return os.statvfs(probe)
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the file system of PATH."""
+    stats = _stats(path)
     return stats.f_bavail * stats.f_frsize
+
+
+def block_size(path: Path) -> int:
+    return _stats(path).f_bsize
 
 
 def space_shortage(env: Environment, free: int | None = None) -> str | None:
@@ -51,6 +61,15 @@ def storage_check(env: Environment) -> Check:
     shortage = space_shortage(env, free)
     if shortage is not None:
         return Check("storage", "warn", shortage)
+    block = block_size(env.state_dir)
+    if block < mmap.PAGESIZE:
+        return Check(
+            "storage",
+            "warn",
+            f"{env.state_dir} is on a file system of {block}-byte blocks, smaller than a "
+            f"memory page ({mmap.PAGESIZE}): when it fills, the store's shared memory can "
+            "end any command with SIGBUS; keep it on one of 4 KiB blocks (mkfs.ext4 -b 4096)",
+        )
     reserve = env.loaded.config.storage.reserve_gib
     kept = f"reserve {reserve:g} GiB" if reserve > 0 else "no reserve configured"
     return Check("storage", "ok", f"{free / GIB:.2f} GiB free for {env.state_dir} ({kept})")
