@@ -14,6 +14,19 @@ def write_scenario(path, **scenario):
     return path
 
 
+def script_installation(tmp_path, forge, monkeypatch, extra: str, **scenario):
+    """The sandbox forge's configuration with the script provider playing SCENARIO (in
+    tmp_path/scenario.json), and EXTRA (TOML tables) after it; its path."""
+    config = configure(tmp_path, forge, monkeypatch)
+    write_scenario(tmp_path / "scenario.json", **scenario)
+    config.write_text(
+        '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
+        + config.read_text()
+        + extra
+    )
+    return config
+
+
 @pytest.fixture
 def claimed(forge, upgraded, tmp_path, monkeypatch, cli):
     config = configure(tmp_path, forge, monkeypatch)

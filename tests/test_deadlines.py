@@ -10,7 +10,7 @@ import time
 from datetime import datetime
 
 from aiworker.runtime.processes import process_alive
-from tests.delivery_fixtures import write_scenario
+from tests.delivery_fixtures import script_installation, write_scenario
 from tests.helpers import configure
 from tests.test_fault_injection import tick
 from tests.test_implement import FIX, query, result_doc
@@ -166,12 +166,9 @@ def test_a_job_stuck_past_its_deadline_is_stopped_and_the_task_ended(
     """A job that hangs after its provider run (a call that never returns) keeps its
     heartbeat, so recovery would leave it for ever: the tick stops it once it ran
     `deadlines.stuck` past its task's deadline, and the deadline ends the task."""
-    config = configure(tmp_path, forge, monkeypatch)
-    write_scenario(tmp_path / "scenario.json", edits={"calc.py": FIX}, result=result_doc())
-    config.write_text(
-        '\nproviders = ["script"]\n[provider_options.script]\nscenario = "scenario.json"\n'
-        + config.read_text()
-        + f"[scheduler]\nfollow_up = false\n[deadlines]\ntask = {DEADLINE_S}\nstuck = 2\n"
+    extra = f"[scheduler]\nfollow_up = false\n[deadlines]\ntask = {DEADLINE_S}\nstuck = 2\n"
+    script_installation(
+        tmp_path, forge, monkeypatch, extra, edits={"calc.py": FIX}, result=result_doc()
     )
     assert cli("poll").exit_code == 0
     with monkeypatch.context() as scoped:
