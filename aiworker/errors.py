@@ -124,6 +124,13 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk is full", "out of diskspace")
 
 
+def says_disk_full(stderr: str) -> bool:
+    """Whether a local tool's STDERR (git's) says the disk is full; a forge's words, on
+    git's `remote:` lines, are about the forge's disk."""
+    own = [line for line in stderr.lower().splitlines() if not line.startswith("remote:")]
+    return any(word in line for line in own for word in FULL_WORDS)
+
+
 def disk_full(exc: BaseException, *, words: bool = False) -> bool:
     """Whether EXC, or what it was raised from, is a write that found this host's disk
     full: a DiskFull, or an OSError that says so. WORDS: also an error that only carries a

@@ -284,3 +284,35 @@ def test_a_restore_that_runs_out_of_room_can_simply_be_run_again(
     again = run_process(*argv)
     assert again.exit_code == 0, again
     assert not (target / "restore.incomplete").exists()
+
+
+def test_a_workspace_that_cannot_grow_is_a_full_disk_and_costs_no_attempt(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """A phase whose workspace cannot be made on a nearly full disk fails as a full disk,
+    exit 75, before any inference: what the workspace took is given back, its attempt is
+    closed refunded, and the task waits where it retries (the next tick's recovery lands
+    it when even that record found no room), without one attempt charged."""
+    _configured(forge, tmp_path, monkeypatch, cli)
+    database = small_disk / "aiworker.db"
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"]
+    filler = _fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - 256 * 1024)
+    full = run_process("--json", "implement", "--task", "1", "--slot", "1")
+    assert full.exit_code == 75, full
+    assert "workspace" in full.json()["error"]["message"]
+    assert "the disk is full" in full.json()["error"]["message"]
+    assert not list((small_disk / "workspaces").iterdir())
+    rows = query(database, "select outcome, refunded, finished_at is not null from attempts")
+    assert rows == [("unavailable", 1, 1)], full.stderr[-3000:]
+
+    filler.unlink()
+    assert cli("scheduler", "pause").exit_code == 0
+    tick(cli, monkeypatch)
+    assert query(database, "select state, claim_slot from tasks") == [("ready", None)]
+    rows = query(database, "select outcome, refunded from attempts")
+    assert rows == [("unavailable", 1)]  # recovery charged nothing more

@@ -16,7 +16,7 @@ import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from aiworker.errors import FULL_WORDS, AiworkerError, DiskFull
+from aiworker.errors import AiworkerError, DiskFull, says_disk_full
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
 
@@ -34,8 +34,7 @@ def _refuse_full(cache: Path, stderr: str) -> None:
     """Git's failure in CACHE, when it says this host's disk is full (not the forge's,
     whose words come on `remote:` lines): the installation's to fix (exit 75), not a
     failure of the work."""
-    own = [line for line in stderr.lower().splitlines() if not line.startswith("remote:")]
-    if any(word in line for line in own for word in FULL_WORDS):
+    if says_disk_full(stderr):
         raise DiskFull(f"git cache {cache}: the disk is full; free space")
 
 
@@ -310,6 +309,7 @@ class GitCache:
                     f"merging {base} into {head} conflicts in: {', '.join(lines[1:])}"
                 )
             if merged.returncode not in (0, 1) or not FULL_HASH.match(lines[0]):
+                _refuse_full(self.path(index), merged.stderr)
                 raise GitCacheError(
                     f"cannot merge {base} into {head}: {merged.stderr.strip()[:300]}"
                 )
@@ -326,6 +326,7 @@ class GitCache:
                 env=identity,
             )
             if not commit.ok:
+                _refuse_full(self.path(index), commit.stderr)
                 raise GitCacheError(f"cannot record the merge: {commit.stderr.strip()[:300]}")
             full = commit.stdout.strip()
             self._must(index, "update-ref", f"{ref}-conflicted" if conflicts else ref, full)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from aiworker.errors import AiworkerError
+from aiworker.errors import AiworkerError, DiskFull, says_disk_full
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.bubblewrap import Jail, installed, jailed
 from aiworker.runtime.credentials import adopt, copy_home, credential_files
@@ -60,6 +60,8 @@ def _git(workspace: Workspace, *args: str, strip: bool = True) -> str:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV}
     argv = ["git", *_GIT_PINNED, "-C", str(workspace.repo), *args]
     result = run_command(argv, env=env, timeout=300)
+    if not result.ok and says_disk_full(result.stderr):
+        raise DiskFull(f"workspace {workspace.root}: the disk is full; free space")
     if not result.ok:
         raise WorkspaceError(
             f"git {args[0]} failed in the workspace: {result.stderr.strip()[:300]}"
@@ -76,19 +78,24 @@ def prepare_workspace(
     detached: bool = False,
 ) -> Workspace:
     """Check out BASE_REF of BUNDLE on branch `work` (or DETACHED at it, for a phase that
-    changes nothing) and write the phase's inputs."""
+    changes nothing) and write the phase's inputs. One that fails part-way is removed (on
+    a full disk, what it wrote is the room the failure's record needs)."""
     if root.exists():
         raise WorkspaceError(f"workspace {root} already exists")
     root.mkdir(mode=0o700, parents=True)
     workspace = Workspace(root)
-    workspace.repo.mkdir()
-    _git(workspace, "init", "-q")
-    _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
-    if detached:
-        _git(workspace, "checkout", "-q", "--detach", "base")
-    else:
-        _git(workspace, "checkout", "-q", "-b", "work", "base")
-    write_inputs(workspace, inputs)
+    try:
+        workspace.repo.mkdir()
+        _git(workspace, "init", "-q")
+        _git(workspace, "fetch", "-q", str(bundle), f"{base_ref}:refs/heads/base")
+        if detached:
+            _git(workspace, "checkout", "-q", "--detach", "base")
+        else:
+            _git(workspace, "checkout", "-q", "-b", "work", "base")
+        write_inputs(workspace, inputs)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     return workspace
 
 
