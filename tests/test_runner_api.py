@@ -6,6 +6,7 @@ runner route on the operator's)."""
 from __future__ import annotations
 
 import base64
+import socket
 import threading
 import time
 
@@ -273,3 +274,26 @@ def test_a_lease_answers_only_the_token_that_claimed_it(upgraded, tmp_path, monk
             assert call(runner, f"{job}/release", proof).json() == {"released": True}
     finally:
         db.dispose()
+
+
+def test_an_idle_connection_outlives_a_heartbeat_interval(fleet):
+    """A runner keeps its connection for the next heartbeat; the server must not close it
+    after a few idle seconds (a request sent as it closes is reset, and the job failed)."""
+    _operator, runner, _db = fleet
+    host, port = runner.removeprefix("http://").split(":")
+    ask = (
+        f"GET /api/runner/v1/health HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        answers = conn.makefile("rb")
+        for idle in (0, 7):  # then past uvicorn's own 5 s
+            time.sleep(idle)
+            conn.sendall(ask)
+            status = answers.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            headers = dict(
+                line.decode().lower().rstrip("\r\n").split(": ", 1)
+                for line in iter(answers.readline, b"\r\n")
+            )
+            assert b'"ok":true' in answers.read(int(headers["content-length"]))

@@ -19,6 +19,7 @@ from aiworker.errors import AiworkerError, InvalidInput, Refused, Unavailable
 API = "/api/runner/v1"
 LEASE_HEADER = "X-Aiworker-Lease"  # a snapshot is served to the lease that needs it
 CALL_TIMEOUT_S = 10.0
+SLOWEST_UPLINK = 8 * 1024  # bytes a second an upload is given time for
 # An artifact goes in chunks of at most this: a chunk and its request stay under the
 # runner API's 1 MiB body bound.
 CHUNK_BYTES = 512 * 1024
@@ -124,7 +125,9 @@ class RunnerApi:
         path = f"/jobs/{pair[0]}/{pair[1]}/artifacts/{digest}"
         headers = {LEASE_HEADER: token, "Content-Type": "application/octet-stream"}
         params = {"offset": at[0], "size": at[1]}
-        answer = self._call("PUT", path, data=data, params=params, headers=headers)
+        # A chunk on a slow uplink takes its time: the limit grows with its size.
+        slow = max(self.timeout_s, len(data) / SLOWEST_UPLINK)
+        answer = self._call("PUT", path, data=data, params=params, headers=headers, timeout_s=slow)
         return answer.json()  # type: ignore[no-any-return]
 
     def download(

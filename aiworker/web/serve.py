@@ -19,6 +19,8 @@ from aiworker.errors import InvalidInput, Unavailable
 from aiworker.runtime.listen import is_loopback, parse_listen
 from aiworker.secrets import register_secret
 
+KEEP_ALIVE_S = 75  # an idle connection is kept this long (uvicorn's own default is 5 s)
+
 
 def allowed_hosts(host: str, port: int) -> set[str]:
     """The Host headers this server answers to: its own address (and, on loopback, the
@@ -126,7 +128,15 @@ def serve(
         await asyncio.gather(
             *(
                 uvicorn.Server(
-                    uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+                    uvicorn.Config(
+                        app,
+                        log_level="warning",
+                        access_log=False,
+                        lifespan="off",
+                        # Longer than a runner's heartbeat interval: a connection it keeps
+                        # for the next beat is not closed under it (a reset, not retried).
+                        timeout_keep_alive=KEEP_ALIVE_S,
+                    )
                 ).serve(sockets=[bound])
                 for app, bound in servers
             )

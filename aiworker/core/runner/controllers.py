@@ -5,12 +5,16 @@ local_controller.py). Both answer with the same documents and raise the same err
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from aiworker.adapters.runner_api import RunnerApi, TooLarge
+from aiworker.adapters.runner_api import RunnerApi, ServerUnavailable, TooLarge
 from aiworker.core.runner.materialise import Fetcher, SnapshotRejected
 from aiworker.core.runner.snapshots import MANIFEST
+
+log = logging.getLogger(__name__)
 
 
 class Controller(Protocol):
@@ -72,20 +76,39 @@ class RemoteController:
 
 
 class _RemoteFetcher:
+    """A snapshot's files from the controller. A download the network or a restarting
+    controller broke is tried again (its partial file removed first): a brief hiccup must
+    not end the job as failed; one that lasts does, after the last try."""
+
+    TRIES = 4  # waiting 1, 2, then 4 s between them
+
     def __init__(self, api: RunnerApi, prefix: str, lease: str) -> None:
         self.api, self.prefix, self.lease = api, prefix, lease
 
     def manifest(self, limit: int) -> bytes:
         try:
-            return self.api.download(f"{self.prefix}/{MANIFEST}", limit, lease=self.lease)
+            return self._again(f"{self.prefix}/{MANIFEST}", limit, None)
         except TooLarge as exc:
             raise SnapshotRejected("snapshot_too_large", str(exc)) from None
 
     def pack(self, number: int, dest: Path, limit: int) -> None:
         try:
-            self.api.download(f"{self.prefix}/pack-{number}", limit, dest, self.lease)
+            self._again(f"{self.prefix}/pack-{number}", limit, dest)
         except TooLarge as exc:
             raise SnapshotRejected("snapshot_checksum_mismatch", str(exc)) from None
+
+    def _again(self, path: str, limit: int, dest: Path | None) -> bytes:
+        for attempt in range(self.TRIES):
+            try:
+                return self.api.download(path, limit, dest, self.lease)
+            except ServerUnavailable as exc:
+                if dest is not None:
+                    dest.unlink(missing_ok=True)  # a part of it is no use
+                if attempt == self.TRIES - 1:
+                    raise
+                log.warning("downloading %s broke (%s); trying again", path, exc.message)
+                time.sleep(2**attempt)
+        raise AssertionError("unreachable")  # the last try returns or raises
 
 
 TOKEN_VARIABLE = "AIWORKER_SERVER_TOKEN"  # noqa: S105 (a variable name, not a token)
