@@ -113,10 +113,13 @@ def run_leased(
     cancel = cancel or threading.Event()
     leases = (_lease_left(claimed), float(claimed.get("lease_seconds") or _lease_left(claimed)))
     keeper = LeaseKeeper(controller, pair, token, leases, options.heartbeat_interval_s, cancel)
+    keeper.confirm()
     keeper.start()
     ran_ms = 0
     try:
         try:
+            if keeper.lost.is_set():
+                raise RequestRejected("lease_lost", "the controller refuses the lease")
             request = _check(parse_request(json.dumps(claimed["request"]).encode()), pair)
             # The logs get half the delivery's time: the result itself matters more.
             sending = (controller, pair, token, options.delivery_deadline_s / 2, cancel)

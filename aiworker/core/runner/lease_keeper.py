@@ -54,16 +54,30 @@ class LeaseKeeper(threading.Thread):
             if sent < next_beat:
                 continue
             next_beat = sent + self.interval
-            try:
-                # A beat that cannot be answered before the lease ends is not waited for.
-                self.controller.heartbeat(self.pair, self.token, self.expires - sent)
-                self.expires = sent + self.lease_s
-            except (LeaseGone, Refused) as exc:
-                if not self.delivering:
-                    self._lose(f"the controller refuses the lease: {exc.message}")
+            if not self._beat(sent):
                 return
-            except Exception as exc:  # any failed beat: the expiry decides
-                log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)
+
+    def confirm(self) -> None:
+        """One beat before the job starts, its renewal counted from when it was sent: the
+        claim's answer may have come late (a slow or one-way network) and its lease began
+        at the controller before that, so that counting it from the answer would run the
+        job past it, beside the runner that claims it next. A beat that fails leaves the
+        claim's lease, less its margin."""
+        self._beat(time.monotonic())
+
+    def _beat(self, sent: float) -> bool:
+        """One heartbeat sent at SENT; False when the lease is refused (lost)."""
+        try:
+            # A beat that cannot be answered before the lease ends is not waited for.
+            self.controller.heartbeat(self.pair, self.token, self.expires - sent)
+            self.expires = sent + self.lease_s
+        except (LeaseGone, Refused) as exc:
+            if not self.delivering:
+                self._lose(f"the controller refuses the lease: {exc.message}")
+            return False
+        except Exception as exc:  # any failed beat: the expiry decides
+            log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)
+        return True
 
     def _lose(self, why: str) -> None:
         log.warning("worker job %d/%d: %s; ending the job", *self.pair, why)
