@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Event
 
 import pytest
 
@@ -52,19 +53,29 @@ def server():
 
 def test_a_pack_cut_short_is_fetched_again_whole(server, tmp_path):
     Cutting.cuts = 2
-    fetcher = RemoteController(RunnerApi(server, "token")).fetcher(1, "snap", "lease")
+    fetcher = RemoteController(RunnerApi(server, "token")).fetcher(1, "snap", "lease", Event())
     dest = tmp_path / "pack-0"
     fetcher.pack(0, dest, 2 * len(PACK))
     assert dest.read_bytes() == PACK
     assert Cutting.seen == ["/api/runner/v1/snapshots/1/snap/pack-0"] * 3
 
 
-def test_a_pack_that_stays_broken_fails_after_the_last_try(server, tmp_path, monkeypatch):
+def test_a_pack_that_stays_broken_fails_after_the_last_try(server, tmp_path):
     Cutting.cuts = 100
-    monkeypatch.setattr("time.sleep", lambda _s: None)  # the backoff, not the transfer
-    fetcher = RemoteController(RunnerApi(server, "token")).fetcher(1, "snap", "lease")
+    fetcher = RemoteController(RunnerApi(server, "token")).fetcher(1, "snap", "lease", Event())
     dest = tmp_path / "pack-0"
     with pytest.raises(ServerUnavailable):
         fetcher.pack(0, dest, 2 * len(PACK))
     assert len(Cutting.seen) == 4
     assert not dest.exists()
+
+
+def test_a_stopped_job_tries_no_download_again(server, tmp_path):
+    """Its lease went, or the runner stops: what it would fetch is no use any more."""
+    Cutting.cuts = 100
+    stopped = Event()
+    stopped.set()
+    fetcher = RemoteController(RunnerApi(server, "token")).fetcher(1, "snap", "lease", stopped)
+    with pytest.raises(ServerUnavailable):
+        fetcher.pack(0, tmp_path / "pack-0", 2 * len(PACK))
+    assert len(Cutting.seen) == 1

@@ -117,7 +117,7 @@ def test_doctor_warns_of_a_state_directory_on_blocks_smaller_than_a_page(
         checks = cli("--json", "doctor").json()["checks"]
         [storage] = [c for c in checks if c["name"] == "storage"]
         assert storage["status"] == "warn", storage
-        assert "1024-byte blocks, smaller than a memory page (4096)" in storage["detail"]
+        assert "1024-byte blocks, smaller than the 4096 bytes SQLite" in storage["detail"]
     with ext4(tmp_path, 4096) as fine:
         monkeypatch.setenv("AIWORKER_STATE_DIR", str(fine / "state"))
         checks = cli("--json", "doctor").json()["checks"]

@@ -7,6 +7,7 @@ Rejected. Downloads stop at their declared size.
 
 from __future__ import annotations
 
+import json
 import os
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -111,7 +112,9 @@ class RunnerApi:
         self, pair: tuple[int, int], kind: str, token: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         path = f"/jobs/{pair[0]}/{pair[1]}/{kind}"
-        return self._call("POST", path, {"lease_token": token, **body}).json()  # type: ignore[no-any-return]
+        document = {"lease_token": token, **body}
+        slow = max(self.timeout_s, len(json.dumps(document)) / SLOWEST_UPLINK)  # its tails
+        return self._call("POST", path, document, timeout_s=slow).json()  # type: ignore[no-any-return]
 
     def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]:
         """How much of artifact DIGEST the controller holds for the job of lease TOKEN."""

@@ -4,16 +4,17 @@ work before a write fails half-way; recovery and cleanup (which frees space) go 
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
 from aiworker.core.context import Environment
 from aiworker.core.health import Check
+from aiworker.store.engine import sqlite_path
 
 GIB = 1024**3
 MIB = 1024**2
 FLOOR = 8 * MIB  # with no reserve configured: full, for a step's records
+SHM_PAGE = 4096  # SQLite writes a byte every this many to back its shared memory
 
 
 def _stats(path: Path) -> os.statvfs_result:
@@ -62,13 +63,14 @@ def storage_check(env: Environment) -> Check:
     if shortage is not None:
         return Check("storage", "warn", shortage)
     block = block_size(env.state_dir)
-    if block < mmap.PAGESIZE:
+    if block < SHM_PAGE and sqlite_path(env.database_url) is not None:
         return Check(
             "storage",
             "warn",
-            f"{env.state_dir} is on a file system of {block}-byte blocks, smaller than a "
-            f"memory page ({mmap.PAGESIZE}): when it fills, the store's shared memory can "
-            "end any command with SIGBUS; keep it on one of 4 KiB blocks (mkfs.ext4 -b 4096)",
+            f"{env.state_dir} is on a file system of {block}-byte blocks, smaller than the "
+            f"{SHM_PAGE} bytes SQLite backs its shared memory by: when it fills, the store's "
+            "shared memory can end any command with SIGBUS; keep it on one of 4 KiB blocks "
+            "(mkfs.ext4 -b 4096)",
         )
     reserve = env.loaded.config.storage.reserve_gib
     kept = f"reserve {reserve:g} GiB" if reserve > 0 else "no reserve configured"

@@ -242,11 +242,12 @@ def _filler(
 
             def one(target: Path, i: int = index, s: str = snapshot, n: int = number) -> Any:
                 return materialise(
-                    controller.fetcher(i, s, lease), s, target, scratch / f"x{n}", bounds
+                    controller.fetcher(i, s, lease, cancel), s, target, scratch / f"x{n}", bounds
                 )
 
             externals[path] = one
-        fetcher = controller.fetcher(source["repository_index"], source["snapshot_id"], lease)
+        main = (source["repository_index"], source["snapshot_id"])
+        fetcher = controller.fetcher(*main, lease, cancel)
         written = materialise(
             fetcher, source["snapshot_id"], workspace, scratch / "main", bounds, externals
         )

@@ -6,7 +6,7 @@ local_controller.py). Both answer with the same documents and raise the same err
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,9 @@ class Controller(Protocol):
 
     def release(self, pair: tuple[int, int], token: str) -> None: ...
 
-    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher: ...
+    def fetcher(
+        self, repository_index: int, snapshot_id: str, lease: str, cancel: threading.Event
+    ) -> Fetcher: ...
 
     # Sending an artifact (runner/uploads.py): how much is held, then the rest in chunks.
     def artifact_state(self, pair: tuple[int, int], token: str, digest: str) -> dict[str, Any]: ...
@@ -71,19 +73,23 @@ class RemoteController:
     ) -> dict[str, Any]:
         return self.api.send_chunk(pair, token, digest, at, data)
 
-    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher:
-        return _RemoteFetcher(self.api, f"/snapshots/{repository_index}/{snapshot_id}", lease)
+    def fetcher(
+        self, repository_index: int, snapshot_id: str, lease: str, cancel: threading.Event
+    ) -> Fetcher:
+        prefix = f"/snapshots/{repository_index}/{snapshot_id}"
+        return _RemoteFetcher(self.api, prefix, lease, cancel)
 
 
 class _RemoteFetcher:
     """A snapshot's files from the controller. A download the network or a restarting
     controller broke is tried again (its partial file removed first): a brief hiccup must
-    not end the job as failed; one that lasts does, after the last try."""
+    not end the job as failed; one that lasts does, after the last try, and none is tried
+    again once the job is stopped (CANCEL: its lease went, or the runner stops)."""
 
     TRIES = 4  # waiting 1, 2, then 4 s between them
 
-    def __init__(self, api: RunnerApi, prefix: str, lease: str) -> None:
-        self.api, self.prefix, self.lease = api, prefix, lease
+    def __init__(self, api: RunnerApi, prefix: str, lease: str, cancel: threading.Event) -> None:
+        self.api, self.prefix, self.lease, self.cancel = api, prefix, lease, cancel
 
     def manifest(self, limit: int) -> bytes:
         try:
@@ -104,10 +110,9 @@ class _RemoteFetcher:
             except ServerUnavailable as exc:
                 if dest is not None:
                     dest.unlink(missing_ok=True)  # a part of it is no use
-                if attempt == self.TRIES - 1:
+                if attempt == self.TRIES - 1 or self.cancel.wait(2**attempt):
                     raise
                 log.warning("downloading %s broke (%s); trying again", path, exc.message)
-                time.sleep(2**attempt)
         raise AssertionError("unreachable")  # the last try returns or raises
 
 

@@ -5,6 +5,7 @@ reads its snapshots from the state directory (controllers.py: the same over HTTP
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -84,8 +85,10 @@ class LocalController:
     def release(self, pair: tuple[int, int], token: str) -> None:
         release(self.db, pair, token)
 
-    def fetcher(self, repository_index: int, snapshot_id: str, lease: str) -> Fetcher:
-        del lease  # in process: the files are the controller's own
+    def fetcher(
+        self, repository_index: int, snapshot_id: str, lease: str, cancel: threading.Event
+    ) -> Fetcher:
+        del lease, cancel  # in process: the files are the controller's own, read at once
         return _LocalFetcher(snapshot_dir(self.state_dir, repository_index, snapshot_id))
 
 

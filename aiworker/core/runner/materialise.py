@@ -234,8 +234,14 @@ def _download(fetcher: Fetcher, manifest: SnapshotManifest, scratch: Path, bound
     if not manifest.packs:
         return
     with ThreadPoolExecutor(max_workers=min(bounds.transfers, len(manifest.packs))) as pool:
-        for done in [pool.submit(one, n) for n in range(len(manifest.packs))]:
-            done.result()
+        started = [pool.submit(one, n) for n in range(len(manifest.packs))]
+        try:
+            for done in started:
+                done.result()
+        except BaseException:
+            for waiting in started:  # one pack failed: the rest is no use
+                waiting.cancel()
+            raise
 
 
 def _write(manifest: SnapshotManifest, plan: _Plan, target: Path, scratch: Path) -> Materialization:
