@@ -87,10 +87,8 @@ def materialise(
     scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     _download(fetcher, manifest, scratch, bounds)
     counts = _write(manifest, plan, target, scratch)
-    for path in sorted(plan.gitlinks):
-        assert externals is not None
-        inner = externals[path](target / path)
-        counts = _sum(counts, inner)
+    for path in sorted(plan.gitlinks):  # each one locked: checked above
+        counts = _sum(counts, (externals or {})[path](target / path))
     written = directory_tree_id(target, plan.gitlinks)
     if written != snapshot_id:
         raise SnapshotRejected(
@@ -231,16 +229,12 @@ def _download(fetcher: Fetcher, manifest: SnapshotManifest, scratch: Path, bound
                 "snapshot_checksum_mismatch", f"pack {number} is not the declared bytes"
             )
 
-    if not manifest.packs:
-        return
-    with ThreadPoolExecutor(max_workers=min(bounds.transfers, len(manifest.packs))) as pool:
-        started = [pool.submit(one, n) for n in range(len(manifest.packs))]
+    workers = max(1, min(bounds.transfers, len(manifest.packs)))  # a pool of none is refused
+    with ThreadPoolExecutor(workers) as pool:
         try:
-            for done in started:
-                done.result()
+            list(pool.map(one, range(len(manifest.packs))))
         except BaseException:
-            for waiting in started:  # one pack failed: the rest is no use
-                waiting.cancel()
+            pool.shutdown(cancel_futures=True)  # one failed: the packs not begun are no use
             raise
 
 
