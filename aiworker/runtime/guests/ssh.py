@@ -184,7 +184,7 @@ class GuestShell:
         channel = self._transport().open_session(timeout=10)
         channel.settimeout(stall_s)
         try:
-            request(channel, "invoke_subsystem", "sftp", stall_s)
+            request(channel, "invoke_subsystem", "sftp")
             return paramiko.SFTPClient(channel)
         except BaseException:
             channel.close()
@@ -216,20 +216,19 @@ class GuestShell:
         self.client.close()
 
 
-def request(
-    channel: paramiko.Channel, name: str, argument: str, within: float | None = None
-) -> None:
+def request(channel: paramiko.Channel, name: str, argument: str) -> None:
     """Make CHANNEL's request NAME (exec_command, invoke_subsystem) with ARGUMENT, whose
-    answer must come WITHIN seconds (REQUEST_S), else the channel is closed and the guest
-    is unreachable: paramiko waits for the answer without a limit, and a guest that froze
+    answer must come within REQUEST_S, else the channel is closed and the guest is
+    unreachable: paramiko waits for the answer without a limit, and a guest that froze
     after the channel opened (its memory spent, its sshd stopped) would hold the job for
     ever, its heartbeat beating."""
-    within = REQUEST_S if within is None else within
+    within = REQUEST_S
     unanswered = threading.Event()
 
     def give_up() -> None:
         unanswered.set()
-        channel.close()  # wakes the waiting request, which fails
+        with contextlib.suppress(Exception):  # the connection may be broken already
+            channel.close()  # marks it closed and wakes the waiting request, which fails
 
     timer = threading.Timer(within, give_up)
     timer.daemon = True
