@@ -20,6 +20,7 @@ from aiworker.errors import (
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_UNAVAILABLE,
+    FULL_ERRNOS,
     AiworkerError,
     Interrupted,
 )
@@ -237,7 +238,7 @@ def _unexpected(json_mode: bool, verbose: bool, exc: BaseException) -> int:
         code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
         emit_error(json_mode, "state_unusable", f"{exc.filename}: {exc.strerror}; {advice}")
         return code
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
         # A write into an open file names none; the disk is full all the same.
         code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
         emit_error(json_mode, "unavailable", f"{exc.strerror}; {advice}")

@@ -142,7 +142,7 @@ def disk_full(exc: BaseException, *, words: bool = False) -> bool:
             return False
         if isinstance(seen, DiskFull) or getattr(seen, "errno", None) in FULL_ERRNOS:
             return True
-        if words and any(word in str(seen).lower() for word in FULL_WORDS):
+        if words and says_disk_full(str(seen)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -28,13 +28,11 @@ def open_attempts_before(session: Executor, before: datetime, host: str | None) 
     """The tasks of HOST's open attempts (None: of no controller) that started at or
     before BEFORE."""
     found = session.scalars(
-        select(attempts.c.task_id)
-        .where(
+        select(attempts.c.task_id).where(
             attempts.c.finished_at.is_(None),
             attempts.c.host.is_not_distinct_from(host),
             attempts.c.started_at <= before,
         )
-        .order_by(attempts.c.task_id)
     )
     return sorted(set(found))
 

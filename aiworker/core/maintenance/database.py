@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import shutil
@@ -13,7 +12,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput, LockHeld, Unavailable
+from aiworker.errors import FULL_ERRNOS, InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.atomic import sweep_abandoned, write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
@@ -152,7 +151,7 @@ def _snapshot(source: Path, target: Path) -> int:
     except FileExistsError:
         raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in FULL_ERRNOS:
             raise Unavailable(f"backup target {target}: the disk is full; free space") from None
         raise InvalidInput(f"backup target {target} cannot be created: {exc.strerror}") from None
 

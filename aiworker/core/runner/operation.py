@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -10,7 +9,7 @@ from typing import IO, Any
 from aiworker.contracts.native_job import MAX_REQUEST_BYTES, error_document
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.core.runner.requests import RequestRejected, parse_request, resolve_source
-from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE
+from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE, FULL_ERRNOS
 from aiworker.runtime.attempts import default_attempt_root
 
 
@@ -70,7 +69,7 @@ def run_execute(
     except RequestRejected as exc:
         return error_document(exc.code, exc.message, exc.field), EXIT_INVALID
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno not in FULL_ERRNOS:
             raise
         # The attempt root cannot hold an attempt: said as a document, like any refusal.
         message = f"no space left for an attempt: {exc.strerror}"

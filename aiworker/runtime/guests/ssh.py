@@ -222,7 +222,6 @@ def request(channel: paramiko.Channel, name: str, argument: str) -> None:
     unreachable: paramiko waits for the answer without a limit, and a guest that froze
     after the channel opened (its memory spent, its sshd stopped) would hold the job for
     ever, its heartbeat beating."""
-    within = REQUEST_S
     unanswered = threading.Event()
 
     def give_up() -> None:
@@ -230,10 +229,10 @@ def request(channel: paramiko.Channel, name: str, argument: str) -> None:
         with contextlib.suppress(Exception):  # the connection may be broken already
             channel.close()  # marks it closed and wakes the waiting request, which fails
 
-    timer = threading.Timer(within, give_up)
+    timer = threading.Timer(REQUEST_S, give_up)
     timer.daemon = True
     timer.start()
-    unreachable = GuestUnreachable(f"the guest did not answer {name} within {within:.0f} s")
+    unreachable = GuestUnreachable(f"the guest did not answer {name} within {REQUEST_S:.0f} s")
     try:
         getattr(channel, name)(argument)
     except Exception:
