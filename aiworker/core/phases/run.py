@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from aiworker.adapters.providers.base import RunRequest
 from aiworker.config.limits import RUN_LIMIT_S
-from aiworker.runtime.execution import Limits, run_job
+from aiworker.runtime.execution import Limits, Outcome, run_job
 from aiworker.runtime.workspace import (
     ExecutionBackend,
     LocalBackend,
@@ -101,6 +102,13 @@ def run_provider(
         why = f"the provider run timed out after {timeout_s:.0f} s"
         return RunReport(None, "transient", why, *printed, timed_out=True)
     parsed = provider.parse(stdout, outcome.exit_code if outcome.exit_code is not None else -1)
+    if (parsed.error is not None or parsed.result is None) and _killed(outcome):
+        # Not the provider's failure nor the work's: another try may well finish.
+        why = (
+            "the provider was killed by SIGKILL from outside aiworker (the kernel's "
+            "out-of-memory killer, or a person on this host)"
+        )
+        return RunReport(None, "transient", why, *printed)
     if parsed.error is not None or parsed.result is None:
         message = f"{parsed.error or ''} {stderr.decode(errors='replace')[-2000:]}"
         why = (parsed.error or "no result")[:300]
@@ -116,3 +124,10 @@ def run_provider(
                 *printed,
             )
     return RunReport(parsed.result, None, "", *printed)
+
+
+def _killed(outcome: Outcome) -> bool:
+    """Whether the run was killed by a SIGKILL aiworker did not send: the process itself,
+    or (137, as a shell or bubblewrap reports it) the one it ran."""
+    by_us = bool(outcome.signals_sent)
+    return not by_us and (outcome.signal == "SIGKILL" or outcome.exit_code == 128 + signal.SIGKILL)
