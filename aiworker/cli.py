@@ -23,6 +23,7 @@ from aiworker.errors import (
     FULL_ERRNOS,
     AiworkerError,
     Interrupted,
+    short_of,
 )
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
 from aiworker.render import emit_error
@@ -238,6 +239,10 @@ def _unexpected(json_mode: bool, verbose: bool, exc: BaseException) -> int:
         code, advice = FILE_SYSTEM_REFUSALS[exc.errno]
         emit_error(json_mode, "state_unusable", f"{exc.filename}: {exc.strerror}; {advice}")
         return code
+    short = short_of(exc, exc.filename or "this command") if isinstance(exc, OSError) else None
+    if short is not None:
+        emit_error(json_mode, short.code, short.message)
+        return short.exit_code
     if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
         # A write into an open file names none; the disk is full all the same.
         code, advice = FILE_SYSTEM_REFUSALS[exc.errno]

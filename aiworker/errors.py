@@ -8,6 +8,7 @@ runner's token is not accepted, or the server speaks no contract the runner does
 from __future__ import annotations
 
 import errno
+import os
 import signal
 
 EXIT_OK = 0
@@ -118,6 +119,41 @@ class DiskFull(Unavailable):
     """A write found no space (or quota) left: the installation's to fix, not the work's."""
 
     code = "disk_full"
+
+
+class ShortOfResources(Unavailable):
+    """This host had none left of what it lends every process (file descriptors,
+    processes, memory) for the moment: the installation's to raise or wait out."""
+
+    code = "short_of_resources"
+
+
+SHORT_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM)
+SHORT_WORDS = frozenset(os.strerror(number) for number in SHORT_ERRNOS)
+SHORT_ADVICE = "this host is short of file descriptors, processes or memory; raise its limits"
+
+
+def short_of(exc: OSError, what: str) -> ShortOfResources | None:
+    """WHAT failed for want of what the host lends (EXC says so), or None."""
+    if exc.errno not in SHORT_ERRNOS:
+        return None
+    return ShortOfResources(f"{what}: {exc.strerror}; {SHORT_ADVICE}")
+
+
+def out_of_descriptors(needed: int = 4) -> bool:
+    """Whether this process cannot open NEEDED files now (SQLite's "unable to open
+    database file" hides the errno, and a live database takes three: itself, its log and
+    its shared memory)."""
+    opened: list[int] = []
+    try:
+        for _ in range(needed):
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as exc:
+        return exc.errno in (errno.EMFILE, errno.ENFILE)
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return False
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -4,13 +4,22 @@ work's: the task is tried again within its budget, and the reason says what happ
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from tests.delivery_fixtures import script_installation
+from tests.runner_helpers import make_source, request, runner_argv
 from tests.test_fault_injection import tick
 from tests.test_implement import FIX, query, result_doc
 
@@ -70,3 +79,84 @@ def test_a_provider_killed_from_outside_is_tried_again_with_the_reason(
     assert refunded == 0  # inference ran: the try counts against the budget
     assert query(upgraded, "select state from tasks") == [("ready",)]
     assert query(upgraded, "select used from budgets where phase = 'implementation'") == [(1,)]
+
+
+def _short_of_descriptors(tmp_path: Path) -> dict:
+    """What `runner execute` reports when its host cannot start ./ci/run for want of file
+    descriptors: the lowest limit it still starts under, found by trying."""
+    source = make_source(tmp_path, "echo hello\n")
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    argv = shlex.join(runner_argv(tmp_path, attempts))
+    for limit in range(16, 5, -1):
+        ran = subprocess.run(
+            ["sh", "-c", f"ulimit -n {limit} && exec {argv}"],
+            input=json.dumps(request(source)).encode(),
+            capture_output=True,
+            check=False,
+        )
+        try:
+            document = json.loads(ran.stdout)
+        except ValueError:
+            continue  # too few even to start the runner
+        if document.get("spawn_error"):
+            return document
+    raise AssertionError("no limit left the runner started and its check not")
+
+
+def test_a_check_the_host_cannot_start_is_the_hosts_failure(upgraded, state_dir, tmp_path):
+    from aiworker.config.models import Runners
+    from aiworker.core.runner.dispatch import Dispatch
+    from aiworker.core.runner.fleet import accept
+    from aiworker.errors import EXIT_UNAVAILABLE, ShortOfResources
+    from aiworker.runtime.gitcache import GitCache
+    from aiworker.store.engine import Database
+    from aiworker.store.worker_jobs import claim, enqueue
+
+    document = _short_of_descriptors(tmp_path)
+    assert (document["status"], document["spawn_error"]) == (
+        "command_failed",
+        os.strerror(errno.EMFILE),
+    )
+    # The controller receives it as a fleet runner delivers it.
+    db = Database(f"sqlite:///{upgraded}")
+    job = {**request("unused"), "label": document["label"], "suite_id": document["suite_id"]}
+    pair = (1, enqueue(db, 1, job))
+    lease = claim(db, "runner-a", "key-1", lease_for=timedelta(seconds=60), max_attempts=3)
+    assert lease is not None
+    accept(db, pair, lease.token, "complete", {"result": document})
+    dispatch = Dispatch(db, GitCache(state_dir), state_dir, Runners(), {1: "team/app"})
+    with pytest.raises(ShortOfResources) as raised:
+        dispatch.delivered(pair)
+    db.dispose()
+    # Before: a red check, which the gate blamed on the agent (and CI on the work).
+    assert raised.value.exit_code == EXIT_UNAVAILABLE
+    assert "runner runner-a could not start the check (Too many open files)" in str(raised.value)
+    assert "raise its limits" in str(raised.value)
+
+
+def test_a_command_short_of_descriptors_says_so_and_exits_75(upgraded, state_dir, tmp_path):
+    """At every limit too low for it, `status` says the host is short and exits 75 (try
+    again), never 2 (the configuration or the store is invalid) nor an unexpected error."""
+    config = tmp_path / "config.toml"
+    config.write_text("check_interval = 60\n")
+    argv = [sys.executable, "-m", "aiworker", "--json", "--config", str(config)]
+    argv += ["--state-dir", str(state_dir), "status"]
+    answers = set()
+    for limit in range(4, 24):
+        ran = subprocess.run(
+            ["sh", "-c", f"ulimit -n {limit} && exec {shlex.join(argv)}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if "Fatal Python error" in ran.stderr:
+            continue  # too few for the interpreter itself
+        if ran.returncode == 0:
+            answers.add("ok")
+            continue
+        error = json.loads(ran.stderr or ran.stdout)["error"]
+        assert (ran.returncode, error["code"]) == (75, "short_of_resources"), (limit, ran)
+        assert "raise its limits" in error["message"]
+        answers.add("short")
+    assert answers == {"ok", "short"}

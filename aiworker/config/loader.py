@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from aiworker.config.defaults import CONFIG_MAX_BYTES
 from aiworker.config.models import Config, Identity
-from aiworker.errors import ConfigInvalid, key_path
+from aiworker.errors import ConfigInvalid, key_path, short_of
 from aiworker.secrets import TOKEN, register_secret, url_passwords
 
 
@@ -84,7 +84,9 @@ def load_config(path: Path, *, required: bool) -> LoadedConfig:
             raise ConfigInvalid(f"{path}: configuration file does not exist") from None
         return LoadedConfig(Config(), path, exists=False, revision=revision_of(None))
     except OSError as exc:
-        raise ConfigInvalid(f"{path}: cannot read: {exc.strerror}") from None
+        raise short_of(exc, f"{path}: cannot read") or ConfigInvalid(
+            f"{path}: cannot read: {exc.strerror}"
+        ) from None
     config = parse_config(data, str(path))
     loaded = LoadedConfig(config, path, exists=True, revision=revision_of(data))
     register_config_secrets(loaded)

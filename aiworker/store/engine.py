@@ -30,7 +30,16 @@ from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
-from aiworker.errors import AiworkerError, DiskFull, LockHeld, StateUnusable, Unavailable
+from aiworker.errors import (
+    SHORT_ADVICE,
+    AiworkerError,
+    DiskFull,
+    LockHeld,
+    ShortOfResources,
+    StateUnusable,
+    Unavailable,
+    out_of_descriptors,
+)
 from aiworker.store.driver import DriverConnection
 
 # Session is re-exported: core types the sessions it passes to store/ by it.
@@ -143,6 +152,8 @@ def explained(url: str, exc: BaseException) -> AiworkerError | None:
     if "disk i/o error" in text and path is not None and _full(path):
         # SQLite says I/O error when it cannot make its journal files on a full disk.
         text = "database or disk is full"
+    if "unable to open database file" in text and out_of_descriptors():
+        return ShortOfResources(f"{where} cannot be opened: {SHORT_ADVICE}")
     for needle, kind, advice in FAILURES:
         if needle in text:
             return kind(f"{where} {advice}")

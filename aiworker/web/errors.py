@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from aiworker.errors import short_of
 from aiworker.secrets import redact
 
 
@@ -27,6 +28,13 @@ def api_app(title: str, openapi_url: str) -> FastAPI:
         answer = error_response(exc.status_code, "http", str(exc.detail))
         answer.headers.update(exc.headers or {})  # a 405's Allow, say
         return answer
+
+    @app.exception_handler(OSError)
+    async def short(_request: Request, exc: OSError) -> JSONResponse:
+        found = short_of(exc, "the server")
+        if found is None:
+            raise exc  # a failure no handler expects: 500, as before
+        return error_response(503, found.code, found.message)
 
     return app
 

@@ -24,7 +24,7 @@ from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings
 from aiworker.core.runner.local_controller import LocalController
 from aiworker.core.runner.requests import RequestRejected
 from aiworker.core.runner.snapshots import publish, published, remove_snapshot
-from aiworker.errors import AiworkerError, Unavailable
+from aiworker.errors import SHORT_ADVICE, SHORT_WORDS, AiworkerError, ShortOfResources, Unavailable
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
@@ -104,7 +104,7 @@ class Dispatch:
                 self._run_here(pair)
             else:
                 self._wait(pair, timeout_ms)
-            return self._delivered(pair)
+            return self.delivered(pair)
         finally:
             with locks.held("snapshots", timeout=300):
                 still = {r["source"].get("snapshot_id") for r in open_requests(self.db, index)}
@@ -151,12 +151,19 @@ class Dispatch:
                     raise Unavailable(f"worker job {pair[0]}/{pair[1]}: {why}")
             time.sleep(WAIT_STEP_S)
 
-    def _delivered(self, pair: tuple[int, int]) -> Delivery:
+    def delivered(self, pair: tuple[int, int]) -> Delivery:
         stored = get_job(self.db, pair).result or {}
         if "contract" not in stored:
             raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]}: {stored.get('error')}")
         delivery = Delivery.model_validate(stored)
-        if delivery.result is not None:
+        result = delivery.result
+        if result is not None and result.spawn_error in SHORT_WORDS:
+            # The host could not start the command at all: its checks never ran.
+            raise ShortOfResources(
+                f"worker job {pair[0]}/{pair[1]}: runner {delivery.worker_id} could not start "
+                f"the check ({result.spawn_error}); {SHORT_ADVICE}"
+            )
+        if result is not None:
             return delivery
         assert delivery.error is not None
         if delivery.error.code in TREE_REFUSALS:
