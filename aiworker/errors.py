@@ -190,6 +190,14 @@ class Conflict(AiworkerError):
     code = "conflict"
 
 
+class NeedsPerson(Conflict):
+    """A person acted on the forge against the task's work (closed its issue or its pull
+    request, pointed the pull request at another branch): trying again cannot mend that,
+    so the task is held until a person decides."""
+
+    code = "needs_person"
+
+
 class Refused(AiworkerError):
     """The other side refuses this caller or speaks no common contract; retrying won't help."""
 

@@ -6,6 +6,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Publication, utcnow
+from aiworker.store.tables import events
 
 OPEN_STATES = ("intent", "pushed", "opened")
 
@@ -50,6 +51,18 @@ def publications_of(session: Session, task_id: int) -> list[Publication]:
             select(Publication).where(Publication.task_id == task_id).order_by(Publication.id)
         )
     )
+
+
+def published_heads(session: Session, task_id: int) -> set[str]:
+    """Every head this task pushed: each publication's first, and each publish's."""
+    heads = {p.head_commit for p in publications_of(session, task_id) if p.head_commit}
+    published = select(events.c.data).where(
+        events.c.task_id == task_id, events.c.kind == "task.published"
+    )
+    for (data,) in session.execute(published):
+        if isinstance(data, dict) and data.get("head"):
+            heads.add(str(data["head"]))
+    return heads
 
 
 def close_publication(session: Session, publication_id: int, state: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aiworker.adapters.forgejo.models import Issue
+from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.scope_check import answer_moved_scope
 from aiworker.core.evidence.authorisation import publication_allowed
 from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
@@ -27,7 +27,7 @@ from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict
+from aiworker.errors import Conflict, NeedsPerson
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
@@ -95,6 +95,22 @@ def _refusals(
     return reasons
 
 
+def _not_against_a_person(access: ForgeAccess, job: Job, issue: Issue, pull: PullRequest) -> None:
+    """NeedsPerson when a person closed the issue or pointed the PR at another branch than
+    the one its checks and review were for."""
+    task, repo = job.task, job.repo
+    if issue.state == "closed":
+        raise NeedsPerson(
+            f"issue #{issue.number} was closed on the forge (reopen it, or cancel task {task.id})"
+        )
+    target = access.required("worker").repository(repo.owner, repo.name).default_branch
+    if pull.base.ref != target:
+        raise NeedsPerson(
+            f"PR #{pull.number} now targets {pull.base.ref}, not {target}, which its checks and "
+            f"review were for (point it back, or cancel task {task.id})"
+        )
+
+
 def merge(job: Job) -> Outcome:
     env, db, task, repo = job.env, job.db, job.task, job.repo
     head = task.head_commit
@@ -116,6 +132,7 @@ def merge(job: Job) -> Outcome:
         if moved is not None:
             moved.follow_up = False
             return moved.ended("succeeded", f"not merged: the issue changed; {moved.reason}")
+        _not_against_a_person(access, job, issue, pull)
         reasons = _refusals(db, access, job, issue, decision)
         if reasons:
             with db.write() as session:

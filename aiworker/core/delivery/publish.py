@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.errors import ForgeNotFound
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.refresh import refresh_base
 from aiworker.core.delivery.scope_check import answer_moved_scope
@@ -22,17 +23,23 @@ from aiworker.core.evidence.authorisation import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized
+from aiworker.core.phases.at_head import closed_by_person
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import accepted_milestones, checks_of
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.errors import Conflict
+from aiworker.errors import Conflict, NeedsPerson
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.publications import advance_publication, current_publication, save_intent
+from aiworker.store.publications import (
+    advance_publication,
+    current_publication,
+    published_heads,
+    save_intent,
+)
 from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
@@ -106,6 +113,27 @@ def _preconditions(
     return issue, forge_repo.default_branch
 
 
+def _no_commit_of_a_person(
+    db: Database, cache: GitCache, job: Job, worker: ForgejoClient, branch: str
+) -> None:
+    """NeedsPerson when the task's branch on the forge is at a commit this task neither
+    pushed nor builds its new head on: a person pushed it, and pushing would discard it."""
+    task, repo = job.task, job.repo
+    assert task.head_commit is not None
+    try:
+        there = worker.branch(repo.owner, repo.name, branch).commit.id
+    except ForgeNotFound:
+        return
+    with db.read() as session:
+        ours = published_heads(session, task.id)
+    if there in ours or cache.contains(repo.index, there, task.head_commit):
+        return
+    raise NeedsPerson(
+        f"{branch} on the forge is at {there[:12]}, which this task did not push, and "
+        f"publishing would discard it (move the branch back, or cancel task {task.id})"
+    )
+
+
 def publish(job: Job) -> Outcome:
     env, db, task, repo = job.env, job.db, job.task, job.repo
     assert task.head_commit is not None
@@ -132,10 +160,13 @@ def publish(job: Job) -> Outcome:
                 task.head_commit,
             )
         publication_id, marker = publication.id, publication.ownership_marker
+        opened = publication.pr_number
+    if opened is not None:  # one a person closed is neither pushed to nor replaced
+        closed_by_person(task.id, worker.pull(repo.owner, repo.name, opened))
+    cache = GitCache(env.state_dir)
+    _no_commit_of_a_person(db, cache, job, worker, branch)
     clone_url = worker.repository(repo.owner, repo.name).clone_url
-    GitCache(env.state_dir).push(
-        repo.index, task.head_commit, clone_url, access.token("worker"), branch
-    )
+    cache.push(repo.index, task.head_commit, clone_url, access.token("worker"), branch)
     pushed = worker.branch(repo.owner, repo.name, branch).commit.id
     if pushed != task.head_commit:
         refuse_publication(

@@ -11,19 +11,30 @@ from aiworker.core.evidence.gate import CheckExtras, GateReport, run_checks
 from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.phases.job import Job
 from aiworker.core.runner.dispatch import Dispatch
-from aiworker.errors import Conflict
+from aiworker.errors import Conflict, NeedsPerson
 
 
 def pull_at_head(job: Job, client: ForgejoClient) -> PullRequest:
     """The task's PR, which must still be open at the task's receipt head."""
     assert job.pr is not None
     pull = client.pull(job.repo.owner, job.repo.name, job.pr)
+    closed_by_person(job.task.id, pull)
     if pull.head.sha != job.task.head_commit:
         evidence = job.task.head_commit
         raise Conflict(
             f"PR #{job.pr} head moved to {pull.head.sha}; the evidence is for {evidence}"
         )
     return pull
+
+
+def closed_by_person(task_id: int, pull: PullRequest) -> None:
+    """NeedsPerson when PULL, the task's open publication, was closed unmerged: aiworker
+    closes its own PRs only as it ends a publication, so a person did."""
+    if pull.state == "closed" and not pull.merged:
+        raise NeedsPerson(
+            f"PR #{pull.number} was closed on the forge without being merged (reopen it, or "
+            f"cancel task {task_id})"
+        )
 
 
 def gate_at(

@@ -1,0 +1,160 @@
+"""A person acts on the forge against a task's work: closes its pull request or its
+issue, or points the pull request at another branch. Trying again cannot mend that, so
+the step that meets it holds the task (paused, with the reason) instead of retrying until
+its budget is spent, and never merges or opens a new pull request over the person."""
+
+from __future__ import annotations
+
+import json
+
+import requests
+
+from tests.forge_fixtures import git
+from tests.helpers import run_process
+from tests.test_delivery import REVIEW_BLOCKING, deliver_until, delivered  # noqa: F401 - fixture
+from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+from tests.test_lifecycle import edit_issue
+from tests.test_repair import MORE_TESTS, repair_once
+
+
+def _held(database, task: int) -> str:
+    """The task is paused, its claim gone, every attempt closed and the last one refunded;
+    the reason it was held."""
+    assert query(database, "select state, claim_slot from tasks") == [("paused", None)]
+    assert query(database, "select count(*) from attempts where finished_at is null") == [(0,)]
+    [(outcome, refunded)] = query(
+        database, "select outcome, refunded from attempts order by id desc limit 1"
+    )
+    assert (outcome, refunded) == ("unavailable", 1)
+    [(data,)] = query(database, "select data from events where kind = 'task.held'")
+    reason = json.loads(data)["reason"]
+    assert f"held until an operator fixes it and runs `aiworker task resume {task}`" in reason
+    return reason
+
+
+def _patch_pull(forge, number: int, **fields) -> None:
+    response = requests.patch(
+        f"{forge.url}/api/v1/repos/team/app/pulls/{number}",
+        json=fields,
+        headers={"Authorization": f"token {forge.tokens['alice']}"},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+
+
+def test_a_pull_request_a_person_closed_holds_the_task(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    task, _head = delivered()
+    published = deliver_until(task, "publish")["publish"]
+    pr = published.json()["pr"]
+    _patch_pull(forge, pr, state="closed")
+    ci = run_process("--json", "ci", "--task", str(task))
+    assert ci.exit_code == 1, ci
+    reason = _held(upgraded, task)
+    assert f"PR #{pr} was closed on the forge without being merged" in reason
+    # Held, not retried: another tick finds nothing to run for it, and no second PR.
+    assert run_process("--json", "ci", "--task", str(task)).exit_code == 1
+    assert query(upgraded, "select count(*) from attempts where phase = 'ci'") == [(1,)]
+    pulls = forge.client("worker-bot").pulls("team", "app", state="all")
+    assert [p.number for p in pulls] == [pr]
+
+
+def test_an_issue_closed_before_the_merge_holds_the_task_unmerged(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    task, _head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    edit_issue(forge, 1, state="closed")
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 1, merged
+    assert "issue #1 was closed on the forge" in _held(upgraded, task)
+    pr = reports["publish"].json()["pr"]
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+
+
+def test_a_pull_request_pointed_elsewhere_is_not_merged_there(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+    tmp_path,
+):
+    task, _head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    work = tmp_path / "release"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    git("push", "-q", "origin", "HEAD:refs/heads/release", cwd=work)
+    pr = reports["publish"].json()["pr"]
+    _patch_pull(forge, pr, base="release")
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 1, merged
+    reason = _held(upgraded, task)
+    assert f"PR #{pr} now targets release, not main" in reason
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+
+
+def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, upgraded, cli):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_BLOCKING,
+            "repair": {"edits": {"test_calc.py": MORE_TESTS}, "result": result_doc()},
+        },
+    )
+    implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert implemented.exit_code == 0, implemented
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "repairing"
+    pr = reports["publish"].json()["pr"]
+    _patch_pull(forge, pr, state="closed")  # the person rejects the work
+    assert repair_once(cli, task).exit_code == 0
+    branch_before = forge.client("alice").branch("team", "app", f"aiworker/task-{task}")
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 1, published
+    assert f"PR #{pr} was closed on the forge without being merged" in _held(upgraded, task)
+    # Before: a new PR was opened over the closed one, and went on to be merged.
+    pulls = forge.client("worker-bot").pulls("team", "app", state="all")
+    assert [(p.number, p.state) for p in pulls] == [(pr, "closed")]
+    branch_after = forge.client("alice").branch("team", "app", f"aiworker/task-{task}")
+    assert branch_after.commit.id == branch_before.commit.id  # nothing pushed over it
+
+
+def test_a_commit_a_person_pushed_to_the_branch_is_not_pushed_over(
+    forge, claimed, upgraded, cli, tmp_path
+):
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_BLOCKING,
+            "repair": {"edits": {"test_calc.py": MORE_TESTS}, "result": result_doc()},
+        },
+    )
+    implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert implemented.exit_code == 0, implemented
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "repairing"
+    branch = f"aiworker/task-{task}"
+    work = tmp_path / "alice"
+    git("clone", "-q", "-b", branch, forge.clone_url("alice"), str(work))
+    (work / "NOTES.md").write_text("What the review missed.\n")
+    git("add", "NOTES.md", cwd=work)
+    git("commit", "-qm", "A person's own commit", cwd=work)
+    git("push", "-q", "origin", branch, cwd=work)
+    theirs = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    assert repair_once(cli, task).exit_code == 0
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 1, published
+    reason = _held(upgraded, task)
+    assert f"{branch} on the forge is at {theirs[:12]}, which this task did not push" in reason
+    # Before: the repair's head was force-pushed over it, and the commit was gone.
+    assert forge.client("alice").branch("team", "app", branch).commit.id == theirs
