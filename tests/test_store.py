@@ -80,6 +80,46 @@ def test_models_match_migrated_schema(store_url):
     assert diff == []
 
 
+def test_a_store_that_edited_migrations_left_short_is_mended_by_upgrade(
+    cli, store_url, tmp_path, monkeypatch
+):
+    """0006 and 0007 were edited after their first version ran: a store that first version
+    migrated is stamped with their revision but lacks the change, and every command then
+    failed on the missing column. The next upgrade adds what is missing."""
+    if store_url.startswith("sqlite"):  # doctor reads the store a configuration names
+        configure_database(store_url, tmp_path / "sqlite.toml", monkeypatch)
+    db = Database(store_url)
+    with db.transaction() as connection:
+        connection.exec_driver_sql("ALTER TABLE controllers DROP COLUMN lease_s")
+        if not db.sqlite:
+            connection.exec_driver_sql(
+                "ALTER TABLE provider_observations ALTER COLUMN source TYPE VARCHAR(64)"
+            )
+    # At the head's revision, doctor names what its tables lack.
+    checks = {c["name"]: c for c in cli("--json", "doctor").json()["checks"]}
+    assert checks["database"]["status"] == "fail"
+    assert (
+        "tables differ from this version's: no column controllers.lease_s"
+        in (checks["database"]["detail"])
+    )
+    with db.transaction() as connection:
+        connection.exec_driver_sql(
+            "UPDATE alembic_version SET version_num = '0008_authorized_scope'"
+        )
+    db.dispose()
+    assert cli("status").exit_code == 2  # older than this aiworker: upgrade first
+    upgraded = cli("db", "upgrade")
+    assert upgraded.exit_code == 0, upgraded
+    db = Database(store_url)
+    with db.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    db.dispose()
+    assert cli("status").exit_code == 0
+    checks = {c["name"]: c for c in cli("--json", "doctor").json()["checks"]}
+    assert checks["database"]["status"] != "fail", checks["database"]
+    assert cli("db", "upgrade").exit_code == 0  # and again: nothing more to do
+
+
 def test_every_connection_gets_the_pragmas(upgraded):
     db = Database(f"sqlite:///{upgraded}")
     with db.engine.connect() as conn:

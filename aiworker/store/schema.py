@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import inspect, text
@@ -29,6 +30,7 @@ KNOWN_REVISIONS = (
     "0006_controllers",
     "0007_controller_instance",
     "0008_authorized_scope",
+    "0009_mend_edited_migrations",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 
@@ -160,3 +162,28 @@ def upgrade(db: Database) -> tuple[str | None, str]:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
     return before, HEAD_REVISION
+
+
+def schema_drift(db: Database) -> list[str]:
+    """How the store's tables differ from this version's (a migration edited after it ran,
+    a change by hand), one phrase each; empty when they agree."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from aiworker.store.models import Base
+
+    with db.engine.connect() as connection:
+        found = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    return [_difference(item[0] if isinstance(item, list) else item) for item in found]
+
+
+def _difference(item: tuple[Any, ...]) -> str:
+    kind = item[0]
+    if kind in ("add_column", "remove_column"):
+        where = f"{item[2]}.{item[3].name}"
+        return f"{'no' if kind == 'add_column' else 'an unknown'} column {where}"
+    if kind in ("add_table", "remove_table"):
+        return f"{'no' if kind == 'add_table' else 'an unknown'} table {item[1].name}"
+    if kind == "modify_type":
+        return f"{item[2]}.{item[3]} is {item[5]}, not {item[6]}"
+    return f"{kind} {' '.join(str(getattr(part, 'name', part)) for part in item[1:3])}"

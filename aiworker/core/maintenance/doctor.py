@@ -23,7 +23,7 @@ from aiworker.core.tasks.hosts import clock_skew_problem
 from aiworker.errors import AiworkerError, ConfigInvalid
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
-from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer
+from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, schema_drift
 
 
 def run_doctor(state_dir: Path, config_path: Path) -> HealthReport:
@@ -170,6 +170,7 @@ def _check_database(env: Environment) -> Check:
             revision = current_revision(db)
             engine, round_trip_ms = db.server()
             skewed = clock_skew_problem(db)
+            drift = schema_drift(db) if revision == HEAD_REVISION else []
         finally:
             db.dispose()
         ensure_not_newer(revision)
@@ -180,6 +181,13 @@ def _check_database(env: Environment) -> Check:
     where = f"{engine}, round trip {round_trip_ms:.1f} ms"
     if skewed is not None:
         return Check("database", skewed[0], f"{where}: {skewed[1]}")
+    if drift:
+        return Check(
+            "database",
+            "fail",
+            f"{where}: schema at {revision}, but its tables differ from this version's: "
+            + "; ".join(drift[:5]),
+        )
     return _database_verdict(where, revision, round_trip_ms)
 
 
