@@ -9,6 +9,7 @@ import base64
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -274,6 +275,35 @@ def test_a_lease_answers_only_the_token_that_claimed_it(upgraded, tmp_path, monk
             assert call(runner, f"{job}/release", proof).json() == {"released": True}
     finally:
         db.dispose()
+
+
+def test_a_connection_whose_request_never_comes_is_closed(upgraded, tmp_path, monkeypatch):
+    """A client that opened connections and sent nothing, or a request head a byte at a
+    time, held them for ever: about a thousand of them took every file descriptor under
+    systemd's default limit of 1024, and both listeners stopped answering. A connection
+    whose head is late is closed now, and the server takes its hard limit of files."""
+    from aiworker.web.connections import HEAD_S
+
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path)))
+    with runner_listener(prefix=("prlimit", "--nofile=1024:4096")) as listener:
+        limits = Path(f"/proc/{listener.process.pid}/limits").read_text()
+        [line] = [x for x in limits.splitlines() if x.startswith("Max open files")]
+        assert line.split()[3:5] == ["4096", "4096"]
+        host, port = listener.url.removeprefix("http://").split(":")
+        silent = socket.create_connection((host, int(port)), timeout=HEAD_S + 30)
+        partial = socket.create_connection((host, int(port)), timeout=HEAD_S + 30)
+        partial.sendall(f"GET /api/runner/v1/health HTTP/1.1\r\nHost: {host}".encode())
+        opened = time.monotonic()
+        for conn in (silent, partial):
+            with conn:
+                assert conn.recv(1024) == b""  # the server closed it, with no answer
+        assert time.monotonic() - opened < HEAD_S + 30
+        health = requests.get(
+            f"{listener.url}/api/runner/v1/health",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        )
+        assert health.json()["ok"] is True
 
 
 def test_an_idle_connection_outlives_a_heartbeat_interval(fleet):

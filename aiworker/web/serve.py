@@ -19,8 +19,6 @@ from aiworker.errors import InvalidInput, Unavailable
 from aiworker.runtime.listen import is_loopback, parse_listen
 from aiworker.secrets import register_secret
 
-KEEP_ALIVE_S = 75  # an idle connection is kept this long (uvicorn's own default is 5 s)
-
 
 def allowed_hosts(host: str, port: int) -> set[str]:
     """The Host headers this server answers to: its own address (and, on loopback, the
@@ -74,6 +72,7 @@ def serve(
 
     from aiworker.config.loader import load_config
     from aiworker.web.app import create_app
+    from aiworker.web.connections import KEEP_ALIVE_S, HeadLimited, allow_descriptors
     from aiworker.web.runner_api import create_runner_app
 
     host, _ = parse_listen(listen)
@@ -103,6 +102,7 @@ def serve(
     for options in loaded.config.provider_options.values():
         if options.api_key_env and (key := os.environ.get(options.api_key_env)):
             register_secret(key)
+    allow_descriptors()
     sock, host, port = _bind(listen)
     hosts = allowed_hosts(host, port)
     origins = {f"http://{h}" for h in hosts}
@@ -136,6 +136,7 @@ def serve(
                         # Longer than a runner's heartbeat interval: a connection it keeps
                         # for the next beat is not closed under it (a reset, not retried).
                         timeout_keep_alive=KEEP_ALIVE_S,
+                        http=HeadLimited,  # a head that does not come in time closes it
                     )
                 ).serve(sockets=[bound])
                 for app, bound in servers
