@@ -415,3 +415,20 @@ def test_task_actions_need_the_csrf_token_and_a_confirmed_cancel(web, upgraded):
     assert cancelled.json()["state"] == "cancelled"
     missing = client.post(f"{url}/api/v1/tasks/99/cancel", json={"confirm": True})
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+
+
+def test_start_now_clicked_again_joins_the_tick_it_started(web):
+    """A hundred clicks started a hundred ticks at once (4.6 GiB measured); while the
+    tick a click started runs, another click joins it (its request stays recorded for
+    the next tick), and a new one starts only once it ended."""
+    url, _ = web
+    client = session(url)
+    pids = []
+    for _ in range(30):
+        answer = client.post(f"{url}/api/v1/actions/start-now", timeout=30)
+        assert answer.status_code == 200, answer.text
+        pid = answer.json()["pid"]
+        if pids and pid != pids[-1]:
+            assert not os.path.exists(f"/proc/{pids[-1]}"), "two ticks ran at once"
+        pids.append(pid)
+    assert len(set(pids)) < len(pids)

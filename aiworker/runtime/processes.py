@@ -237,6 +237,11 @@ def spawn_detached(
     return child.pid
 
 
+def still_running(pid: int) -> bool:
+    """Whether PID, a child spawn_detached started, still runs (reaped if it ended)."""
+    return any(c.pid == pid and c.poll() is None for c in _DETACHED)
+
+
 def spawn_tied(argv: Sequence[str], *, cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
     """Start ARGV in its own session with output to LOG_PATH; it is SIGKILLed when the
     thread that started it dies (a guest of a killed job does not outlive it)."""

@@ -28,7 +28,13 @@ from aiworker.errors import AiworkerError, Unavailable
 from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.logfiles import Rotation
-from aiworker.runtime.processes import exec_keeping, run_command, spawn_detached, tee_output
+from aiworker.runtime.processes import (
+    exec_keeping,
+    run_command,
+    spawn_detached,
+    still_running,
+    tee_output,
+)
 from aiworker.store.claims import claimed_on
 from aiworker.store.engine import Database
 from aiworker.store.tasks import kind_and_state, tasks_in_states
@@ -36,6 +42,7 @@ from aiworker.store.tasks import kind_and_state, tasks_in_states
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
+_FOLLOW_UPS: list[int] = []  # the tick this process last started for a follow-up
 
 
 def log_rotation(env: Environment) -> Rotation:
@@ -77,14 +84,18 @@ class FollowUpReport(Report):
 
 def request_follow_up(env: Environment) -> FollowUpReport:
     """Ask for a check now instead of at the next interval: the same mechanism the timer
-    uses starts the tick."""
+    uses starts the tick. Requests while a tick this process started for one still runs
+    join it: the request stays recorded past that tick's start, so the next tick (the
+    timer's) answers it; a hundred clicks started a hundred ticks, 4.6 GiB at once."""
     request_check(env)
     if env.loaded.config.scheduler.launcher == "systemd":
-        _systemctl_start("aiworker-scheduler.service")
+        _systemctl_start("aiworker-scheduler.service")  # systemd starts it once
         return FollowUpReport(True, "aiworker-scheduler.service", None)
+    if _FOLLOW_UPS and still_running(_FOLLOW_UPS[-1]):
+        return FollowUpReport(True, "tick", _FOLLOW_UPS[-1])
     argv = [*aiworker_argv(env), "scheduler", "tick"]
-    pid = _detached(env, argv, env.state_dir / "logs" / "scheduler.log")
-    return FollowUpReport(True, "tick", pid)
+    _FOLLOW_UPS[:] = [_detached(env, argv, env.state_dir / "logs" / "scheduler.log")]
+    return FollowUpReport(True, "tick", _FOLLOW_UPS[-1])
 
 
 def follow_up_if_asked(env: Environment) -> None:
