@@ -158,3 +158,30 @@ def test_a_commit_a_person_pushed_to_the_branch_is_not_pushed_over(
     assert f"{branch} on the forge is at {theirs[:12]}, which this task did not push" in reason
     # Before: the repair's head was force-pushed over it, and the commit was gone.
     assert forge.client("alice").branch("team", "app", branch).commit.id == theirs
+
+
+def test_a_base_branch_rewritten_under_the_work_is_not_merged_into(
+    forge, claimed, upgraded, tmp_path
+):
+    """The owner force-pushes main to remove a commit (a secret) that the work was built
+    on: merging would bring it back."""
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc())
+    work = tmp_path / "owner"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    (work / "SECRET.txt").write_text("a token pushed by mistake\n")
+    git("add", "SECRET.txt", cwd=work)
+    git("commit", "-qm", "Oops", cwd=work)
+    git("push", "-q", "origin", "HEAD:main", cwd=work)
+    implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert implemented.exit_code == 0, implemented
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    git("push", "-q", "--force", "origin", "HEAD~1:main", cwd=work)
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 1, merged
+    assert "main was rewritten: it no longer holds" in _held(upgraded, task)
+    pr = reports["publish"].json()["pr"]
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+    bare = forge.data / "git" / "team" / "app.git"
+    shown = git("--git-dir", str(bare), "ls-tree", "--name-only", "main", check=False)
+    assert "SECRET.txt" not in shown.stdout

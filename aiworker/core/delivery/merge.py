@@ -29,6 +29,7 @@ from aiworker.core.tasks.milestones import checks_of, plan_milestones
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import Conflict, NeedsPerson
 from aiworker.runtime.failpoints import failpoint
+from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt
 from aiworker.store.tasks import append_event
@@ -96,18 +97,31 @@ def _refusals(
 
 
 def _not_against_a_person(access: ForgeAccess, job: Job, issue: Issue, pull: PullRequest) -> None:
-    """NeedsPerson when a person closed the issue or pointed the PR at another branch than
-    the one its checks and review were for."""
+    """NeedsPerson when a person closed the issue, pointed the PR at another branch than
+    the one its checks and review were for, or rewrote that branch so that it no longer
+    holds the base the work was built on (merging would bring back what they removed)."""
     task, repo = job.task, job.repo
+    assert task.base_commit is not None
     if issue.state == "closed":
         raise NeedsPerson(
             f"issue #{issue.number} was closed on the forge (reopen it, or cancel task {task.id})"
         )
-    target = access.required("worker").repository(repo.owner, repo.name).default_branch
+    worker = access.required("worker")
+    forge_repo = worker.repository(repo.owner, repo.name)
+    target = forge_repo.default_branch
     if pull.base.ref != target:
         raise NeedsPerson(
             f"PR #{pull.number} now targets {pull.base.ref}, not {target}, which its checks and "
             f"review were for (point it back, or cancel task {task.id})"
+        )
+    tip = worker.branch(repo.owner, repo.name, target).commit.id
+    cache = GitCache(job.env.state_dir)
+    cache.ensure(repo.index, forge_repo.clone_url, access.token("worker"), tip)
+    if not cache.contains(repo.index, task.base_commit, tip):
+        raise NeedsPerson(
+            f"{target} was rewritten: it no longer holds {task.base_commit[:12]}, the base "
+            f"this work was built and checked on, and merging would bring back what was "
+            f"removed (retry the task from the start, or cancel it)"
         )
 
 
