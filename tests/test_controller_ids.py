@@ -3,8 +3,10 @@ recovered and charged once however many recover it."""
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +91,34 @@ def test_a_second_installation_with_the_same_controller_id_is_refused(upgraded, 
     assert sqlite3.connect(upgraded).execute("select * from controllers").fetchall() == before
     assert run_process(*states["first"], "--json", "scheduler", "tick").exit_code == 0
     assert run_process(*states["third"], "--json", "scheduler", "tick").exit_code == 0
+
+
+def test_an_installation_recorded_by_an_older_version_is_itself_after_the_upgrade(
+    upgraded, tmp_path
+):
+    """Versions before the installation key recorded 'HOST:STATE (machine ID)': the same
+    host, state directory and machine, upgraded, was refused for a whole lease as
+    another installation, named '(machine ...)'. It is itself; another is still
+    refused, named by its host and state directory."""
+    url = f"sqlite:///{upgraded}"
+    config = tmp_path / "ctl.toml"
+    config.write_text(f'[database]\nurl = "{url}"\n[controller]\nid = "ctl"\n')
+    machine = Path("/etc/machine-id").read_text().strip()[:12]
+    for state, expected in (("mine", 0), ("elsewhere", 2)):
+        where = f"{socket.gethostname()}:{(tmp_path / state).resolve()}"
+        with sqlite3.connect(upgraded) as raw:
+            raw.execute("delete from controllers")
+            raw.execute(
+                "insert into controllers (id, seen_at, started_at, instance) values "
+                "('ctl', datetime('now'), datetime('now'), ?)",
+                (f"{where} (machine {machine})",),
+            )
+        raw.close()
+        args = ("--state-dir", str(tmp_path / "mine"), "--config", str(config))
+        ticked = run_process(*args, "--json", "scheduler", "tick")
+        assert ticked.exit_code == expected, ticked
+    message = ticked.json()["error"]["message"]
+    assert f"another installation ({where})" in message
 
 
 def test_an_id_left_silent_past_its_lease_is_taken_over(upgraded):

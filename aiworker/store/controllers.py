@@ -50,7 +50,7 @@ def renew(
         )
         return
     other, seen = row
-    if other is not None and instance is not None and _key(other) != _key(instance):
+    if other is not None and instance is not None and not same_installation(other, instance):
         if lease is None:
             return  # a job's heartbeat: the id went to another installation meanwhile
         if now - seen <= lease:
@@ -77,12 +77,21 @@ def server_now(connection: Connection) -> datetime:
     return now.astimezone(UTC)
 
 
-def _key(instance: str) -> str:
-    """An instance is 'KEY WHERE': the installation's key, compared, and where it runs."""
-    return instance.split(" ", 1)[0]
+def same_installation(recorded: str, instance: str) -> bool:
+    """Whether RECORDED names the installation INSTANCE does. An instance is 'KEY.MACHINE
+    WHERE': the key is compared, WHERE (host and state directory) only shown. Versions
+    before the key recorded 'WHERE (machine MACHINE)': the same where on the same machine
+    is the same installation, upgraded."""
+    key, _, where = instance.partition(" ")
+    if recorded.endswith(")") and " (machine " in recorded:
+        was, _, machine = recorded[:-1].partition(" (machine ")
+        return was == where and key.partition(".")[2] == machine
+    return recorded.split(" ", 1)[0] == key
 
 
 def _shown(instance: str) -> str:
+    if instance.endswith(")") and " (machine " in instance:
+        return instance.partition(" (machine ")[0]
     return instance.split(" ", 1)[-1]
 
 
