@@ -192,8 +192,9 @@ class Conflict(AiworkerError):
 
 class NeedsPerson(Conflict):
     """A person acted on the forge against the task's work (closed its issue or its pull
-    request, pointed the pull request at another branch): trying again cannot mend that,
-    so the task is held until a person decides."""
+    request, pushed to its branch, pointed the pull request at another branch or rewrote
+    that branch): trying again cannot mend that, so the task is held until a person
+    decides."""
 
     code = "needs_person"
 
