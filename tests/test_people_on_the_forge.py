@@ -99,7 +99,9 @@ def test_a_pull_request_pointed_elsewhere_is_not_merged_there(
     assert forge.client("worker-bot").is_merged("team", "app", pr) is False
 
 
-def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, upgraded, cli):
+def _sent_to_repair(claimed) -> tuple[int, dict]:
+    """A task implemented, published, checked and sent to a repair by its review; its id
+    and the steps' reports."""
     task = claimed(
         SCRIPT_ONLY,
         edits={"calc.py": FIX},
@@ -113,6 +115,11 @@ def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, u
     assert implemented.exit_code == 0, implemented
     reports = deliver_until(task, "publish", "ci", "review")
     assert reports["review"].json()["state"] == "repairing"
+    return task, reports
+
+
+def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, upgraded, cli):
+    task, reports = _sent_to_repair(claimed)
     pr = reports["publish"].json()["pr"]
     _patch_pull(forge, pr, state="closed")  # the person rejects the work
     assert repair_once(cli, task).exit_code == 0
@@ -130,19 +137,7 @@ def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, u
 def test_a_commit_a_person_pushed_to_the_branch_is_not_pushed_over(
     forge, claimed, upgraded, cli, tmp_path
 ):
-    task = claimed(
-        SCRIPT_ONLY,
-        edits={"calc.py": FIX},
-        result=result_doc(),
-        phases={
-            "review": REVIEW_BLOCKING,
-            "repair": {"edits": {"test_calc.py": MORE_TESTS}, "result": result_doc()},
-        },
-    )
-    implemented = run_process("--json", "implement", "--task", str(task), "--slot", "1")
-    assert implemented.exit_code == 0, implemented
-    reports = deliver_until(task, "publish", "ci", "review")
-    assert reports["review"].json()["state"] == "repairing"
+    task, _ = _sent_to_repair(claimed)
     branch = f"aiworker/task-{task}"
     work = tmp_path / "alice"
     git("clone", "-q", "-b", branch, forge.clone_url("alice"), str(work))
