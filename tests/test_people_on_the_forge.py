@@ -180,3 +180,7 @@ def test_a_base_branch_rewritten_under_the_work_is_not_merged_into(
     bare = forge.data / "git" / "team" / "app.git"
     shown = git("--git-dir", str(bare), "ls-tree", "--name-only", "main", check=False)
     assert "SECRET.txt" not in shown.stdout
+    # What it was built on is gone: it starts over, on the base as it is now.
+    again = run_process("--json", "task", "retry", "--from-start", str(task))
+    assert again.exit_code == 0, again
+    assert query(upgraded, "select state from tasks") == [("ready",)]

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -232,14 +233,16 @@ def spawn_detached(
         os.close(fd)
     # Kept, not dropped: a dropped Popen whose child still runs warns in its __del__. The
     # child outlives us by design; finished ones are reaped here as new ones start.
-    _DETACHED[:] = [c for c in _DETACHED if c.poll() is None]
-    _DETACHED.append(child)
+    with _REAPING:  # threads that spawn at once keep each other's children
+        _DETACHED[:] = [c for c in _DETACHED if c.poll() is None]
+        _DETACHED.append(child)
     return child.pid
 
 
 def still_running(pid: int) -> bool:
     """Whether PID, a child spawn_detached started, still runs (reaped if it ended)."""
-    return any(c.pid == pid and c.poll() is None for c in _DETACHED)
+    with _REAPING:
+        return any(c.pid == pid and c.poll() is None for c in _DETACHED)
 
 
 def spawn_tied(argv: Sequence[str], *, cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
@@ -268,6 +271,7 @@ def spawn_tied(argv: Sequence[str], *, cwd: Path, log_path: Path) -> subprocess.
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []
+_REAPING = threading.Lock()
 # Collect the exit status of those that finished, so a long-lived caller leaves no zombie.
 atexit.register(lambda: [child.poll() for child in _DETACHED])
 

@@ -54,10 +54,11 @@ def publications_of(session: Session, task_id: int) -> list[Publication]:
 
 
 def published_heads(session: Session, task_id: int) -> set[str]:
-    """Every head this task pushed: each publication's first, and each publish's."""
+    """Every head this task pushed: each publication's first, and each publish's (its
+    push announced before it is made, its outcome after)."""
     heads = {p.head_commit for p in publications_of(session, task_id) if p.head_commit}
     published = select(events.c.data).where(
-        events.c.task_id == task_id, events.c.kind == "task.published"
+        events.c.task_id == task_id, events.c.kind.in_(("publish.pushing", "task.published"))
     )
     for (data,) in session.execute(published):
         if isinstance(data, dict) and data.get("head"):

@@ -166,7 +166,8 @@ def upgrade(db: Database) -> tuple[str | None, str]:
 
 def schema_drift(db: Database) -> list[str]:
     """How the store's tables differ from this version's (a migration edited after it ran,
-    a change by hand), one phrase each; empty when they agree."""
+    a change by hand), one phrase each; empty when they agree. Tables of another
+    application sharing the database are not ours to judge."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
@@ -174,7 +175,18 @@ def schema_drift(db: Database) -> list[str]:
 
     with db.engine.connect() as connection:
         found = compare_metadata(MigrationContext.configure(connection), Base.metadata)
-    return [_difference(item[0] if isinstance(item, list) else item) for item in found]
+    ours = set(Base.metadata.tables)
+    firsts = [item[0] if isinstance(item, list) else item for item in found]
+    return [_difference(first) for first in firsts if _table_of(first) in ours]
+
+
+def _table_of(item: tuple[Any, ...]) -> str | None:
+    """The table a difference is about: (kind, schema, table, ...) for a column's, else
+    the table, or the index or constraint of one, second."""
+    if item[0].endswith("_column") or item[0].startswith("modify_"):
+        return str(item[2])
+    table = getattr(item[1], "table", item[1])
+    return getattr(table, "name", None)
 
 
 def _difference(item: tuple[Any, ...]) -> str:

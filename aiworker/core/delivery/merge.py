@@ -121,7 +121,7 @@ def _not_against_a_person(access: ForgeAccess, job: Job, issue: Issue, pull: Pul
         raise NeedsPerson(
             f"{target} was rewritten: it no longer holds {task.base_commit[:12]}, the base "
             f"this work was built and checked on, and merging would bring back what was "
-            f"removed (retry the task from the start, or cancel it)"
+            f"removed (start it over: `aiworker task retry --from-start {task.id}`, or cancel it)"
         )
 
 

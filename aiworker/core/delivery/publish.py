@@ -43,6 +43,7 @@ from aiworker.store.publications import (
 from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
+PUSHING = "publish.pushing"
 
 
 @dataclass
@@ -143,6 +144,11 @@ def publish(job: Job) -> Outcome:
     branch = f"aiworker/task-{task.id}"
     report = PublishReport(task.id, None, branch, task.head_commit, False)
     job.report = report
+    with db.read() as session:
+        known = current_publication(session, task.id)
+    if known is not None and known.pr_number is not None:
+        # One a person closed is neither refreshed, pushed to nor replaced.
+        closed_by_person(task.id, worker.pull(repo.owner, repo.name, known.pr_number))
     ready = _preconditions(job, access, worker, report)
     if isinstance(ready, Outcome):
         return ready.ended("succeeded", f"not published: {ready.reason}")
@@ -160,11 +166,11 @@ def publish(job: Job) -> Outcome:
                 task.head_commit,
             )
         publication_id, marker = publication.id, publication.ownership_marker
-        opened = publication.pr_number
-    if opened is not None:  # one a person closed is neither pushed to nor replaced
-        closed_by_person(task.id, worker.pull(repo.owner, repo.name, opened))
     cache = GitCache(env.state_dir)
     _no_commit_of_a_person(db, cache, job, worker, branch)
+    with db.write() as session:  # a head this task pushes is known as its own before it is
+        data = {"head": task.head_commit, "branch": branch}
+        append_event(session, PUSHING, task_id=task.id, actor="publish", data=data)
     clone_url = worker.repository(repo.owner, repo.name).clone_url
     cache.push(repo.index, task.head_commit, clone_url, access.token("worker"), branch)
     pushed = worker.branch(repo.owner, repo.name, branch).commit.id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 FOLLOW_UP = "AIWORKER_FOLLOW_UP"
 _FOLLOW_UPS: list[int] = []  # the tick this process last started for a follow-up
+_FOLLOWING_UP = threading.Lock()
 
 
 def log_rotation(env: Environment) -> Rotation:
@@ -91,11 +93,11 @@ def request_follow_up(env: Environment) -> FollowUpReport:
     if env.loaded.config.scheduler.launcher == "systemd":
         _systemctl_start("aiworker-scheduler.service")  # systemd starts it once
         return FollowUpReport(True, "aiworker-scheduler.service", None)
-    if _FOLLOW_UPS and still_running(_FOLLOW_UPS[-1]):
+    with _FOLLOWING_UP:  # the web plane answers clicks on several threads
+        if not (_FOLLOW_UPS and still_running(_FOLLOW_UPS[-1])):
+            argv = [*aiworker_argv(env), "scheduler", "tick"]
+            _FOLLOW_UPS[:] = [_detached(env, argv, env.state_dir / "logs" / "scheduler.log")]
         return FollowUpReport(True, "tick", _FOLLOW_UPS[-1])
-    argv = [*aiworker_argv(env), "scheduler", "tick"]
-    _FOLLOW_UPS[:] = [_detached(env, argv, env.state_dir / "logs" / "scheduler.log")]
-    return FollowUpReport(True, "tick", _FOLLOW_UPS[-1])
 
 
 def follow_up_if_asked(env: Environment) -> None:

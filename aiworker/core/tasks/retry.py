@@ -1,4 +1,5 @@
-"""`aiworker task retry`: an operator gives a failed or needs_input task another go.
+"""`aiworker task retry`: an operator gives a failed or needs_input task another go, or
+starts a paused one over.
 
 Its budgets are reset, recording what had been used. A step past implementation that
 failed because its own budget was spent (publish, CI, review, merge, the plan's step)
@@ -44,9 +45,12 @@ def retry_task(env: Environment, task_id: int, *, from_start: bool = False) -> R
     try:
         with db.read() as session:
             task = existing_task(session, task_id)
-        if task.state not in RETRYABLE:
+        # A paused task may start over (one held because what its work was built on is
+        # gone); where it was paused is `task resume`'s.
+        if task.state not in RETRYABLE and not (from_start and task.state == TaskState.PAUSED):
             raise Conflict(
                 f"task {task_id} is {task.state}; only failed or needs_input tasks are retried"
+                " (a paused one from the start)"
             )
         resumed, request = (None, None) if from_start else _where_it_failed(env, db, task)
         to_state = resumed or TaskState.READY
