@@ -25,7 +25,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     "ci": frozenset({"task", "pr", "head", "state", "check", "evidence", "receipt", "receipt_url"}),
     "review": frozenset({"task", "pr", "event", "review", "provider", "reason", "findings"})
     | {"state"},
-    "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at", "state"}),
+    "merge": frozenset({"task", "pr", "head", "merge_commit", "merged_at", "merged_by", "state"}),
     "cleanup": frozenset({"removed", "skipped", "changed", "kept"}),
     "retention": frozenset(
         {"dry_run", "removed", "refs", "files", "freed_bytes", "payloads", "bytes", "changed"}

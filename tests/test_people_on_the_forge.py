@@ -26,7 +26,9 @@ def _held(database, task: int) -> str:
         database, "select outcome, refunded from attempts order by id desc limit 1"
     )
     assert (outcome, refunded) == ("unavailable", 1)
-    [(data,)] = query(database, "select data from events where kind = 'task.held'")
+    [(data,)] = query(
+        database, "select data from events where kind = 'task.held' order by id desc limit 1"
+    )
     reason = json.loads(data)["reason"]
     assert f"held until an operator fixes it and runs `aiworker task resume {task}`" in reason
     return reason
@@ -121,12 +123,16 @@ def _sent_to_repair(claimed) -> tuple[int, dict]:
 def test_a_pull_request_closed_during_a_repair_is_not_replaced(forge, claimed, upgraded, cli):
     task, reports = _sent_to_repair(claimed)
     pr = reports["publish"].json()["pr"]
-    _patch_pull(forge, pr, state="closed")  # the person rejects the work
-    assert repair_once(cli, task).exit_code == 0
     branch_before = forge.client("alice").branch("team", "app", f"aiworker/task-{task}")
-    published = run_process("--json", "publish", "--task", str(task))
-    assert published.exit_code == 1, published
+    _patch_pull(forge, pr, state="closed")  # the person rejects the work
+    assert repair_once(cli, task).exit_code == 1  # held before any inference is spent
     assert f"PR #{pr} was closed on the forge without being merged" in _held(upgraded, task)
+    # Resumed without reopening it, the next episode holds it again, and no provider ran.
+    assert run_process("task", "resume", str(task)).exit_code == 0
+    assert repair_once(cli, task).exit_code == 1
+    _held(upgraded, task)
+    tries = query(upgraded, "select provider, outcome from attempts where phase = 'repair'")
+    assert tries == [(None, "unavailable")] * 2
     # Before: a new PR was opened over the closed one, and went on to be merged.
     pulls = forge.client("worker-bot").pulls("team", "app", state="all")
     assert [(p.number, p.state) for p in pulls] == [(pr, "closed")]
@@ -184,3 +190,61 @@ def test_a_base_branch_rewritten_under_the_work_is_not_merged_into(
     again = run_process("--json", "task", "retry", "--from-start", str(task))
     assert again.exit_code == 0, again
     assert query(upgraded, "select state from tasks") == [("ready",)]
+
+
+def _merged_by_person(upgraded, task: int, pr: int) -> dict:
+    """The task is done, its claim gone and every attempt closed, with the merge a person
+    made on the forge recorded as its evidence; that evidence."""
+    assert query(upgraded, "select state, claim_slot from tasks") == [("done", None)]
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    [(body,)] = query(upgraded, "select body from receipts where outcome = 'merged'")
+    evidence = json.loads(body)
+    assert (evidence["pr"], evidence["merged_by"], evidence["by_aiworker"]) == (pr, "alice", False)
+    return evidence
+
+
+def test_a_pull_request_a_person_merged_ends_the_task_without_more_checks(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    task, head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    forge.client("alice").merge_pull("team", "app", pr, style="merge")
+    jobs = query(upgraded, "select count(*) from worker_jobs")
+    ci = run_process("--json", "ci", "--task", str(task))
+    assert ci.exit_code == 0, ci
+    evidence = _merged_by_person(upgraded, task, pr)
+    merge_commit = forge.client("alice").pull("team", "app", pr).merge_commit_sha
+    assert (evidence["head"], evidence["merge_commit"]) == (head, merge_commit)
+    # Before: CI ran on the merged head and a review spent inference on it.
+    assert query(upgraded, "select count(*) from worker_jobs") == jobs
+    assert run_process("--json", "review", "--task", str(task)).exit_code == 1
+    phases = query(upgraded, "select phase from attempts order by id")
+    assert phases == [("implementation",), ("publish",), ("ci",)]
+
+
+def test_a_pull_request_merged_during_a_repair_spends_no_repair(forge, claimed, upgraded, cli):
+    task, reports = _sent_to_repair(claimed)
+    pr = reports["publish"].json()["pr"]
+    forge.client("alice").merge_pull("team", "app", pr, style="merge")  # good enough for them
+    assert repair_once(cli, task).exit_code == 0
+    _merged_by_person(upgraded, task, pr)
+    assert query(upgraded, "select count(*) from attempts where phase = 'repair'") == [(0,)]
+
+
+def test_a_pull_request_merged_before_its_repair_is_published_is_not_pushed_to(
+    forge, claimed, upgraded, cli
+):
+    task, reports = _sent_to_repair(claimed)
+    pr = reports["publish"].json()["pr"]
+    assert repair_once(cli, task).exit_code == 0
+    forge.client("alice").merge_pull("team", "app", pr, style="merge")
+    merged_head = forge.client("alice").pull("team", "app", pr).head.sha
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 0, published
+    assert published.json()["merged_by"] == "alice"
+    evidence = _merged_by_person(upgraded, task, pr)
+    assert evidence["head"] == merged_head
+    branch = forge.client("alice").branch("team", "app", f"aiworker/task-{task}")
+    assert branch.commit.id == merged_head  # the repair's head was not pushed after it

@@ -162,6 +162,7 @@ class PullRequest(Thread):
     mergeable: bool = False
     merged: bool = False
     merged_at: datetime | None = None
+    merged_by: User | None = None
     merge_commit_sha: str | None = None
 
 

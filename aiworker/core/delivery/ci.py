@@ -25,6 +25,7 @@ from aiworker.core.evidence.requirements import default_requirements
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.at_head import gate_at, pull_at_head
 from aiworker.core.phases.job import Job
+from aiworker.core.phases.merged import merged
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.repairs import RepairRequest
@@ -106,7 +107,9 @@ def ci(job: Job) -> Outcome:
     job.start(None, {"head": head})
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
-    pull_at_head(job, worker)
+    pull = pull_at_head(job, worker)
+    if pull.merged:  # by a person: nothing is checked for it any more
+        return merged(job, pull, ours=False)
     clone_url = worker.repository(repo.owner, repo.name).clone_url
     GitCache(env.state_dir).ensure(repo.index, clone_url, access.token("worker"), head, base)
     poster = access.status_writer()

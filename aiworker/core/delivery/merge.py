@@ -11,9 +11,6 @@ head. The merge commit is recorded as evidence, with every milestone's head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.scope_check import answer_moved_scope
 from aiworker.core.evidence.authorisation import publication_allowed
@@ -23,28 +20,14 @@ from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
 from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.job import Job
+from aiworker.core.phases.merged import MergeReport, merged
 from aiworker.core.phases.outcome import Outcome
-from aiworker.core.report import Report
-from aiworker.core.tasks.milestones import checks_of, plan_milestones
-from aiworker.core.tasks.states import TaskState as S
+from aiworker.core.tasks.milestones import checks_of
 from aiworker.errors import Conflict, NeedsPerson
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
-from aiworker.store.receipts import add_receipt
 from aiworker.store.tasks import append_event
-
-
-@dataclass
-class MergeReport(Report):
-    task: int
-    pr: int
-    head: str
-    merge_commit: str | None
-    merged_at: str | None
-    # repairing (awaiting_plan_approval for a plan): the issue changed after the review;
-    # nothing was merged.
-    state: str = S.DONE
 
 
 def _refusals(
@@ -137,7 +120,7 @@ def merge(job: Job) -> Outcome:
     pull = pull_at_head(job, reviewer)
     report = MergeReport(task.id, job.pr, head, None, None)
     job.report = report
-    if not pull.merged:  # merged already: a run that died after the request
+    if not pull.merged:  # merged already: by a run that died after the request, or a person
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
         decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
         # Work still authorised but done for an issue that changed since: repaired first
@@ -155,30 +138,5 @@ def merge(job: Job) -> Outcome:
         reviewer.merge_pull(repo.owner, repo.name, job.pr, style="merge", head_commit_id=head)
         failpoint("merge.after_request")
         pull = reviewer.pull(repo.owner, repo.name, job.pr)
-    merged_at = pull.merged_at.isoformat() if pull.merged_at else None
-    report.merge_commit, report.merged_at = pull.merge_commit_sha, merged_at
-    evidence: dict[str, Any] = {
-        "pr": job.pr,
-        "head": head,
-        "merge_commit": pull.merge_commit_sha,
-        "merged_at": merged_at,
-    }
-    milestones = [(c.id, c.head_commit) for c in plan_milestones(db, task)]
-    if milestones:
-        evidence["milestones"] = [{"task": t, "head": h} for t, h in milestones]
-    # The merge's evidence is kept whatever becomes of the move: the PR is merged.
-    with db.write() as session:
-        add_receipt(
-            session,
-            task_id=task.id,
-            phase=job.phase.name,
-            head=head,
-            base=task.base_commit,
-            scope=task.scope_fingerprint,
-            check_id=None,
-            outcome="merged",
-            body=evidence,
-        )
-    why = f"merged as {pull.merge_commit_sha}"
-    landing = Outcome(report, S.DONE, why, kind="merge.done", data=evidence, follow_up=False)
-    return landing.ended("succeeded", why)
+    ours = pull.merged_by is None or pull.merged_by.login == access.logins["reviewer"]
+    return merged(job, pull, ours=ours)

@@ -25,6 +25,7 @@ from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import still_authorized
 from aiworker.core.phases.at_head import closed_by_person
 from aiworker.core.phases.job import Job
+from aiworker.core.phases.merged import merged
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import accepted_milestones, checks_of
@@ -147,8 +148,12 @@ def publish(job: Job) -> Outcome:
     with db.read() as session:
         known = current_publication(session, task.id)
     if known is not None and known.pr_number is not None:
-        # One a person closed is neither refreshed, pushed to nor replaced.
-        closed_by_person(task.id, worker.pull(repo.owner, repo.name, known.pr_number))
+        # One a person closed is neither refreshed, pushed to nor replaced; one a person
+        # merged is delivered.
+        pull = worker.pull(repo.owner, repo.name, known.pr_number)
+        closed_by_person(task.id, pull)
+        if pull.merged:
+            return merged(job, pull, ours=False)
     ready = _preconditions(job, access, worker, report)
     if isinstance(ready, Outcome):
         return ready.ended("succeeded", f"not published: {ready.reason}")

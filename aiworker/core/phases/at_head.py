@@ -15,11 +15,12 @@ from aiworker.errors import Conflict, NeedsPerson
 
 
 def pull_at_head(job: Job, client: ForgejoClient) -> PullRequest:
-    """The task's PR, which must still be open at the task's receipt head."""
+    """The task's PR, which must still be open at the task's receipt head, or merged
+    (by a person, at whatever head they merged: see merged.py)."""
     assert job.pr is not None
     pull = client.pull(job.repo.owner, job.repo.name, job.pr)
     closed_by_person(job.task.id, pull)
-    if pull.head.sha != job.task.head_commit:
+    if not pull.merged and pull.head.sha != job.task.head_commit:
         evidence = job.task.head_commit
         raise Conflict(
             f"PR #{job.pr} head moved to {pull.head.sha}; the evidence is for {evidence}"

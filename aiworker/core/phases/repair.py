@@ -25,10 +25,11 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.standing import withdrawn_at_claim
-from aiworker.core.phases.at_head import gate_at
+from aiworker.core.phases.at_head import closed_by_person, gate_at
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.job import Job
+from aiworker.core.phases.merged import merged
 from aiworker.core.phases.model_run import (
     ModelRun,
     admit,
@@ -54,6 +55,11 @@ def repair(job: Job) -> Outcome:
     job.report = report
     access = ForgeAccess(env.loaded)
     worker = access.required("worker")
+    if job.pr is not None:  # a person may have closed or merged it since: nothing to repair
+        pull = worker.pull(repo.owner, repo.name, job.pr)
+        closed_by_person(task.id, pull)
+        if pull.merged:
+            return merged(job, pull, ours=False)
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     if withdrawn:

@@ -25,6 +25,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.job import Job
+from aiworker.core.phases.merged import merged
 from aiworker.core.phases.model_run import admit, run_model_phase, workspaces_dir
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.phases.prompts import review_prompt
@@ -73,6 +74,8 @@ def review(job: Job) -> Outcome:
     access = ForgeAccess(env.loaded)
     reviewer = access.required("reviewer")
     pull = pull_at_head(job, reviewer)
+    if pull.merged:  # by a person: no review is spent on it
+        return merged(job, pull, ours=False)
     # A decision recorded by a run that died before it posted or moved the task is
     # delivered as it was: no second inference, no second review.
     decided = pending_decision(db, task.id, head)

@@ -119,14 +119,17 @@ EDGES: dict[TaskState, frozenset[TaskState]] = {
         }
     ),
     # awaiting_ci -> awaiting_ci: a CI run died and is retried within its budget.
+    # -> done, from here to repairing: a person merged the PR on the forge.
     S.AWAITING_CI: frozenset(
-        {S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
+        {S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.DONE}
+        | {S.FAILED, *_LEAVE}
     ),
     S.AWAITING_REVIEW: frozenset(
-        {S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
+        {S.AWAITING_REVIEW, S.APPROVED, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.DONE}
+        | {S.FAILED, *_LEAVE}
     ),
     S.REPAIRING: frozenset(
-        {S.REPAIRING, S.IMPLEMENTED, S.AWAITING_CI, S.NEEDS_INPUT, S.FAILED, *_LEAVE}
+        {S.REPAIRING, S.IMPLEMENTED, S.AWAITING_CI, S.NEEDS_INPUT, S.DONE, S.FAILED, *_LEAVE}
     ),
     S.APPROVED: frozenset(
         {S.APPROVED, S.DONE, S.REPAIRING, S.AWAITING_PLAN_APPROVAL, S.FAILED, *_LEAVE}
