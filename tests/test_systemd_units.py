@@ -181,6 +181,24 @@ def test_a_changed_check_interval_reaches_the_timer_without_reinstalling(
     assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "checked"
 
 
+def test_a_clock_set_back_does_not_stop_the_timers_checks(cli, upgraded, state_dir):
+    """The host's clock is set back an hour after a check (an NTP correction, a mistaken
+    `date -s` put right): the last check is an hour in the future. Before, every
+    `--if-due` answered not_due for that hour, and nothing was claimed or recovered."""
+    assert cli("--json", "scheduler", "tick").json()["status"] == "checked"
+    state = json.loads((state_dir / "scheduler.json").read_text())
+    state["last_check"] = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    (state_dir / "scheduler.json").write_text(json.dumps(state))
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "checked"
+    # That check set a new mark by the clock as it is: the interval counts from there.
+    assert cli("--json", "scheduler", "tick", "--if-due").json()["status"] == "not_due"
+    state = json.loads((state_dir / "scheduler.json").read_text())
+    state["last_check"] = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    (state_dir / "scheduler.json").write_text(json.dumps(state))
+    scheduler = cli("--json", "status").json()["scheduler"]
+    assert scheduler["next_check"] < state["last_check"], scheduler  # due now, not in an hour
+
+
 def test_a_step_unit_with_nothing_to_run_exits_75(cli, upgraded, state_dir):
     gone = cli("scheduler", "run-step", "41")
     assert gone.exit_code == 75, gone

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import write_private_file
+from aiworker.runtime.clocks import mark
 
 if TYPE_CHECKING:
     from aiworker.core.context import Environment
@@ -30,6 +31,9 @@ class SchedulerState:
     check_requested: bool = False
     check_requested_at: str | None = None  # the latest request's time (ISO, UTC)
     last_check: str | None = None
+    # The last check's moment by the wall clock and real time (runtime/clocks.Mark), by
+    # which a later look tells whether the wall clock stepped since.
+    checked_mark: list[Any] | None = None
     next_deadline: str | None = None
     # The last poll's failure (None after a poll that worked) and how many in a row failed.
     poll_error: str | None = None
@@ -57,14 +61,16 @@ class SchedulerState:
         write_private_file(self.path(state_dir), json.dumps(asdict(self)).encode())
 
     def due(self, interval: int, now: datetime) -> bool:
-        """A check is due: asked for, never made, or INTERVAL seconds after the last."""
+        """A check is due: asked for, never made, INTERVAL seconds after the last, or
+        the last is in the future: the clock was set back since, and waiting for it
+        would stop every check for as long as the step (this one sets a new mark)."""
         if self.check_requested or not self.last_check:
             return True
         try:
             last = datetime.fromisoformat(self.last_check)
         except ValueError:
             return True
-        return now >= last + timedelta(seconds=interval)
+        return now >= last + timedelta(seconds=interval) or last > now
 
     def overdue(self, interval: int, now: datetime) -> bool:
         """The last check is older than twice INTERVAL: the timer is probably not running."""
@@ -116,6 +122,7 @@ def record_check(
         asked = state.check_requested_at
         state.check_requested = bool(state.check_requested and asked and asked > began)
         state.last_check, state.next_deadline = checked, next_deadline
+        state.checked_mark = list(mark())
     return state
 
 

@@ -98,6 +98,8 @@ def _shown(instance: str) -> str:
 class Sighting(NamedTuple):
     at: datetime  # its last sign of life
     lease_s: int | None  # the lease it renews within (its own controller.lease)
+    # How long the observer has watched it unchanged, in real time; None: not watched.
+    watched_s: float | None = None
 
 
 def last_seen(connection: Connection) -> dict[str, Sighting]:

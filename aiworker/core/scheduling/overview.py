@@ -135,7 +135,7 @@ def scheduler_summary(state: SchedulerState, interval: int, now: datetime) -> di
     last = state.last_check_at()
     if state.paused:
         next_check = None  # a paused scheduler starts nothing
-    elif state.check_requested or last is None:
+    elif state.check_requested or last is None or state.due(interval, now):
         next_check = now.isoformat()
     else:
         next_check = max(now, last + timedelta(seconds=interval)).isoformat()

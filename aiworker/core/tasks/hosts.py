@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from aiworker.core.context import Environment, hold_job_lock
+from aiworker.core.tasks.signs_of_life import watched
 from aiworker.errors import LockHeld
 from aiworker.runtime.locks import FileLock
 from aiworker.store.controllers import Sighting, last_seen, lease_of, server_now, silent_since
@@ -46,9 +47,16 @@ def gone(
     """Why HOST's work is given up (it fell silent for longer than the lease), or None
     while it still renews. SINCE: when the claim or attempt was made, a sign of life too."""
     lease = timedelta(seconds=db.lease_s)
-    if since is not None and now - since <= lease:
+    sighting = seen.get(host)
+    if sighting is not None and sighting.watched_s is not None:
+        # Watched here: real time alone decides, whatever the wall clock did meanwhile.
+        if sighting.watched_s <= lease_of(seen, host, lease).total_seconds():
+            return None
+        silent: datetime | None = sighting.at
+    elif since is not None and now - since <= lease:
         return None
-    silent = silent_since(seen, host, lease, now)
+    else:
+        silent = silent_since(seen, host, lease, now)
     if silent is None:
         return None
     when = "never seen" if silent.year == 1 else f"silent since {silent.isoformat()}"
@@ -56,10 +64,10 @@ def gone(
     return f"controller {host} is gone ({when}; lease {waited} s)"
 
 
-def _alive(db: Database, hosts: Iterable[str]) -> set[str]:
+def _alive(env: Environment, db: Database, hosts: Iterable[str]) -> set[str]:
     """Of HOSTS (other controllers), those that still renew."""
     with db.read_connection() as connection:
-        seen = last_seen(connection)
+        seen = watched(env.state_dir, last_seen(connection))
         now = server_now(connection)
     return {host for host in hosts if gone(db, seen, host, now, None) is None}
 
@@ -73,7 +81,7 @@ def published_elsewhere(env: Environment, db: Database, task_ids: list[int]) -> 
 
     with db.read() as session:
         hosts = {t: h for t, h in work_hosts(session, task_ids).items() if h != env.controller_id}
-    alive = _alive(db, set(hosts.values())) if hosts else set()
+    alive = _alive(env, db, set(hosts.values())) if hosts else set()
     return {task for task, host in hosts.items() if host in alive}
 
 
@@ -94,7 +102,7 @@ def hold_task_lock(
             raise LockHeld(f"a step of task {task_id} is running on another controller")
         with db.read() as session:
             hosts = {a.host for a in open_attempts(session, task_id) if not ours(db, a.host)}
-        running = sorted(_alive(db, {h for h in hosts if h})) if hosts else []
+        running = sorted(_alive(env, db, {h for h in hosts if h})) if hosts else []
         if running:
             raise LockHeld(f"a step of task {task_id} is running on controller {running[0]}")
         with db.read_connection() as connection:

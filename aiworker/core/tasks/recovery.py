@@ -31,6 +31,7 @@ from aiworker.core.tasks.budgets import RELEASE, land_after_failure
 from aiworker.core.tasks.claim_jobs import started_as_unit
 from aiworker.core.tasks.hosts import gone, ours
 from aiworker.core.tasks.lifecycle import Refusal, try_advance
+from aiworker.core.tasks.signs_of_life import watched
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
 from aiworker.runtime.processes import runs_with_arguments
 from aiworker.store.attempts import open_attempts
@@ -68,7 +69,7 @@ def recover_slots(
     with db.read_connection() as connection:
         claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
         others = any(not ours(db, r.host) for r in claims)
-        seen = last_seen(connection) if others else {}
+        seen = watched(env.state_dir, last_seen(connection)) if others else {}
         judged = server_now(connection) if others else now  # as signs of life are written
     for row in claims:
         # A job the tick started (as a process or a unit) that died before it began
@@ -164,7 +165,7 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
     with db.read() as session:
         dead: dict[int, list[str]] = {}
         away: dict[int, str] = {}  # task: why its attempts' controller counts as gone
-        seen = last_seen(session.connection())
+        seen = watched(env.state_dir, last_seen(session.connection()))
         now = server_now(session.connection())  # the clock signs of life are written by
         for attempt in open_attempts(session):
             if ours(db, attempt.host):
