@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -234,18 +236,38 @@ def test_an_advisory_threshold_is_recorded_but_needs_complete_measurements(measu
 def test_checks_are_worker_jobs_and_a_job_left_by_a_dead_controller_is_ended(setup, tmp_path):
     db, cache = setup
     # A check whose controller process died mid-job: its embedded runner's lease ran out.
+    # Another's lease ran out by the clock too, but its process still runs aiworker (the
+    # wall clock was set forward): it is left to finish.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
     stale = worker_jobs.enqueue(db, 1, {"label": "old", "source": {"snapshot_id": "0" * 40}})
+    live = worker_jobs.enqueue(db, 1, {"label": "live", "source": {"snapshot_id": "0" * 40}})
+    holder = subprocess.Popen([sys.executable, "-m", "aiworker", "sandbox", "serve", "--data",
+                               str(tmp_path / "idle-forge"), "--port", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     short = timedelta(milliseconds=50)
-    assert worker_jobs.claim(db, "embedded-1", "k", lease_for=short, max_attempts=3)
+    for worker, job in (
+        (f"embedded-{dead.stdout.strip()}", stale),
+        (f"embedded-{holder.pid}", live),
+    ):
+        lease = worker_jobs.claim(
+            db, worker, worker, lease_for=short, max_attempts=3, exact=(1, job)
+        )
+        assert lease is not None
     time.sleep(0.1)
     head = result_head(cache, tmp_path, "def add(a, b):\n    return a + b\n")
-    report = gate_slot_1(db, cache, requirements_from_issue("no checks block"))
+    try:
+        report = gate_slot_1(db, cache, requirements_from_issue("no checks block"))
+    finally:
+        holder.kill()
+        holder.wait()
     assert report.passed
     ended = worker_job_records.get_job(db, (1, stale))
     assert ended.state == "failed"
     assert "controller process died" in ended.result["error"]
-    # The check ran as worker job 2, on the snapshot of the head, and was delivered.
-    check = worker_job_records.get_job(db, (1, 2))
+    assert worker_job_records.get_job(db, (1, live)).state == "leased"
+    # The check ran as worker job 3, on the snapshot of the head, and was delivered.
+    check = worker_job_records.get_job(db, (1, 3))
     assert check.request["source"]["kind"] == "remote_snapshot"
     assert check.result["contract"] == "ait.runner.delivery.v1"
     assert (
@@ -254,7 +276,7 @@ def test_checks_are_worker_jobs_and_a_job_left_by_a_dead_controller_is_ended(set
     assert head
     assert report.checks[0]["worker_job"] == {
         "repository_index": 1,
-        "worker_job_index": 2,
+        "worker_job_index": 3,
         "attempt": 1,
         "worker_id": check.result["worker_id"],
     }

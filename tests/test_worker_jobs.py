@@ -82,18 +82,31 @@ def test_the_lease_is_proof_for_heartbeat_and_finish(db):
     assert rows(db.url, "select state from worker_jobs") == [("succeeded",)]
 
 
-def test_an_expired_lease_is_claimed_again_and_the_old_proof_is_refused(db):
+def test_an_expired_lease_holds_until_another_claim_takes_its_job(db):
     enqueue(db, 1, {})
-    lost = take(db, worker="dead", lease_for=SHORT)
+    late = take(db, worker="late", lease_for=SHORT)
     assert take(db, worker="w2", key="k2") is None  # not while the lease holds
     time.sleep(1.2)
-    with pytest.raises(LeaseLost):
-        heartbeat(db, (1, 1), lost.token, LONG)
-    taken = take(db, worker="w2", key="k2")
+    # Past its expiry, with nobody having taken the job (as when the controller's clock
+    # was set forward): its holder's heartbeat renews it. Before, the lease was lost
+    # and the job ran again.
+    heartbeat(db, (1, 1), late.token, SHORT)
+    time.sleep(1.2)
+    taken = take(db, worker="w2", key="k2")  # expired again: another claim takes it over
     assert (taken.worker_job_index, taken.attempt) == (1, 2)
     with pytest.raises(LeaseLost):
-        finish(db, (1, 1), lost.token, "succeeded", {})
+        heartbeat(db, (1, 1), late.token, LONG)
+    with pytest.raises(LeaseLost):
+        finish(db, (1, 1), late.token, "succeeded", {})
     assert finish(db, (1, 1), taken.token, "failed", {"exit_code": 3})[0] == "finished"
+
+
+def test_a_result_that_came_after_the_expiry_is_accepted_while_nobody_took_the_job(db):
+    enqueue(db, 1, {})
+    late = take(db, worker="late", lease_for=SHORT)
+    time.sleep(1.2)
+    assert finish(db, (1, 1), late.token, "succeeded", {"exit_code": 0})[0] == "finished"
+    assert rows(db.url, "select state, attempt_count from worker_jobs") == [("succeeded", 1)]
 
 
 def test_a_job_whose_every_lease_expired_ends_failed(db):

@@ -110,6 +110,20 @@ def runs_with_arguments(pid: int, *arguments: str) -> bool:
     return any(argv[i : i + len(wanted)] == wanted for i in range(len(argv)))
 
 
+def runs_aiworker(pid: int) -> bool:
+    """True while PID is alive and runs aiworker (its console script, or `python -m
+    aiworker`): a recorded pid reused by another program does not count."""
+    if not process_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(os.fsdecode(a)).name == "aiworker" for a in argv[:2]) or runs_with_arguments(
+        pid, "-m", "aiworker"
+    )
+
+
 def which(program: str) -> str | None:
     return shutil.which(program)
 

@@ -4,11 +4,12 @@ controller, and a lease handed back unstarted. Leases themselves: worker_jobs.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select, tuple_, update
 
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow, worker_jobs
@@ -72,12 +73,23 @@ def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> boo
     return bool(changed.rowcount == 1)
 
 
-def end_orphans(db: Database, older_than: timedelta, result: dict[str, Any]) -> int:
+def end_orphans(
+    db: Database, older_than: timedelta, result: dict[str, Any], alive: Callable[[str], bool]
+) -> int:
     """End as failed, with RESULT, the jobs queued longer than OLDER_THAN and those whose
-    lease expired (for the embedded runner, which claims each job the moment it is
-    queued and heartbeats while it runs: these lost their controller). Returns how many."""
+    lease expired and whose holder is not ALIVE (by its worker id): the embedded runner
+    claims each job the moment it is queued and heartbeats while it runs, so these lost
+    their controller process; one whose lease only looks expired (the wall clock was set
+    forward) is left to its holder. Returns how many."""
     now = utcnow()
+    job = (worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
     with db.transaction() as connection:
+        lapsed = connection.execute(
+            select(*job, worker_jobs.c.worker_id).where(
+                worker_jobs.c.state == LEASED, worker_jobs.c.lease_expires_at <= now
+            )
+        ).all()
+        dead = [(r[0], r[1]) for r in lapsed if not alive(str(r[2] or ""))]
         changed = connection.execute(
             update(worker_jobs)
             .where(
@@ -85,7 +97,7 @@ def end_orphans(db: Database, older_than: timedelta, result: dict[str, Any]) -> 
                     and_(
                         worker_jobs.c.state == QUEUED, worker_jobs.c.created_at < now - older_than
                     ),
-                    and_(worker_jobs.c.state == LEASED, worker_jobs.c.lease_expires_at <= now),
+                    and_(worker_jobs.c.state == LEASED, tuple_(*job).in_(dead)),
                 )
             )
             .values(**ended_failed(result, now))
@@ -102,7 +114,7 @@ def release(db: Database, index: tuple[int, int], token: str) -> bool:
     with db.transaction() as connection:
         changed = connection.execute(
             update(worker_jobs)
-            .where(*held(index, token), worker_jobs.c.lease_expires_at > utcnow())
+            .where(*held(index, token))
             .values(
                 state=QUEUED,
                 lease_token=None,
@@ -130,7 +142,6 @@ def leased_snapshot(
             select(worker_jobs.c.repository_index, worker_jobs.c.request).where(
                 worker_jobs.c.state == LEASED,
                 worker_jobs.c.lease_token == lease,
-                worker_jobs.c.lease_expires_at > utcnow(),
                 *([worker_jobs.c.claim_key.startswith(f"{holder}:")] if holder else []),
             )
         ).all()

@@ -5,9 +5,12 @@ States: queued -> leased -> succeeded | failed. A claim takes the oldest claimab
 (queued, or leased with an expired lease while attempts remain) in one statement under
 the write lock, with a fresh lease token (the proof every later call carries) and the
 attempt count raised. A claim repeated with the same request key while its lease holds
-gets the same job and lease back (a lost reply does not strand a job). A heartbeat
-extends only a live lease; finishing needs the lease proof, and a second finish of a
-finished job answers with the stored outcome, which is final.
+gets the same job and lease back (a lost reply does not strand a job). A lease holds
+until its job ends or another claim takes the job over, which its expiry allows: its
+holder's heartbeat, result, transfer or release past the expiry, with nobody having
+taken the job meanwhile, is accepted (a controller's wall clock set forward costs no
+work; a result that came late is still the only one). Finishing needs the lease proof,
+and a second finish of a finished job answers with the stored outcome, which is final.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ TERMINAL = (SUCCEEDED, FAILED)
 
 
 class LeaseLost(Exception):
-    """The lease proof does not hold (expired, taken over, or the job is gone)."""
+    """The lease proof does not hold (taken over, ended, or the job is gone)."""
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ def heartbeat(db: Database, index: tuple[int, int], token: str, lease_for: timed
     with db.transaction() as connection:
         now = utcnow()
         row = row_of(connection, index)
-        if row.state != LEASED or row.lease_token != token or row.lease_expires_at <= now:
+        if row.state != LEASED or row.lease_token != token:
             raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} no longer holds")
         expires = now + lease_for
         changed = connection.execute(
@@ -319,8 +322,6 @@ def finish(
             raise LeaseLost(f"worker job {index[0]}/{index[1]} is leased under another proof")
         if row.state in TERMINAL:
             return "already finished", dict(row.result or {})
-        if row.lease_expires_at <= now:
-            raise LeaseLost(f"the lease on worker job {index[0]}/{index[1]} expired")
         changed = connection.execute(
             update(worker_jobs)
             .where(*held(index, token))

@@ -28,7 +28,7 @@ from aiworker.errors import SHORT_ADVICE, SHORT_WORDS, AiworkerError, ShortOfRes
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
-from aiworker.runtime.processes import keep_memory_private
+from aiworker.runtime.processes import keep_memory_private, runs_aiworker
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import abandon, end_orphans, get_job, open_requests
 from aiworker.store.worker_jobs import TERMINAL, enqueue
@@ -80,7 +80,7 @@ class Dispatch:
         if self.runners.mode == "embedded":
             # Jobs whose embedded runner died with its controller: nobody else takes them.
             cutoff = timedelta(seconds=self.runners.lease_seconds)
-            ended = end_orphans(self.db, cutoff, {"error": ORPHANED})
+            ended = end_orphans(self.db, cutoff, {"error": ORPHANED}, _holder_runs)
             if ended:
                 log.warning("ended %d worker jobs whose controller process died", ended)
         with locks.held("snapshots", timeout=300):
@@ -169,3 +169,10 @@ class Dispatch:
         if delivery.error.code in TREE_REFUSALS:
             raise Uncheckable(f"a runner cannot write it: {delivery.error.message}")
         raise RequestRejected(delivery.error.code, delivery.error.message, delivery.error.field)
+
+
+def _holder_runs(worker_id: str) -> bool:
+    """Whether the process an embedded job's worker id names (embedded-PID) still runs
+    aiworker: then its job is no orphan, whatever the wall clock says of its lease."""
+    pid = worker_id.removeprefix("embedded-")
+    return pid.isdigit() and (int(pid) == os.getpid() or runs_aiworker(int(pid)))

@@ -7,7 +7,6 @@ result that names one is accepted only once it is (fleet.accept)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from aiworker.contracts.runner import JobResult
@@ -26,8 +25,7 @@ def lease_holds(db: Database, pair: tuple[int, int], token: str, holder: str = "
     HOLDER stands for, when given) no longer holds, or that ended."""
     job = get_job(db, pair)
     claimed_by = (job.claim_key or "").startswith(f"{holder}:") if holder else True
-    expired = job.lease_expires_at is not None and job.lease_expires_at <= datetime.now(UTC)
-    if job.lease_token != token or job.state in TERMINAL or not claimed_by or expired:
+    if job.lease_token != token or job.state in TERMINAL or not claimed_by:
         raise LeaseLost(f"worker job {pair[0]}/{pair[1]} is not held under this lease")
 
 
