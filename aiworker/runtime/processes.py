@@ -97,31 +97,19 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
+def _argv(pid: int) -> list[bytes]:
+    """PID's command line while it is alive (none: gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if process_alive(pid) else []
+    except OSError:
+        return []
+
+
 def runs_with_arguments(pid: int, *arguments: str) -> bool:
     """True while PID is alive and its command line holds ARGUMENTS in a row: a recorded
     pid is only trusted while it still runs the job it was recorded for (pids are reused)."""
-    if not process_alive(pid):
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    wanted = [a.encode() for a in arguments]
+    argv, wanted = _argv(pid), [a.encode() for a in arguments]
     return any(argv[i : i + len(wanted)] == wanted for i in range(len(argv)))
-
-
-def runs_aiworker(pid: int) -> bool:
-    """True while PID is alive and runs aiworker (its console script, or `python -m
-    aiworker`): a recorded pid reused by another program does not count."""
-    if not process_alive(pid):
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(Path(os.fsdecode(a)).name == "aiworker" for a in argv[:2]) or runs_with_arguments(
-        pid, "-m", "aiworker"
-    )
 
 
 def which(program: str) -> str | None:

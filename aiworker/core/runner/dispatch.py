@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from aiworker.errors import SHORT_ADVICE, SHORT_WORDS, AiworkerError, ShortOfRes
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
-from aiworker.runtime.processes import keep_memory_private, runs_aiworker
+from aiworker.runtime.processes import keep_memory_private, runs_with_arguments
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import abandon, end_orphans, get_job, open_requests
 from aiworker.store.worker_jobs import TERMINAL, enqueue
@@ -173,6 +174,11 @@ class Dispatch:
 
 def _holder_runs(worker_id: str) -> bool:
     """Whether the process an embedded job's worker id names (embedded-PID) still runs
-    aiworker: then its job is no orphan, whatever the wall clock says of its lease."""
+    aiworker (this installation's console script, or `python -m aiworker`): then its job
+    is no orphan, whatever the wall clock says of its lease."""
     pid = worker_id.removeprefix("embedded-")
-    return pid.isdigit() and (int(pid) == os.getpid() or runs_aiworker(int(pid)))
+    if not pid.isdigit():
+        return False
+    script = str(Path(sys.executable).with_name("aiworker"))
+    running = (runs_with_arguments(int(pid), *argv) for argv in (["-m", "aiworker"], [script]))
+    return int(pid) == os.getpid() or any(running)
