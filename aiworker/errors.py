@@ -56,6 +56,9 @@ class AiworkerError(Exception):
     # The installation's fault (a credential the forge refuses), not the work's: a phase
     # that meets it before any inference gets its attempt back.
     installation = False
+    # Only a person can mend it: a phase that meets it holds its task for them, whatever
+    # it spent, instead of trying again until its budget is spent.
+    holds_task = False
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -197,6 +200,7 @@ class NeedsPerson(Conflict):
     decides."""
 
     code = "needs_person"
+    holds_task = True
 
 
 class Refused(AiworkerError):

@@ -16,7 +16,7 @@ import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from aiworker.errors import AiworkerError, DiskFull, says_disk_full
+from aiworker.errors import EXIT_INVALID, AiworkerError, DiskFull, says_disk_full
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
 
@@ -36,6 +36,17 @@ def _refuse_full(cache: Path, stderr: str) -> None:
     failure of the work."""
     if says_disk_full(stderr):
         raise DiskFull(f"git cache {cache}: the disk is full; free space")
+
+
+class GitForbidden(GitCacheError):
+    """The forge answered git with 403: the identity's token lacks the repository scope
+    (write:repository to push), or the identity lacks the permission. Only the operator
+    can mend that; no retry helps."""
+
+    code = "git_forbidden"
+    exit_code = EXIT_INVALID
+    installation = True
+    holds_task = True
 
 
 class AncestryRejected(GitCacheError):
@@ -107,6 +118,12 @@ class GitCache:
         if not result.ok:
             detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
             _refuse_full(self.path(index), result.stderr)
+            if "returned error: 403" in result.stderr:
+                raise GitForbidden(
+                    f"the forge refused git {args[0]} (HTTP 403): this identity's token lacks "
+                    "the repository scope (write:repository to push) or the identity lacks "
+                    "permission on the repository; `aiworker doctor` names which"
+                )
             raise GitCacheError(f"git {args[0]} failed in cache {index}: {detail[0][:300]}")
         return result.stdout.strip()
 

@@ -21,6 +21,7 @@ from aiworker.sandbox.http import (
 )
 from aiworker.sandbox.pushes import record_pushes
 from aiworker.sandbox.render import Renderer
+from aiworker.sandbox.scopes import categories, require
 from aiworker.sandbox.state import ForgeState
 
 Routed = Callable[[Handler], Handler]  # a route decorator
@@ -71,10 +72,12 @@ class SandboxApp:
                 user = self.state.user_by_token(token)
                 if user is None:
                     raise HttpError(401, "invalid token")
-                req.user = user["login"]
+                req.user, req.scopes = user["login"], user["scopes"]
             if req.path.startswith("/api/v1/"):
-                self.api_calls[f"{req.method} {req.path[len('/api/v1') :]}"] += 1
-                handler, params = self.router.match(req.method, req.path[len("/api/v1") :])
+                path = req.path[len("/api/v1") :]
+                self.api_calls[f"{req.method} {path}"] += 1
+                handler, params = self.router.match(req.method, path)
+                require(req.scopes, categories(path), req.method)
                 try:
                     return handler(req, **params)
                 except GitFailed:
@@ -112,6 +115,7 @@ class SandboxApp:
                 )
             if not self.state.can(repo, req.user, needed):
                 raise HttpError(403, f"user does not have {needed} permission")
+            require(req.scopes, ["repository"], "POST" if pushing else "GET")
         before = dict(self.git(repo).branches()) if rest == "git-receive-pack" else None
         status, headers, body = http_backend(
             self.git_root,

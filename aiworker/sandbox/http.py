@@ -53,6 +53,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     user: str | None = None
+    scopes: list[str] = field(default_factory=lambda: ["all"])  # the token's (scopes.py)
     query: dict[str, list[str]] = field(default_factory=dict)
 
     def json(self) -> GoFields:

@@ -70,9 +70,14 @@ class ForgeState:
             return dict(user)
 
     def user_by_token(self, token: str) -> dict[str, Any] | None:
+        """The user TOKEN stands for, with the scopes it holds (a user's own: all)."""
         for user in self.data["users"].values():
             if secrets.compare_digest(user["token"], token):
-                return dict(user)
+                return {**user, "scopes": ["all"]}
+        for value, scoped in self.data.get("tokens", {}).items():
+            owner = self.data["users"].get(scoped["login"])
+            if owner is not None and secrets.compare_digest(value, token):
+                return {**owner, "scopes": list(scoped["scopes"])}
         return None
 
     def user(self, login: str) -> dict[str, Any] | None:

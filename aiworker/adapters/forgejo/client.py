@@ -15,8 +15,12 @@ from pydantic import BaseModel, ValidationError
 from aiworker.adapters.forgejo import models as m
 from aiworker.adapters.forgejo.errors import (
     ForgeBadAnswer,
+    ForgeConflict,
     ForgeError,
+    ForgeForbidden,
+    ForgeInvalid,
     ForgeNotFound,
+    ForgeTokenScope,
     ForgeUnavailable,
 )
 from aiworker.adapters.forgejo.transport import Transport, TransportOptions, segment
@@ -26,6 +30,13 @@ T = TypeVar("T", bound=BaseModel)
 REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
 STATUS_STATES = ("pending", "success", "error", "failure", "warning")
 MERGE_STYLES = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only")
+# A request per token scope that the forge refuses after checking that scope (lacks_scope).
+SCOPE_PROBES = {
+    "read:issue": ("GET", "issues/0"),
+    "write:issue": ("POST", "issues/0/comments"),
+    "read:repository": ("GET", "pulls/0"),
+    "write:repository": ("POST", "pulls/0/merge"),
+}
 
 
 def rfc3339(moment: datetime) -> str:
@@ -106,6 +117,21 @@ class ForgejoClient:
         found = self._get(m.Repository, self._repo(owner, repo))
         clone_url = f"{self.http.plain_base}/{segment(owner)}/{segment(repo)}.git"
         return found.model_copy(update={"clone_url": clone_url})
+
+    def lacks_scope(self, owner: str, repo: str, scope: str) -> bool:
+        """Whether this token lacks SCOPE (read: or write: issue or repository), asked with
+        a request for an issue or pull request numbered 0 in OWNER/REPO: the forge checks
+        a route's scope before anything else of it, and then finds nothing, so nothing is
+        read or written."""
+        method, tail = SCOPE_PROBES[scope]
+        try:
+            body: dict[str, Any] | None = {} if method == "POST" else None
+            self.http.request(method, f"{self._repo(owner, repo)}/{tail}", json=body)
+        except ForgeTokenScope:
+            return True
+        except (ForgeNotFound, ForgeInvalid, ForgeConflict, ForgeForbidden):
+            return False  # refused after the scope check: the token holds it
+        return False
 
     def collaborator_permission(self, owner: str, repo: str, user: str) -> m.CollaboratorPermission:
         path = f"{self._repo(owner, repo)}/collaborators/{segment(user)}/permission"

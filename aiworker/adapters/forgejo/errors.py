@@ -63,6 +63,26 @@ class ForgeForbidden(ForgeError):
     code = "forge_forbidden"
 
 
+class ForgeTokenScope(ForgeForbidden):
+    """403 for a token that lacks a scope the request needs (Forgejo's scoped tokens):
+    only the operator can give it one, so no retry helps."""
+
+    code = "forge_token_scope"
+    exit_code = EXIT_INVALID
+    installation = True
+    holds_task = True
+
+    def __init__(
+        self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
+    ) -> None:
+        advice = "; give this identity's token that scope (Forgejo: Settings > Applications)"
+        super().__init__(method, path, status, detail + advice, forge=forge)
+
+
+# Forgejo's words for a token without the scope a route needs.
+SCOPE_REFUSAL = "token does not have at least one of required scope"
+
+
 class ForgeConflict(ForgeError):
     code = "forge_conflict"
 

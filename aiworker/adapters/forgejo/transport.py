@@ -22,7 +22,10 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from aiworker.adapters.forgejo.causes import connection_cause, retry_after_seconds
 from aiworker.adapters.forgejo.errors import (
     BY_STATUS,
+    SCOPE_REFUSAL,
     ForgeError,
+    ForgeForbidden,
+    ForgeTokenScope,
     ForgeUnavailable,
     ForgeUnreachable,
 )
@@ -300,6 +303,8 @@ class Transport:
     def _error(self, method: str, shown: str, response: requests.Response) -> ForgeError:
         kind = BY_STATUS.get(response.status_code, ForgeError)
         detail = self._message(response)
+        if kind is ForgeForbidden and SCOPE_REFUSAL in detail:
+            kind = ForgeTokenScope
         return kind(method, shown, response.status_code, detail, forge=self.shown_base)
 
     def pages(self, path: str, params: Mapping[str, Any] | None, page_size: int) -> Iterator[Any]:

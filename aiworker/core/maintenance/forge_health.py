@@ -1,7 +1,8 @@
 """What doctor asks the forge and the scheduler's record: is the forge there (and which
 version), does it accept each identity's token (and as whom), may each bot write to
 each repository (read with its own token, as the web plane's access check reads it),
-did the last poll work, and is the tick running on time."""
+does each bot's token hold the scopes its work needs, did the last poll work, and is the
+tick running on time."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError
 
 ROLES = (*BOTS, "operator")
+# The token scopes each bot needs (a write scope holds its read), and what for.
+SCOPES = {
+    "planner": {"read:repository": "fetch the code", "write:issue": "post plans"},
+    "worker": {"write:repository": "push and open pull requests", "write:issue": "comment"},
+    "reviewer": {"write:repository": "review and merge", "read:issue": "read issues"},
+    "ci": {"write:repository": "post commit statuses"},
+}
 
 
 def forge_checks(env: Environment) -> list[Check]:
@@ -45,6 +53,33 @@ def forge_checks(env: Environment) -> list[Check]:
         logins[role] = (login, client)
         checks.append(Check(f"identity:{role}", "ok", f"{login}, configured as the {role}"))
     checks.extend(_repository_checks(env, logins))
+    checks.extend(_scope_checks(env, logins))
+    return checks
+
+
+def _scope_checks(env: Environment, logins: dict[str, tuple[str, ForgejoClient]]) -> list[Check]:
+    """Whether each bot's token holds the scopes its work needs, asked on the first
+    repository with requests the forge refuses once it checked the scope."""
+    repos = env.loaded.config.repositories
+    checks = []
+    for role, needs in SCOPES.items():
+        if role not in logins or not repos:
+            continue
+        client = logins[role][1]
+        try:
+            lacking = [
+                f"{scope} (to {why})"
+                for scope, why in needs.items()
+                if client.lacks_scope(repos[0].owner, repos[0].name, scope)
+            ]
+        except ForgeError as exc:
+            checks.append(Check(f"scopes:{role}", "fail", exc.message))
+            continue
+        if lacking:
+            detail = f"the token lacks {', '.join(lacking)}; give it those scopes on the forge"
+            checks.append(Check(f"scopes:{role}", "fail", detail))
+        else:
+            checks.append(Check(f"scopes:{role}", "ok", f"holds {', '.join(needs)}"))
     return checks
 
 

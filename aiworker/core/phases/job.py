@@ -22,7 +22,7 @@ from aiworker.core.phases.table import Phase
 from aiworker.core.report import Report
 from aiworker.core.tasks.budgets import land_after_failure
 from aiworker.core.tasks.hold import hold_task
-from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, NeedsPerson, disk_full, failure_reason
+from aiworker.errors import EXIT_UNAVAILABLE, Interrupted, disk_full, failure_reason
 from aiworker.runtime.failpoints import failpoint
 from aiworker.runtime.interrupts import ignore_signals, signals_raise
 from aiworker.runtime.workspace import ExecutionBackend, Workspace
@@ -188,7 +188,7 @@ class Job:
         )
         outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE or full
         installation = getattr(exc, "installation", False) and not self.spent
-        held = installation or (full and self.spent) or isinstance(exc, NeedsPerson)
+        held = installation or (full and self.spent) or getattr(exc, "holds_task", False)
         transient = (outside and not self.spent) or held
         outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
         outcome = "unavailable" if transient else outcome
