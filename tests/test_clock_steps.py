@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from aiworker.core.tasks.lifecycle import advance
+from aiworker.core.tasks.signs_of_life import watched
 from aiworker.store.attempts import start_attempt
 from aiworker.store.claims import claim_next
-from aiworker.store.controllers import renew
+from aiworker.store.controllers import last_seen, renew
 from aiworker.store.engine import Database
 from aiworker.store.task_records import create_task, ensure_repository, task_row
 from tests.helpers import run_process
@@ -87,3 +88,27 @@ def test_a_clock_set_back_leaves_a_dead_controllers_work_waiting_no_longer(tmp_p
     assert query(upgraded, f"select outcome from attempts where task_id = {task}") == [
         ("abandoned",)
     ]
+
+
+def test_a_fresh_claim_of_a_controller_that_was_quiet_is_its_own(tmp_path, upgraded):
+    """host-b has watched host-a's sign of life stay unchanged for longer than the lease
+    (its timer is off); then host-a claims a task by hand and starts it, its first
+    heartbeat a quarter lease away. The claim, seconds old, is a sign of life too."""
+    a = Database(f"sqlite:///{upgraded}", host="host-a", lease_s=11)
+    with a.write() as session:
+        renew(session.connection(), "host-a", None)
+        repo = ensure_repository(session, 1, "team", "app")
+        create_task(session, repo.id, "issue", issue_number=1)
+    (tmp_path / "host-b").mkdir()
+    with a.read_connection() as connection:
+        watched(tmp_path / "host-b", last_seen(connection))  # host-b looks
+    time.sleep(12)
+    task_id = claim_next(a, 1, "slot-1-pid999999")
+    with a.write() as session:
+        task = task_row(session, task_id)
+        advance(session, task_id, "claimed", task.version, "running", "started", actor="slot-1")
+        start_attempt(
+            session, task_id, "implementation", "script", None, None, {}, pid=1, host="host-a"
+        )
+    a.dispose()
+    assert _tick_on_host_b(tmp_path, upgraded, 11, 0) == []

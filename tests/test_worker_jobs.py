@@ -109,6 +109,22 @@ def test_a_result_that_came_after_the_expiry_is_accepted_while_nobody_took_the_j
     assert rows(db.url, "select state, attempt_count from worker_jobs") == [("succeeded", 1)]
 
 
+def test_an_exact_claim_ends_no_other_job_whose_lease_expired(db):
+    """Two tasks' checks run on this host's embedded runner (one attempt each): the
+    first's lease looks expired (the wall clock was set forward) while its holder still
+    runs. The second's claim names its own job, and leaves the first to its holder."""
+    enqueue(db, 1, {})
+    first = take(db, worker="embedded-1", key="a", lease_for=SHORT, max_attempts=1, exact=(1, 1))
+    time.sleep(1.2)
+    enqueue(db, 1, {})
+    assert take(db, worker="embedded-1", key="b", max_attempts=1, exact=(1, 2)) is not None
+    heartbeat(db, (1, 1), first.token, LONG)  # before, "the lease expired on each of 1"
+    assert rows(db.url, "select state from worker_jobs order by worker_job_index") == [
+        ("leased",),
+        ("leased",),
+    ]
+
+
 def test_a_job_whose_every_lease_expired_ends_failed(db):
     enqueue(db, 1, {})
     for attempt in (1, 2):

@@ -9,8 +9,9 @@ gets the same job and lease back (a lost reply does not strand a job). A lease h
 until its job ends or another claim takes the job over, which its expiry allows: its
 holder's heartbeat, result, transfer or release past the expiry, with nobody having
 taken the job meanwhile, is accepted (a controller's wall clock set forward costs no
-work; a result that came late is still the only one). Finishing needs the lease proof,
-and a second finish of a finished job answers with the stored outcome, which is final.
+work unless another runner claims the job first; a late result is still the only one).
+Finishing needs the lease proof, and a second finish of a finished job answers with the
+stored outcome, which is final.
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def claim(
         ).first()
         if again is not None or repeat_only:
             return None if again is None else _lease(again)
-        # A job whose every attempt's lease expired ends failed, with the reason: never
-        # left leased for ever, never run again.
+        # A job of this claim's (its filters: an exact claim touches no other job) whose
+        # every attempt's lease expired ends failed, with the reason: never left leased
+        # for ever, never run again.
         why = f"the lease expired on each of {max_attempts} attempts"
         exhausted = connection.execute(
             update(worker_jobs)
@@ -154,6 +156,7 @@ def claim(
                 worker_jobs.c.state == LEASED,
                 worker_jobs.c.lease_expires_at <= now,
                 worker_jobs.c.attempt_count >= max_attempts,
+                *_filters(repository_indexes, exact),
             )
             .values(**ended_failed({"error": why}, now))
             .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)

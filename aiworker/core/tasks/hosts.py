@@ -47,14 +47,14 @@ def gone(
     """Why HOST's work is given up (it fell silent for longer than the lease), or None
     while it still renews. SINCE: when the claim or attempt was made, a sign of life too."""
     lease = timedelta(seconds=db.lease_s)
+    if since is not None and timedelta(0) <= now - since <= lease:
+        return None  # (one in the future: this clock was set back since; not a sign)
     sighting = seen.get(host)
     if sighting is not None and sighting.watched_s is not None:
         # Watched here: real time alone decides, whatever the wall clock did meanwhile.
         if sighting.watched_s <= lease_of(seen, host, lease).total_seconds():
             return None
         silent: datetime | None = sighting.at
-    elif since is not None and now - since <= lease:
-        return None
     else:
         silent = silent_since(seen, host, lease, now)
     if silent is None:

@@ -40,7 +40,7 @@ def watched(state_dir: Path, seen: dict[str, Sighting]) -> dict[str, Sighting]:
         last_look, firsts = None, {}
     last_tick = as_mark(SchedulerState.load(state_dir).checked_mark)
     jumped = stepped(last_look, now) or stepped(last_tick, now)
-    same_boot = last_look is not None and last_look.boot == now.boot
+    same_boot = last_look is not None and last_look.boot == now.boot != ""
     hosts, result = {}, {}
     for host, sighting in seen.items():
         stamp, first = sighting.at.isoformat(), firsts.get(host)
