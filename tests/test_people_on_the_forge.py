@@ -9,6 +9,7 @@ import json
 
 import requests
 
+from aiworker.core.delivery import publish as publish_module
 from tests.forge_fixtures import git
 from tests.helpers import run_process
 from tests.test_delivery import REVIEW_BLOCKING, deliver_until, delivered  # noqa: F401 - fixture
@@ -211,6 +212,11 @@ def test_a_pull_request_a_person_merged_ends_the_task_without_more_checks(
     task, head = delivered()
     pr = deliver_until(task, "publish")["publish"].json()["pr"]
     forge.client("alice").merge_pull("team", "app", pr, style="merge")
+    # The merge closed the issue the PR resolves, as Forgejo does; before, the next poll
+    # paused the task for a closed issue, and it waited for an operator.
+    assert forge.client("alice").issue("team", "app", 1).state == "closed"
+    assert run_process("--json", "poll").exit_code == 0
+    assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
     jobs = query(upgraded, "select count(*) from worker_jobs")
     ci = run_process("--json", "ci", "--task", str(task))
     assert ci.exit_code == 0, ci
@@ -248,3 +254,45 @@ def test_a_pull_request_merged_before_its_repair_is_published_is_not_pushed_to(
     assert evidence["head"] == merged_head
     branch = forge.client("alice").branch("team", "app", f"aiworker/task-{task}")
     assert branch.commit.id == merged_head  # the repair's head was not pushed after it
+
+
+def test_a_merge_a_person_made_into_another_branch_delivers_nothing(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+    tmp_path,
+):
+    task, _head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    work = tmp_path / "release"
+    git("clone", "-q", forge.clone_url("alice"), str(work))
+    git("push", "-q", "origin", "HEAD:refs/heads/release", cwd=work)
+    _patch_pull(forge, pr, base="release")
+    forge.client("alice").merge_pull("team", "app", pr, style="merge")
+    ci = run_process("--json", "ci", "--task", str(task))
+    assert ci.exit_code == 1, ci
+    assert f"PR #{pr} was merged on the forge into release, not main" in _held(upgraded, task)
+    assert query(upgraded, "select count(*) from receipts where outcome = 'merged'") == [(0,)]
+
+
+def test_a_merge_while_publish_checks_its_preconditions_is_not_pushed_over(
+    forge, claimed, upgraded, cli, monkeypatch
+):
+    """Publish checks authorisation, scope and the base (a refreshed base runs the checks
+    again: minutes) before it pushes; a person merges the PR meanwhile."""
+    task, reports = _sent_to_repair(claimed)
+    pr = reports["publish"].json()["pr"]
+    assert repair_once(cli, task).exit_code == 0
+    checking = publish_module._preconditions
+
+    def merged_meanwhile(*args, **kwargs):
+        forge.client("alice").merge_pull("team", "app", pr, style="merge")
+        return checking(*args, **kwargs)
+
+    monkeypatch.setattr(publish_module, "_preconditions", merged_meanwhile)
+    published = cli("--json", "publish", "--task", str(task))
+    assert published.exit_code == 0, published
+    # Before, the repair's head was pushed and a second PR opened, which went on to CI.
+    pulls = forge.client("alice").pulls("team", "app", state="all")
+    assert [(p.number, p.merged) for p in pulls] == [(pr, True)]
+    _merged_by_person(upgraded, task, pr)

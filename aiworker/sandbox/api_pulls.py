@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox import render_code
@@ -10,7 +11,7 @@ from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request
 from aiworker.sandbox.merge import STYLES, MergeConflict, MergeNotPossible, merge_pull
 from aiworker.sandbox.protection import merge_refusal, rule_for
-from aiworker.sandbox.state import now_iso
+from aiworker.sandbox.state import ForgeState, now_iso
 
 if TYPE_CHECKING:
     from aiworker.sandbox.app import SandboxApp
@@ -163,8 +164,28 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         issue["closed_at"] = stamp
         state.record(issue, "merge_pull", req.user, ref_commit_sha=merged_sha)
         state.touch(issue)
+        if meta["base"] == found["default_branch"]:
+            _close_resolved(state, found, issue, req.user, merged_sha)
         deletable = rule_for(found, meta["head"]) is None
         if body.get("delete_branch_after_merge") and deletable and git.delete_branch(meta["head"]):
             state.record(issue, "delete_branch", req.user, old_ref=meta["head"])
         state.save()
         return Reply(200)
+
+
+# "Resolves #3", "fixes #3", "closed #3": the issues a pull request resolves.
+RESOLVES = re.compile(r"\b(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s+#(\d+)\b", re.IGNORECASE)
+
+
+def _close_resolved(
+    state: ForgeState, repo: dict[str, Any], pull: dict[str, Any], user: str, commit: str
+) -> None:
+    """Close the open issues PULL's title and description resolve, as Forgejo does when
+    a pull request is merged into the default branch."""
+    text = f"{pull['title']}\n{pull.get('body') or ''}"
+    for number in sorted({int(n) for n in RESOLVES.findall(text)}):
+        issue = state.issue(repo, number)
+        if issue is not None and not issue["pull"] and issue["state"] == "open":
+            issue["state"], issue["closed_at"] = "closed", now_iso()
+            state.record(issue, "close", user, ref_commit_sha=commit)
+            state.touch(issue)

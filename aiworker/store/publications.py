@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from aiworker.store.models import Publication, utcnow
+from aiworker.store.models import Publication, Repository, Task, utcnow
 from aiworker.store.tables import events
 
 OPEN_STATES = ("intent", "pushed", "opened")
@@ -18,6 +18,25 @@ def current_publication(session: Session, task_id: int) -> Publication | None:
         .order_by(Publication.id.desc())
         .limit(1)
     )
+
+
+def open_pulls(
+    session: Session, repository_index: int, states: tuple[str, ...]
+) -> dict[int, tuple[int | None, int]]:
+    """Of repository REPOSITORY_INDEX's tasks in STATES with an open publication that
+    has a pull request: task id -> (its issue's number, its pull request's number)."""
+    rows = session.execute(
+        select(Task.id, Task.issue_number, Publication.pr_number)
+        .join(Publication, Publication.task_id == Task.id)
+        .join(Repository, Repository.id == Task.repository_id)
+        .where(
+            Repository.index == repository_index,
+            Task.state.in_(states),
+            Publication.state.in_(OPEN_STATES),
+            Publication.pr_number.is_not(None),
+        )
+    ).all()
+    return {int(task): (issue, pr) for task, issue, pr in rows if pr is not None}
 
 
 def save_intent(

@@ -109,7 +109,7 @@ def ci(job: Job) -> Outcome:
     worker = access.required("worker")
     pull = pull_at_head(job, worker)
     if pull.merged:  # by a person: nothing is checked for it any more
-        return merged(job, pull, ours=False)
+        return merged(job, pull, worker, ours=False)
     clone_url = worker.repository(repo.owner, repo.name).clone_url
     GitCache(env.state_dir).ensure(repo.index, clone_url, access.token("worker"), head, base)
     poster = access.status_writer()

@@ -139,4 +139,4 @@ def merge(job: Job) -> Outcome:
         failpoint("merge.after_request")
         pull = reviewer.pull(repo.owner, repo.name, job.pr)
     ours = pull.merged_by is None or pull.merged_by.login == access.logins["reviewer"]
-    return merged(job, pull, ours=ours)
+    return merged(job, pull, reviewer, ours=ours)

@@ -136,6 +136,16 @@ def _no_commit_of_a_person(
     )
 
 
+def _by_a_person(job: Job, worker: ForgejoClient, pr: int | None) -> Outcome | None:
+    """The task's pull request PR as a person left it: one they closed is neither
+    refreshed, pushed to nor replaced (NeedsPerson); one they merged is delivered."""
+    if pr is None:
+        return None
+    pull = worker.pull(job.repo.owner, job.repo.name, pr)
+    closed_by_person(job.task.id, pull)
+    return merged(job, pull, worker, ours=False) if pull.merged else None
+
+
 def publish(job: Job) -> Outcome:
     env, db, task, repo = job.env, job.db, job.task, job.repo
     assert task.head_commit is not None
@@ -147,13 +157,10 @@ def publish(job: Job) -> Outcome:
     job.report = report
     with db.read() as session:
         known = current_publication(session, task.id)
-    if known is not None and known.pr_number is not None:
-        # One a person closed is neither refreshed, pushed to nor replaced; one a person
-        # merged is delivered.
-        pull = worker.pull(repo.owner, repo.name, known.pr_number)
-        closed_by_person(task.id, pull)
-        if pull.merged:
-            return merged(job, pull, ours=False)
+    pr = known.pr_number if known is not None else None
+    delivered = _by_a_person(job, worker, pr)
+    if delivered is not None:
+        return delivered
     ready = _preconditions(job, access, worker, report)
     if isinstance(ready, Outcome):
         return ready.ended("succeeded", f"not published: {ready.reason}")
@@ -173,6 +180,9 @@ def publish(job: Job) -> Outcome:
         publication_id, marker = publication.id, publication.ownership_marker
     cache = GitCache(env.state_dir)
     _no_commit_of_a_person(db, cache, job, worker, branch)
+    delivered = _by_a_person(job, worker, pr)  # again: the preconditions may take minutes
+    if delivered is not None:
+        return delivered
     with db.write() as session:  # a head this task pushes is known as its own before it is
         data = {"head": task.head_commit, "branch": branch}
         append_event(session, PUSHING, task_id=task.id, actor="publish", data=data)

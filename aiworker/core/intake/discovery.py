@@ -22,8 +22,10 @@ from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import Standing, judge_standing
 from aiworker.core.report import Report
+from aiworker.core.tasks.states import TaskState as S
 from aiworker.store.discovery import coverage_of, tasks_of
-from aiworker.store.engine import Session
+from aiworker.store.engine import Database, Session
+from aiworker.store.publications import open_pulls
 from aiworker.store.task_records import (
     PollCursor,
     ensure_repository,
@@ -42,6 +44,8 @@ NOT_ASKED = "the issue no longer asks for this work (closed, or its label or ass
 # Where a repository's first full poll found nothing, the cursor starts this far
 # before that poll: this host's clock may run ahead of the forge's.
 CLOCK_MARGIN = timedelta(minutes=1)
+# A task in these has a pull request its steps still check, review, repair or merge.
+DELIVERING = (S.IMPLEMENTED, S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.APPROVED)
 
 
 @dataclass
@@ -176,9 +180,11 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             report.count("full" if complete else "incremental", bucket=report.polls)
             looked_at = None if complete else {issue.number for issue in listed}
             standing = judge_standing(db, reader, repo_config.index, owner, name, looked_at)
+            merged = _merged_by_a_person(db, worker, repo_config.index, owner, name, found)
             with db.write() as session:
                 repo = ensure_repository(session, repo_config.index, owner, name)
-                _record(session, config, report, repo.id, f"{owner}/{name}", found, standing)
+                where = f"{owner}/{name}"
+                _record(session, config, report, repo.id, where, found, standing, merged)
                 record_poll(
                     session,
                     repo,
@@ -192,6 +198,22 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
     return report
 
 
+def _merged_by_a_person(
+    db: Database, client: ForgejoClient, index: int, owner: str, name: str, found: list[Candidate]
+) -> set[int]:
+    """Tasks whose issue no longer asks for work because a person merged their pull
+    request on the forge (Forgejo closes the issue it resolves): left to their next step,
+    which records the merge and ends them done, instead of paused."""
+    asking = {candidate.issue.number for candidate in found}
+    with db.read() as session:
+        pulls = open_pulls(session, index, DELIVERING)
+    return {
+        task
+        for task, (issue, pr) in pulls.items()
+        if issue not in asking and client.pull(owner, name, pr).merged
+    }
+
+
 def _record(
     session: Session,
     config: Config,
@@ -200,6 +222,7 @@ def _record(
     where: str,
     found: list[Candidate],
     standing: Standing,
+    merged: set[int],
 ) -> None:
     known = tasks_of(session, repository_id)
     wanted, refused = set(), {}
@@ -242,7 +265,7 @@ def _record(
             reason = standing.withdrawn[task.id]
         else:
             continue
-        if pause_task(session, task, reason):
+        if task.id not in merged and pause_task(session, task, reason):
             report.paused.append(
                 {"repository": where, "issue": key[1], "task": task.id, "reason": reason}
             )

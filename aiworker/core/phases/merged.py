@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import plan_milestones
 from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import NeedsPerson
 from aiworker.store.receipts import add_receipt
 
 
@@ -29,18 +31,26 @@ class MergeReport(Report):
     state: str = S.DONE
 
 
-def merged(job: Job, pull: PullRequest, *, ours: bool) -> Outcome:
+def merged(job: Job, pull: PullRequest, client: ForgejoClient, *, ours: bool) -> Outcome:
     """The task's PR is merged (OURS: by aiworker's merge step; else a person merged it
     on the forge, and the checks and review still to come are not run: it is delivered).
     The merge is recorded as evidence, kept whatever becomes of the move, and the task
-    is done."""
-    task = job.task
-    assert job.pr is not None
+    is done. A person's merge into another branch than the default one delivered
+    nothing: NeedsPerson (read with CLIENT)."""
+    task, repo = job.task, job.repo
+    assert pull.number is not None
+    target = client.repository(repo.owner, repo.name).default_branch
+    if not ours and pull.base.ref != target:
+        raise NeedsPerson(
+            f"PR #{pull.number} was merged on the forge into {pull.base.ref}, not {target}: the "
+            f"work is not delivered (start it over: `aiworker task retry --from-start "
+            f"{task.id}`, or cancel it)"
+        )
     by = pull.merged_by.login if pull.merged_by is not None else None
     merged_at = pull.merged_at.isoformat() if pull.merged_at else None
     head = pull.head.sha
     evidence: dict[str, Any] = {
-        "pr": job.pr,
+        "pr": pull.number,
         "head": head,
         "merge_commit": pull.merge_commit_sha,
         "merged_at": merged_at,
@@ -66,10 +76,10 @@ def merged(job: Job, pull: PullRequest, *, ours: bool) -> Outcome:
     if not ours:
         unchecked = "" if head == task.head_commit else f" (not {str(task.head_commit)[:12]})"
         why = (
-            f"PR #{job.pr} was merged on the forge by {by or 'a person'} at {head[:12]}"
+            f"PR #{pull.number} was merged on the forge by {by or 'a person'} at {head[:12]}"
             f"{unchecked} while the task was {job.started}: {why}; nothing more runs for it"
         )
-    report = MergeReport(task.id, job.pr, head, pull.merge_commit_sha, merged_at, by)
+    report = MergeReport(task.id, pull.number, head, pull.merge_commit_sha, merged_at, by)
     job.report = report
     landing = Outcome(report, S.DONE, why, kind="merge.done", data=evidence, follow_up=False)
     return landing.ended("succeeded", why)

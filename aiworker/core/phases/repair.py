@@ -59,7 +59,7 @@ def repair(job: Job) -> Outcome:
         pull = worker.pull(repo.owner, repo.name, job.pr)
         closed_by_person(task.id, pull)
         if pull.merged:
-            return merged(job, pull, ours=False)
+            return merged(job, pull, worker, ours=False)
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
     if withdrawn:

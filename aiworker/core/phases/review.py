@@ -75,7 +75,7 @@ def review(job: Job) -> Outcome:
     reviewer = access.required("reviewer")
     pull = pull_at_head(job, reviewer)
     if pull.merged:  # by a person: no review is spent on it
-        return merged(job, pull, ours=False)
+        return merged(job, pull, reviewer, ours=False)
     # A decision recorded by a run that died before it posted or moved the task is
     # delivered as it was: no second inference, no second review.
     decided = pending_decision(db, task.id, head)
