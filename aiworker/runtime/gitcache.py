@@ -19,6 +19,7 @@ from pathlib import Path
 from aiworker.errors import EXIT_INVALID, AiworkerError, DiskFull, says_disk_full
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
+from aiworker.secrets import redact
 
 progress = logging.getLogger("aiworker.progress")  # shown as it happens in a terminal
 
@@ -119,10 +120,15 @@ class GitCache:
             detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
             _refuse_full(self.path(index), result.stderr)
             if "returned error: 403" in result.stderr:
+                lines = result.stderr.splitlines()
+                said = [x.removeprefix("remote:").strip() for x in lines if x.startswith("remote:")]
+                words = next((w for w in said if w), "")  # the forge's own reason, if it gave one
                 raise GitForbidden(
-                    f"the forge refused git {args[0]} (HTTP 403): this identity's token lacks "
-                    "the repository scope (write:repository to push) or the identity lacks "
-                    "permission on the repository; `aiworker doctor` names which"
+                    f"the forge refused git {args[0]} (HTTP 403"
+                    + (f": {redact(words)[:200]}" if words else "")
+                    + "): the repository is archived, this identity's token lacks the "
+                    "repository scope (write:repository to push), or the identity lacks "
+                    "permission on it; `aiworker doctor` names which"
                 )
             raise GitCacheError(f"git {args[0]} failed in cache {index}: {detail[0][:300]}")
         return result.stdout.strip()

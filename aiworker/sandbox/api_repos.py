@@ -51,6 +51,16 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         found = app.repo_for(req, owner, repo)
         return Reply(200, render.repository(found, req.user))
 
+    @route("PATCH", "/repos/{owner}/{repo}")
+    def edit_repository(req: Request, owner: str, repo: str) -> Reply:
+        """Archive or unarchive it (the one edit the sandbox takes), as a repository admin."""
+        found = app.repo_for(req, owner, repo, "admin")
+        archived = req.json().get("archived")
+        if archived is not None:
+            found["archived"] = bool(archived)
+            state.save()
+        return Reply(200, render.repository(found, req.user))
+
     @route("GET", "/repos/{owner}/{repo}/labels")
     def labels(req: Request, owner: str, repo: str) -> Reply:
         found = app.repo_for(req, owner, repo)

@@ -78,6 +78,7 @@ class SandboxApp:
                 self.api_calls[f"{req.method} {path}"] += 1
                 handler, params = self.router.match(req.method, path)
                 require(req.scopes, categories(path), req.method)
+                self._refuse_archived(req.method, path)
                 try:
                     return handler(req, **params)
                 except GitFailed:
@@ -87,6 +88,16 @@ class SandboxApp:
             if req.path.startswith("/attachments/"):
                 return self.download(req, req.path.rsplit("/", 1)[1])
         return self.git_http(req)
+
+    def _refuse_archived(self, method: str, path: str) -> None:
+        """423 for a change under an archived repository (editing the repository itself,
+        to unarchive it, aside), as Forgejo refuses them."""
+        parts = path.strip("/").split("/")
+        if method in ("GET", "HEAD") or parts[0] != "repos" or len(parts) < 4:
+            return
+        repo = self.state.repo(parts[1], parts[2])
+        if repo is not None and repo.get("archived"):
+            raise HttpError(423, "repo is archived")
 
     def download(self, req: Request, uuid: str) -> Reply:
         found = self.state.data["attachments"].get(uuid)
@@ -116,6 +127,9 @@ class SandboxApp:
             if not self.state.can(repo, req.user, needed):
                 raise HttpError(403, f"user does not have {needed} permission")
             require(req.scopes, ["repository"], "POST" if pushing else "GET")
+            if pushing and repo.get("archived"):
+                text = b"This repo is archived. You can view files and clone it, but cannot push.\n"
+                return Reply(403, raw=text, headers=[("Content-Type", "text/plain")])
         before = dict(self.git(repo).branches()) if rest == "git-receive-pack" else None
         status, headers, body = http_backend(
             self.git_root,

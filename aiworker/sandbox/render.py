@@ -82,7 +82,7 @@ class Renderer:
             "open_pr_counter": open_pulls,
             "release_counter": 0,
             "default_branch": repo["default_branch"],
-            "archived": False,
+            "archived": bool(repo.get("archived")),
             "created_at": repo["created_at"],
             "updated_at": repo["updated_at"],
             "archived_at": EPOCH,

@@ -79,6 +79,20 @@ class ForgeTokenScope(ForgeForbidden):
         super().__init__(method, path, status, detail + advice, forge=forge)
 
 
+class ForgeLocked(ForgeError):
+    """423: the repository is archived, and the forge takes no change to it until a
+    person unarchives it: no retry helps."""
+
+    code = "forge_locked"
+    holds_task = True
+
+    def __init__(
+        self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
+    ) -> None:
+        advice = "; a person must unarchive the repository on the forge, or cancel the task"
+        super().__init__(method, path, status, detail + advice, forge=forge)
+
+
 # Forgejo's words for a token without the scope a route needs.
 SCOPE_REFUSAL = "token does not have at least one of required scope"
 
@@ -98,4 +112,5 @@ BY_STATUS: dict[int, type[ForgeError]] = {
     405: ForgeConflict,
     409: ForgeConflict,
     422: ForgeInvalid,
+    423: ForgeLocked,
 }

@@ -45,6 +45,7 @@ class Repository(Model):
     owner: User
     default_branch: str
     private: bool = False
+    archived: bool = False
     clone_url: str = ""
     html_url: str = ""
     permissions: Permission | None = None

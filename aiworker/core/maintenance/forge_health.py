@@ -111,9 +111,12 @@ def _repository_checks(
             checks.append(Check(name, "fail", "no bot identity the forge accepts"))
             continue
         try:
-            bots[0][2].repository(repo.owner, repo.name)
+            archived = bots[0][2].repository(repo.owner, repo.name).archived
         except ForgeError as exc:
             checks.append(Check(name, "fail", exc.message))
+            continue
+        if archived:
+            checks.append(Check(name, "fail", "archived on the forge: it takes no change"))
             continue
         found = {login: permission_of(client, repo, login) for _, login, client in bots}
         lacking = [f"{login} has {p}" for login, p in found.items() if p not in WRITE]

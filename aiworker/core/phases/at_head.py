@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Unpack
 
 from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.adapters.forgejo.models import PullRequest
+from aiworker.adapters.forgejo.models import PullRequest, Repository
 from aiworker.core.evidence.gate import CheckExtras, GateReport, run_checks
 from aiworker.core.evidence.requirements import Requirement
 from aiworker.core.phases.job import Job
@@ -35,6 +35,16 @@ def closed_by_person(task_id: int, pull: PullRequest) -> None:
         raise NeedsPerson(
             f"PR #{pull.number} was closed on the forge without being merged (reopen it, or "
             f"cancel task {task_id})"
+        )
+
+
+def not_archived(task_id: int, forge_repo: Repository) -> None:
+    """NeedsPerson when a person archived the repository on the forge: nothing made for
+    it could be published, so no inference is spent on it."""
+    if forge_repo.archived:
+        raise NeedsPerson(
+            f"{forge_repo.full_name} is archived on the forge, which takes no change to it "
+            f"(unarchive it, or cancel task {task_id})"
         )
 
 

@@ -22,6 +22,7 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.images import fetch_images
 from aiworker.core.intake.scope import check_inputs, fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
+from aiworker.core.phases.at_head import not_archived
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.implement_verdict import fell_back, judge, provider_failed, refused
@@ -81,6 +82,7 @@ def _ready(job: Job) -> Ready | Outcome:
     parent = _plan_of(db, task)
     issue = worker.issue(repo.owner, repo.name, (parent or task).issue_number or 0)
     forge_repo = worker.repository(repo.owner, repo.name)
+    not_archived(task.id, forge_repo)
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
     # A milestone starts where its plan's branch is: after the milestones before it.

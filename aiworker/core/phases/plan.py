@@ -20,6 +20,7 @@ from aiworker.contracts.agent import AgentResult, MilestoneSpec
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import withdrawn_at_claim
+from aiworker.core.phases.at_head import not_archived
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.model_run import admit, run_model_phase, slot_base
@@ -57,6 +58,7 @@ def plan(job: Job) -> Outcome:
     planner = access.required("planner")
     issue = planner.issue(repo.owner, repo.name, task.issue_number or 0)
     forge_repo = planner.repository(repo.owner, repo.name)
+    not_archived(task.id, forge_repo)
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, forge_repo.clone_url, access.token("planner"))
     base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")

@@ -25,7 +25,7 @@ from aiworker.contracts.agent import Finding
 from aiworker.core.evidence.acceptance import refusals
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.standing import withdrawn_at_claim
-from aiworker.core.phases.at_head import closed_by_person, gate_at
+from aiworker.core.phases.at_head import closed_by_person, gate_at, not_archived
 from aiworker.core.phases.attempt_files import fetch_result_bundle
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.job import Job
@@ -67,10 +67,10 @@ def repair(job: Job) -> Outcome:
         # plan (which poll pauses) without a slot.
         state = S.REPAIRING if task.kind == "milestone" else S.PAUSED
         return ended(report, state, "paused", withdrawn)
+    forge_repo = worker.repository(repo.owner, repo.name)
+    not_archived(task.id, forge_repo)
     cache = GitCache(env.state_dir)
-    cache.fetch(
-        repo.index, worker.repository(repo.owner, repo.name).clone_url, access.token("worker")
-    )
+    cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
     admission = admit(env, db, "implementation")
     report.decisions = admission.decisions
     if admission.provider is None:
