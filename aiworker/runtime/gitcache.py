@@ -10,6 +10,7 @@ argv or the cache's config.
 from __future__ import annotations
 
 import base64
+import codecs
 import logging
 import os
 import re
@@ -215,6 +216,17 @@ class GitCache:
         if not result.ok or not result.stdout.strip():
             return None
         return result.stdout.split(" ", 1)[0]
+
+    def tree_entries(self, index: int, commit: str) -> list[tuple[str, bytes]]:
+        """Every entry of COMMIT's whole tree: (git mode, path as the bytes it holds)."""
+        entries = []
+        for line in self._must(index, "ls-tree", "-r", "--full-tree", commit).splitlines():
+            meta, _, path = line.partition("\t")
+            mode = meta.split(" ", 1)[0]
+            # A name git quoted (core.quotePath): C escapes, octal for each byte past ASCII.
+            raw = codecs.escape_decode(path[1:-1])[0] if path.startswith('"') else path.encode()
+            entries.append((mode, raw))
+        return entries
 
     def pin(self, index: int, slot: int, name: str, commit: str) -> str:
         """Pin COMMIT (any revision) as refs/aiworker/slot-N/NAME by its full hash."""

@@ -61,7 +61,8 @@ def directory_tree_id(root: Path, gitlinks: dict[str, str] | None = None) -> str
                 elif stat.S_ISDIR(info.st_mode):
                     entries.append((item.name, TREE_MODE, walk(Path(item.path), path + "/")))
                 elif stat.S_ISLNK(info.st_mode):
-                    entries.append((item.name, LINK_MODE, blob_id(os.readlink(item.path).encode())))
+                    target = os.readlink(os.fsencode(item.path))  # its bytes, UTF-8 or not
+                    entries.append((item.name, LINK_MODE, blob_id(target)))
                 elif stat.S_ISREG(info.st_mode):
                     mode = "100755" if info.st_mode & 0o100 else "100644"
                     entries.append((item.name, mode, file_blob_id(item.path, info.st_size)))

@@ -19,7 +19,8 @@ from aiworker.runtime.gitcache import GitCache
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 # The runner resolves the selector to the first of these that exists (runner/requests.py).
-ENTRYPOINTS = ("ci/run.sh", "ci/run")
+ENTRYPOINTS = ("ci/run.sh", "ci/run")  # as the runner looks for them (runner/requests.py)
+LINK, GITLINK = "120000", "160000"  # git's modes of a symbolic link and a submodule
 
 
 def fingerprint(issue: Issue, approval_label: str = "") -> str:
@@ -55,10 +56,58 @@ def check_inputs(issue: Issue, cache: GitCache, index: int, base: str) -> list[s
         requirements_from_issue(issue.body)
     except InvalidInput as exc:
         problems.append(f"the `aiworker-checks` block is malformed: {exc.message}")
-    modes = [cache.file_mode(index, base, path) for path in ENTRYPOINTS]
-    if not any(mode == "100755" for mode in modes):
+    entrypoint = _entrypoint_problem(cache, index, base)
+    return problems + ([entrypoint] if entrypoint else []) + _uncheckable(cache, index, base)
+
+
+def no_commits(branch: str) -> str:
+    return f"the repository has no commits on `{branch}` yet: push a first one, with `ci/run`"
+
+
+def _entrypoint_problem(cache: GitCache, index: int, base: str) -> str | None:
+    """Why a runner could not run the base's check entrypoint: it runs the first of
+    ENTRYPOINTS there is, which must be an executable file (no link), in a `ci` that is a
+    folder."""
+    if cache.file_mode(index, base, "ci") == LINK:
+        return f"`ci` in the base {base[:12]} is a symbolic link: make it a folder"
+    for path in ENTRYPOINTS:
+        mode = cache.file_mode(index, base, path)
+        if mode == "100755":
+            return None
+        if mode is not None:
+            what = "a symbolic link" if mode == LINK else "not executable"
+            return (
+                f"`{path}` in the base {base[:12]} is {what}; the host re-runs the first of "
+                f"{' or '.join(ENTRYPOINTS)} there is to verify any change: make it an "
+                "executable file"
+            )
+    return (
+        f"the base {base[:12]} has no executable `ci/run` (or `ci/run.sh`): the host "
+        "re-runs it to verify any change, so add it first"
+    )
+
+
+def _uncheckable(cache: GitCache, index: int, base: str) -> list[str]:
+    """What in the base a runner cannot check out, so that no change could be verified:
+    submodules (a runner has the repository's own files only) and names that are not
+    UTF-8."""
+    modules, names = [], []
+    for mode, path in cache.tree_entries(index, base):
+        if mode == GITLINK:
+            modules.append(path.decode(errors="backslashreplace"))
+        try:
+            path.decode()
+        except UnicodeDecodeError:
+            names.append(path.decode(errors="backslashreplace"))
+    problems = []
+    if modules:
         problems.append(
-            f"the base {base[:12]} has no executable `ci/run` (or `ci/run.sh`): the host "
-            "re-runs it to verify any change, so add it first"
+            f"the base {base[:12]} holds submodules ({', '.join(modules[:5])}), whose files a "
+            "runner does not have, so `ci/run` could not verify a change there"
+        )
+    if names:
+        problems.append(
+            f"the base {base[:12]} holds names that are not UTF-8 ({', '.join(names[:5])}), "
+            "which a runner cannot check out: rename them"
         )
     return problems

@@ -20,7 +20,7 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.images import fetch_images
-from aiworker.core.intake.scope import check_inputs, fingerprint
+from aiworker.core.intake.scope import check_inputs, fingerprint, no_commits
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.at_head import not_archived
 from aiworker.core.phases.attempt_files import fetch_result_bundle
@@ -84,7 +84,10 @@ def _ready(job: Job) -> Ready | Outcome:
     forge_repo = worker.repository(repo.owner, repo.name)
     not_archived(task.id, forge_repo)
     cache = GitCache(env.state_dir)
-    cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
+    branches = cache.fetch(repo.index, forge_repo.clone_url, access.token("worker"))
+    if parent is None and forge_repo.default_branch not in branches:
+        report = job.report = AttemptReport(task.id, "running")
+        return needs_input(report, [no_commits(forge_repo.default_branch)])
     # A milestone starts where its plan's branch is: after the milestones before it.
     start = (
         parent.head_commit or parent.base_commit

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import AgentResult, MilestoneSpec
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.scope import fingerprint
+from aiworker.core.intake.scope import fingerprint, no_commits
 from aiworker.core.intake.standing import withdrawn_at_claim
 from aiworker.core.phases.at_head import not_archived
 from aiworker.core.phases.continuation import continuation_json
@@ -60,7 +60,9 @@ def plan(job: Job) -> Outcome:
     forge_repo = planner.repository(repo.owner, repo.name)
     not_archived(task.id, forge_repo)
     cache = GitCache(env.state_dir)
-    cache.fetch(repo.index, forge_repo.clone_url, access.token("planner"))
+    branches = cache.fetch(repo.index, forge_repo.clone_url, access.token("planner"))
+    if forge_repo.default_branch not in branches:
+        return needs_input(report, [no_commits(forge_repo.default_branch)])
     base = cache.pin(repo.index, slot, "base", f"refs/remotes/origin/{forge_repo.default_branch}")
     report.base = base
     withdrawn = withdrawn_at_claim(env, access, repo, task, issue)
