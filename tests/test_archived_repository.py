@@ -40,24 +40,41 @@ def test_no_inference_is_spent_on_an_archived_repository(forge, claimed, upgrade
     assert query(upgraded, "select provider from attempts") == [(None,)]  # no provider ran
 
 
-def test_a_step_that_meets_the_archive_holds_its_task_until_it_is_lifted(
+def test_a_review_spends_no_inference_on_an_archived_repository(
     forge,
     delivered,  # noqa: F811
     upgraded,
 ):
     task, _head = delivered(REVIEW_OK)
-    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    reports = deliver_until(task, "publish", "ci")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
     _archive(forge)
-    ci = run_process("--json", "ci", "--task", str(task))  # its pending status: 423
-    assert ci.exit_code == 1, ci
+    # Before, the model reviewed it, and its verdict could not be acted on.
+    review = run_process("--json", "review", "--task", str(task))
+    assert review.exit_code == 1, review
+    assert "team/app is archived on the forge" in _held(upgraded, task)
+    assert query(upgraded, "select provider from attempts where phase = 'review'") == [(None,)]
+
+
+def test_a_merge_refused_for_the_archive_holds_its_task_until_it_is_lifted(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    task, _head = delivered(REVIEW_OK)
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    pr = reports["publish"].json()["pr"]
+    _archive(forge)
+    merged = run_process("--json", "merge", "--task", str(task))  # Forgejo's 423
+    assert merged.exit_code == 1, merged
     reason = _held(upgraded, task)
     assert "HTTP 423: repo is archived; a person must unarchive the repository" in reason
-    # Before, each try failed the same way until the CI budget was spent.
-    assert query(upgraded, "select count(*) from attempts where phase = 'ci'") == [(1,)]
+    # Before, each try failed the same way until the merge budget was spent.
+    assert query(upgraded, "select count(*) from attempts where phase = 'merge'") == [(1,)]
     _archive(forge, False)
     assert run_process("task", "resume", str(task)).exit_code == 0
-    reports = deliver_until(task, "ci", "review", "merge")
-    assert all(r.exit_code == 0 for r in reports.values()), reports
+    assert run_process("--json", "merge", "--task", str(task)).exit_code == 0
     assert forge.client("alice").pull("team", "app", pr).merged
 
 

@@ -6,6 +6,8 @@ its budget is spent, and never merges or opens a new pull request over the perso
 from __future__ import annotations
 
 import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
 
 import requests
 
@@ -296,3 +298,32 @@ def test_a_merge_while_publish_checks_its_preconditions_is_not_pushed_over(
     pulls = forge.client("alice").pulls("team", "app", state="all")
     assert [(p.number, p.merged) for p in pulls] == [(pr, True)]
     _merged_by_person(upgraded, task, pr)
+
+
+def test_a_poll_asks_about_a_pull_request_only_for_a_task_it_would_pause(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    task, _head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    read = f"GET /repos/team/app/pulls/{pr}"
+    before = forge.app.api_calls[read]
+    # Minutes later nothing changed: an incremental poll lists no issue. The task's issue
+    # still asks for the work, and its PR is none of the poll's business.
+    later = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+    with sqlite3.connect(upgraded) as db:
+        db.execute("update repositories set settings = json_set(settings, '$.poll.since', ?)",
+                   (later,))  # fmt: skip
+    db.close()
+    for _ in range(2):
+        assert run_process("--json", "poll").json()["polls"] == {"incremental": 1}
+    assert forge.app.api_calls[read] == before
+    # A PR that cannot be read (a person deleted it) does not stop the poll: the task
+    # whose issue closed is paused, as before.
+    with sqlite3.connect(upgraded) as db:
+        db.execute("update publications set pr_number = 999")
+    db.close()
+    edit_issue(forge, 1, state="closed")
+    assert run_process("--json", "poll", "--full").exit_code == 0
+    assert query(upgraded, "select state from tasks") == [("paused",)]

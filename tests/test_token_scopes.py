@@ -51,6 +51,14 @@ def test_doctor_names_the_scopes_a_bots_token_lacks(cli, upgraded, forge, tmp_pa
     )
     assert checks["scopes:reviewer"]["status"] == "ok"
     assert narrow not in result.stdout
+    # A token without read:user: named for the scope, not as a token the forge refuses.
+    monkeypatch.setenv(
+        "AIWORKER_TEST_WORKER_TOKEN",
+        _scoped_token(forge, "worker-bot", "write:repository", "write:issue"),
+    )
+    identity = checks_by_name(cli("--json", "doctor"))["identity:worker"]
+    assert identity["status"] == "fail"
+    assert "required scope(s): [read:user]" in identity["detail"], identity
     # Asking wrote nothing: no comment, no pull request.
     worker = forge.client("worker-bot")
     assert [p.number for p in worker.pulls("team", "app", state="all")] == []
@@ -88,3 +96,17 @@ def test_a_push_refused_for_a_tokens_scope_holds_its_task(forge, delivered, upgr
     assert "the forge refused git push (HTTP 403)" in reason
     assert narrow not in reason
     assert forge.client("worker-bot").pulls("team", "app", state="all") == []
+
+
+def test_an_operator_token_without_its_scope_stops_the_poll_instead_of_refusing_authors(
+    cli, upgraded, forge, tmp_path, monkeypatch
+):
+    configure(tmp_path, forge, monkeypatch)
+    narrow = _scoped_token(forge, "admin", "read:user", "read:issue")
+    monkeypatch.setenv("AIWORKER_TEST_OPERATOR_TOKEN", narrow)
+    assert checks_by_name(cli("--json", "doctor"))["scopes:operator"]["status"] == "fail"
+    # Before, every author's permission read as unknown: no task, and no word why.
+    polled = cli("--json", "poll")
+    assert polled.exit_code == 2, polled
+    assert "required scope(s): [read:repository]" in polled.stdout
+    assert query(upgraded, "select count(*) from tasks") == [(0,)]

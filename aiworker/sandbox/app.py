@@ -4,6 +4,7 @@ smart HTTP."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,11 @@ from aiworker.sandbox.scopes import categories, require
 from aiworker.sandbox.state import ForgeState
 
 Routed = Callable[[Handler], Handler]  # a route decorator
+# What Forgejo refuses under an archived repository: "METHOD path below /repos/OWNER/NAME".
+ARCHIVED_REFUSES = re.compile(
+    r"POST (issues|issues/\d+/comments|pulls|pulls/\d+/merge|branches)"
+    r"|PATCH issues/comments/\d+"
+)
 
 
 class SandboxApp:
@@ -90,13 +96,14 @@ class SandboxApp:
         return self.git_http(req)
 
     def _refuse_archived(self, method: str, path: str) -> None:
-        """423 for a change under an archived repository (editing the repository itself,
-        to unarchive it, aside), as Forgejo refuses them."""
+        """423 for the changes Forgejo refuses under an archived repository (its
+        mustNotBeArchived routes); it takes others, a commit status or a review among them."""
         parts = path.strip("/").split("/")
-        if method in ("GET", "HEAD") or parts[0] != "repos" or len(parts) < 4:
+        if parts[0] != "repos" or len(parts) < 4:
             return
         repo = self.state.repo(parts[1], parts[2])
-        if repo is not None and repo.get("archived"):
+        rest = "/".join(parts[3:])
+        if repo and repo.get("archived") and ARCHIVED_REFUSES.fullmatch(f"{method} {rest}"):
             raise HttpError(423, "repo is archived")
 
     def download(self, req: Request, uuid: str) -> Reply:

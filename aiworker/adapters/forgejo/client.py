@@ -19,6 +19,7 @@ from aiworker.adapters.forgejo.errors import (
     ForgeError,
     ForgeForbidden,
     ForgeInvalid,
+    ForgeLocked,
     ForgeNotFound,
     ForgeTokenScope,
     ForgeUnavailable,
@@ -129,7 +130,7 @@ class ForgejoClient:
             self.http.request(method, f"{self._repo(owner, repo)}/{tail}", json=body)
         except ForgeTokenScope:
             return True
-        except (ForgeNotFound, ForgeInvalid, ForgeConflict, ForgeForbidden):
+        except (ForgeNotFound, ForgeInvalid, ForgeConflict, ForgeForbidden, ForgeLocked):
             return False  # refused after the scope check: the token holds it
         return False
 

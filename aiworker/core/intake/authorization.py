@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.adapters.forgejo.errors import ForgeForbidden, ForgeNotFound
+from aiworker.adapters.forgejo.errors import ForgeForbidden, ForgeNotFound, ForgeTokenScope
 from aiworker.adapters.forgejo.models import Issue, TimelineComment
 from aiworker.config.models import Config
 from aiworker.core.intake.scope import authored
@@ -60,6 +60,8 @@ class PermissionReader:
             return None
         try:
             return reader.collaborator_permission(owner, repo, login).permission
+        except ForgeTokenScope:
+            raise  # the reader's token lacks a scope: the operator must fix it, not the author
         except (ForgeForbidden, ForgeNotFound):
             return None
 

@@ -13,8 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiworker.adapters.forgejo import ForgejoClient
+from aiworker.adapters.forgejo.errors import ForgeError
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.config.models import Config
+from aiworker.config.models import Repository as RepositoryConfig
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Covered, Decision, PermissionReader, authorize
@@ -180,7 +182,7 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             report.count("full" if complete else "incremental", bucket=report.polls)
             looked_at = None if complete else {issue.number for issue in listed}
             standing = judge_standing(db, reader, repo_config.index, owner, name, looked_at)
-            merged = _merged_by_a_person(db, worker, repo_config.index, owner, name, found)
+            merged = _merged_by_a_person(db, worker, repo_config, found, looked_at)
             with db.write() as session:
                 repo = ensure_repository(session, repo_config.index, owner, name)
                 where = f"{owner}/{name}"
@@ -199,19 +201,29 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
 
 
 def _merged_by_a_person(
-    db: Database, client: ForgejoClient, index: int, owner: str, name: str, found: list[Candidate]
+    db: Database,
+    client: ForgejoClient,
+    repo: RepositoryConfig,
+    found: list[Candidate],
+    looked_at: set[int] | None,
 ) -> set[int]:
     """Tasks whose issue no longer asks for work because a person merged their pull
     request on the forge (Forgejo closes the issue it resolves): left to their next step,
-    which records the merge and ends them done, instead of paused."""
+    which records the merge and ends them done, instead of paused. Only a task this poll
+    would pause is asked about; one whose pull request cannot be read is paused as before."""
     asking = {candidate.issue.number for candidate in found}
     with db.read() as session:
-        pulls = open_pulls(session, index, DELIVERING)
-    return {
-        task
-        for task, (issue, pr) in pulls.items()
-        if issue not in asking and client.pull(owner, name, pr).merged
-    }
+        pulls = open_pulls(session, repo.index, DELIVERING)
+    merged = set()
+    for task, (issue, pr) in pulls.items():
+        if issue in asking or (looked_at is not None and issue not in looked_at):
+            continue
+        try:
+            if client.pull(repo.owner, repo.name, pr).merged:
+                merged.add(task)
+        except ForgeError as exc:
+            log.warning("task %d: PR #%d could not be read: %s", task, pr, exc.message)
+    return merged
 
 
 def _record(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from aiworker.adapters.forgejo import ForgejoClient
-from aiworker.adapters.forgejo.errors import ForgeError
+from aiworker.adapters.forgejo.errors import ForgeError, ForgeTokenScope
 from aiworker.config.loader import read_token, token_source
 from aiworker.config.models import Identity
 from aiworker.core.context import Environment
@@ -19,12 +19,14 @@ from aiworker.core.scheduler_state import SchedulerState
 from aiworker.errors import AiworkerError
 
 ROLES = (*BOTS, "operator")
-# The token scopes each bot needs (a write scope holds its read), and what for.
+# The token scopes each identity needs besides read:user (its identity check reads it),
+# and what for (a write scope holds its read).
 SCOPES = {
     "planner": {"read:repository": "fetch the code", "write:issue": "post plans"},
     "worker": {"write:repository": "push and open pull requests", "write:issue": "comment"},
     "reviewer": {"write:repository": "review and merge", "read:issue": "read issues"},
     "ci": {"write:repository": "post commit statuses"},
+    "operator": {"read:repository": "read authors' permissions"},
 }
 
 
@@ -46,7 +48,7 @@ def forge_checks(env: Environment) -> list[Check]:
         try:
             login = client.current_user().login
         except ForgeError as exc:
-            refused = exc.status in (401, 403)
+            refused = exc.status in (401, 403) and not isinstance(exc, ForgeTokenScope)
             detail = f"the forge refuses the token from {source}" if refused else exc.message
             checks.append(Check(f"identity:{role}", "fail", detail))
             continue

@@ -39,7 +39,7 @@ def merged(job: Job, pull: PullRequest, client: ForgejoClient, *, ours: bool) ->
     nothing: NeedsPerson (read with CLIENT)."""
     task, repo = job.task, job.repo
     assert pull.number is not None
-    target = client.repository(repo.owner, repo.name).default_branch
+    target = "" if ours else client.repository(repo.owner, repo.name).default_branch
     if not ours and pull.base.ref != target:
         raise NeedsPerson(
             f"PR #{pull.number} was merged on the forge into {pull.base.ref}, not {target}: the "

@@ -22,7 +22,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import PullRequest
 from aiworker.contracts.agent import Finding
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.phases.at_head import pull_at_head
+from aiworker.core.phases.at_head import not_archived, pull_at_head
 from aiworker.core.phases.continuation import continuation_json
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.merged import merged
@@ -117,6 +117,8 @@ def _decide(
     env, db, task, repo = job.env, job.db, job.task, job.repo
     name = job.phase.name
     head = str(task.head_commit)
+    forge_repo = reviewer.repository(repo.owner, repo.name)
+    not_archived(task.id, forge_repo)  # its verdict could not be acted on
     admission = admit(env, db, name)
     if admission.provider is None:
         report.reason, report.unavailable = "no provider is eligible for review now", True
@@ -124,7 +126,7 @@ def _decide(
     ref = f"refs/aiworker/review/task-{task.id}"
     issue = reviewer.issue(repo.owner, repo.name, task.issue_number or 0)
     cache = GitCache(env.state_dir)
-    clone_url = reviewer.repository(repo.owner, repo.name).clone_url
+    clone_url = forge_repo.clone_url
     cache.ensure(repo.index, clone_url, ForgeAccess(env.loaded).token("reviewer"), head)
     bundle = cache.bundle_commit(
         repo.index, head, ref, workspaces_dir(env) / f"task-{task.id}-{name}.bundle"
