@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from aiworker.sandbox.api_issues import parse_time
 from aiworker.sandbox.api_repos import page
 from aiworker.sandbox.http import HttpError, Reply, Request, number
+from aiworker.sandbox.scopes import KNOWN
 
 if TYPE_CHECKING:
     from aiworker.sandbox.app import SandboxApp
@@ -132,3 +134,21 @@ def register(app: SandboxApp) -> None:  # noqa: PLR0915 - one route table
         ]
         rows.sort(key=lambda row: row[0]["id"])
         return page(app, req, [render.comment(found, issue, c) for c, issue in rows])
+
+    @route("POST", "/users/{username}/tokens")
+    def create_token(req: Request, username: str) -> Reply:
+        """A token of USERNAME holding the scopes asked for (scopes.py); Forgejo takes
+        basic authentication with the password here, the sandbox the user's token."""
+        if req.user != username:
+            raise HttpError(401, "auth required")
+        body = req.json()
+        name, scopes = str(body.get("name") or ""), body.get("scopes") or []
+        if not name or not isinstance(scopes, list) or not set(scopes) <= KNOWN:
+            raise HttpError(422, f"a name and scopes among {sorted(KNOWN)} are required")
+        token = secrets.token_hex(20)
+        with state.lock:
+            held = {"login": username, "name": name, "scopes": sorted(scopes)}
+            state.data.setdefault("tokens", {})[token] = held
+            state.save()
+        made = {"id": len(state.data["tokens"]), "name": name, "sha1": token}
+        return Reply(201, {**made, "token_last_eight": token[-8:], "scopes": sorted(scopes)})

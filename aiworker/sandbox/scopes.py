@@ -4,17 +4,11 @@ each API route needs its category's scope, read for GET and HEAD and write other
 before anything else of the route runs. A token that lacks it is refused with 403 and
 Forgejo's words naming the scope. Git over HTTP needs the repository scope: read to
 fetch, write to push. The users' own tokens (sandbox seed) hold `all`; POST
-/users/{username}/tokens makes a scoped one."""
+/users/{username}/tokens (api_people.py) makes a scoped one."""
 
 from __future__ import annotations
 
-import secrets
-from typing import TYPE_CHECKING
-
-from aiworker.sandbox.http import HttpError, Reply, Request
-
-if TYPE_CHECKING:
-    from aiworker.sandbox.app import SandboxApp
+from aiworker.sandbox.http import HttpError
 
 CATEGORIES = (
     "activitypub",
@@ -59,34 +53,3 @@ def require(held: list[str], needed: list[str], method: str) -> None:
         wanted = {f"write:{category}"} | ({f"read:{category}"} if level == "read" else set())
         if "all" not in held and not wanted & set(held):
             raise HttpError(403, f"{REFUSAL}: [{level}:{category}]")
-
-
-def register(app: SandboxApp) -> None:
-    route, state, _render = app.tools()
-
-    @route("POST", "/users/{username}/tokens")
-    def create_token(req: Request, username: str) -> Reply:
-        if req.user != username:
-            raise HttpError(401, "auth required")
-        body = req.json()
-        name, scopes = str(body.get("name") or ""), body.get("scopes") or []
-        if not name or not isinstance(scopes, list) or not set(scopes) <= KNOWN:
-            raise HttpError(422, f"a name and scopes among {sorted(KNOWN)} are required")
-        token = secrets.token_hex(20)
-        with state.lock:
-            state.data.setdefault("tokens", {})[token] = {
-                "login": username,
-                "name": name,
-                "scopes": sorted(scopes),
-            }
-            state.save()
-        return Reply(
-            201,
-            {
-                "id": len(state.data["tokens"]),
-                "name": name,
-                "sha1": token,
-                "token_last_eight": token[-8:],
-                "scopes": sorted(scopes),
-            },
-        )

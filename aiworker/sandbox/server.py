@@ -19,7 +19,6 @@ from aiworker.sandbox import (
     api_pulls,
     api_repos,
     api_reviews,
-    scopes,
 )
 from aiworker.sandbox.app import SandboxApp
 from aiworker.sandbox.http import MAX_BODY, HttpError, Reply, Request, parse_query
@@ -129,7 +128,7 @@ def sandbox_app(data_dir: Path, root_url: str) -> SandboxApp:
     app = SandboxApp(data_dir, root_url)
     for module in (api_repos, api_code, api_people, api_issues):
         module.register(app)
-    for module in (api_pulls, api_pull_code, api_reviews, scopes):
+    for module in (api_pulls, api_pull_code, api_reviews):
         module.register(app)
     return app
 

@@ -10,10 +10,12 @@ from aiworker.errors import EXIT_INVALID, AiworkerError, Unavailable
 
 class ForgeError(AiworkerError):
     code = "forge_error"
+    advice = ""  # what to do, after the forge's own words
 
     def __init__(
         self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
     ) -> None:
+        detail += self.advice
         self.method = method
         self.path = path
         self.status = status
@@ -71,12 +73,7 @@ class ForgeTokenScope(ForgeForbidden):
     exit_code = EXIT_INVALID
     installation = True
     holds_task = True
-
-    def __init__(
-        self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
-    ) -> None:
-        advice = "; give this identity's token that scope (Forgejo: Settings > Applications)"
-        super().__init__(method, path, status, detail + advice, forge=forge)
+    advice = "; give this identity's token that scope (Forgejo: Settings > Applications)"
 
 
 class ForgeLocked(ForgeError):
@@ -85,12 +82,7 @@ class ForgeLocked(ForgeError):
 
     code = "forge_locked"
     holds_task = True
-
-    def __init__(
-        self, method: str, path: str, status: int | None, detail: str = "", *, forge: str = ""
-    ) -> None:
-        advice = "; a person must unarchive the repository on the forge, or cancel the task"
-        super().__init__(method, path, status, detail + advice, forge=forge)
+    advice = "; a person must unarchive the repository on the forge, or cancel the task"
 
 
 # Forgejo's words for a token without the scope a route needs.
