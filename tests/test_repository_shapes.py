@@ -12,6 +12,7 @@ from tests.forge_fixtures import git
 from tests.helpers import run_process
 from tests.test_delivery import REVIEW_OK, deliver_until
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
+from tests.test_people_on_the_forge import _held
 
 CHECKS = '#!/bin/sh\nset -eu\ncd "$(dirname "$0")/.."\npython3 -m unittest -v\n'
 
@@ -24,6 +25,18 @@ def _reshape(forge, tmp_path, build) -> None:
     git("add", "-A", cwd=work)
     git("commit", "-qm", "Reshape", cwd=work)
     git("push", "-q", "origin", "HEAD:main", cwd=work)
+
+
+def _add_submodule(tmp_path, work) -> None:
+    """A repository of its own, added to WORK as the submodule vendor/lib."""
+    library = tmp_path / "library"
+    library.mkdir()
+    git("init", "-q", "-b", "main", cwd=library)
+    (library / "helper.py").write_text("X = 1\n")
+    git("add", "-A", cwd=library)
+    git("commit", "-qm", "Library", cwd=library)
+    allow = ("-c", "protocol.file.allow=always")
+    git(*allow, "submodule", "add", "-q", str(library), "vendor/lib", cwd=work)
 
 
 def _implemented(claimed):
@@ -45,18 +58,27 @@ def _needs_input(upgraded, implemented, problem: str) -> None:
 def test_a_base_with_a_submodule_asks_for_input_before_any_inference(
     forge, claimed, upgraded, tmp_path
 ):
-    library = tmp_path / "library"
-    library.mkdir()
-    git("init", "-q", "-b", "main", cwd=library)
-    (library / "helper.py").write_text("X = 1\n")
-    git("add", "-A", cwd=library)
-    git("commit", "-qm", "Library", cwd=library)
-    allow = ("-c", "protocol.file.allow=always")
-    add = ("submodule", "add", "-q", str(library), "vendor/lib")
-    _reshape(forge, tmp_path, lambda work: git(*allow, *add, cwd=work))
+    _reshape(forge, tmp_path, lambda work: _add_submodule(tmp_path, work))
     # Before, the model ran and its work failed as "cannot be checked", and the task failed.
     _, implemented = _implemented(claimed)
     _needs_input(upgraded, implemented, "holds submodules (vendor/lib)")
+
+
+def test_a_submodule_added_to_the_base_after_the_work_holds_the_task(
+    forge, claimed, upgraded, tmp_path
+):
+    task, implemented = _implemented(claimed)
+    assert implemented.exit_code == 0, implemented
+    _reshape(forge, tmp_path, lambda work: _add_submodule(tmp_path, work))
+    # Before, the merge of the new base could not be checked, and a repair was paid for
+    # to fix what the work cannot fix (nudged to remove the team's submodule).
+    published = run_process("--json", "publish", "--task", str(task))
+    assert published.exit_code == 1, published
+    reason = _held(upgraded, task)
+    assert "main moved to" in reason, reason
+    assert "holds submodules (vendor/lib)" in reason, reason
+    assert query(upgraded, "select count(*) from attempts where phase = 'repair'") == [(0,)]
+    assert forge.client("alice").pulls("team", "app", state="all") == []
 
 
 def test_a_base_with_a_name_that_is_not_utf8_asks_for_input(forge, claimed, upgraded, tmp_path):

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
+from aiworker.core.intake.scope import base_problems
 from aiworker.core.phases.at_head import gate_at
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import checks_of
 from aiworker.core.tasks.repairs import RepairRequest, record_refreshed_base
+from aiworker.errors import NeedsPerson
 from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
@@ -53,6 +55,12 @@ def refresh_base(
     assert task.head_commit is not None
     cache = GitCache(env.state_dir)
     cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
+    problems = base_problems(cache, repo.index, base_now)
+    if problems:  # the base's, not the work's: no repair could mend it
+        raise NeedsPerson(
+            f"{default_branch} moved to {base_now[:12]}, where: {'; '.join(problems)} (fix "
+            f"the repository and resume task {task.id}, or cancel it)"
+        )
     ref = f"refs/aiworker/task-{task.id}/refreshed"
     requirements = checks_of(db, task, issue.body)
     # A retry after a crash (or after a refusal) takes the merge made before: its receipts

@@ -56,8 +56,14 @@ def check_inputs(issue: Issue, cache: GitCache, index: int, base: str) -> list[s
         requirements_from_issue(issue.body)
     except InvalidInput as exc:
         problems.append(f"the `aiworker-checks` block is malformed: {exc.message}")
+    return problems + base_problems(cache, index, base)
+
+
+def base_problems(cache: GitCache, index: int, base: str) -> list[str]:
+    """Why a runner could not check a change on BASE: its entrypoint, or what it cannot
+    check out."""
     entrypoint = _entrypoint_problem(cache, index, base)
-    return problems + ([entrypoint] if entrypoint else []) + _uncheckable(cache, index, base)
+    return ([entrypoint] if entrypoint else []) + _uncheckable(cache, index, base)
 
 
 def no_commits(branch: str) -> str:
