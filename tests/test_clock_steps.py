@@ -112,3 +112,16 @@ def test_a_fresh_claim_of_a_controller_that_was_quiet_is_its_own(tmp_path, upgra
         )
     a.dispose()
     assert _tick_on_host_b(tmp_path, upgraded, 11, 0) == []
+
+
+def test_a_damaged_record_of_signs_of_life_is_watched_afresh(tmp_path, upgraded):
+    """The record is this host's own file; damaged (a torn copy, a hand edit), the
+    controllers in it are watched from now on, and recovery goes on."""
+    task = _running_on_host_a(upgraded, lease=60)
+    assert _tick_on_host_b(tmp_path, upgraded, 60, 0) == []
+    record = tmp_path / "host-b" / "signs-of-life.json"
+    document = json.loads(record.read_text())
+    document["hosts"]["host-a"][1] = "not a time"
+    record.write_text(json.dumps(document))
+    assert _tick_on_host_b(tmp_path, upgraded, 60, 0) == []
+    assert query(upgraded, f"select outcome from attempts where task_id = {task}") == [(None,)]

@@ -44,9 +44,11 @@ def watched(state_dir: Path, seen: dict[str, Sighting]) -> dict[str, Sighting]:
     hosts, result = {}, {}
     for host, sighting in seen.items():
         stamp, first = sighting.at.isoformat(), firsts.get(host)
-        if same_boot and isinstance(first, list) and len(first) == 2 and first[0] == stamp:
-            hosts[host] = first
-            result[host] = sighting._replace(watched_s=now.real - float(first[1]))
+        same = isinstance(first, list) and len(first) == 2 and first[0] == stamp
+        since = first[1] if same and isinstance(first, list) else None
+        if same_boot and isinstance(since, int | float):
+            hosts[host] = [stamp, since]
+            result[host] = sighting._replace(watched_s=now.real - since)
         else:
             hosts[host] = [stamp, now.real]
             result[host] = sighting._replace(watched_s=0.0 if jumped else None)
