@@ -417,6 +417,31 @@ def test_task_actions_need_the_csrf_token_and_a_confirmed_cancel(web, upgraded):
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
 
 
+def test_a_task_held_for_a_person_is_resumed_from_the_page(web, upgraded):
+    """A step held the task (its repository was archived, say); once a person mended
+    that, the operator resumes it from the web as with `task resume`."""
+    from aiworker.core.tasks.hold import hold_task
+    from aiworker.store.engine import Database
+    from aiworker.store.task_records import create_task, ensure_repository
+
+    url, _ = web
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session_:
+        repo = ensure_repository(session_, 1, "team", "app")
+        task = create_task(session_, repo.id, "issue", issue_number=1, title="issue 1")
+        held = (task.id, task.state, task.version)
+    assert hold_task(db, *held, "team/app is archived on the forge", "publish")
+    db.dispose()
+    client = session(url)
+    assert requests.post(f"{url}/api/v1/tasks/1/resume", timeout=10).status_code == 403
+    resumed = client.post(f"{url}/api/v1/tasks/1/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert (resumed.json()["state"], resumed.json()["was"]) == ("ready", "paused")
+    again = client.post(f"{url}/api/v1/tasks/1/resume")
+    assert again.status_code == 409
+    assert "only a paused task is resumed" in again.json()["error"]["message"]
+
+
 def test_start_now_clicked_again_joins_the_tick_it_started(web):
     """A hundred clicks started a hundred ticks at once (4.6 GiB measured); while the
     tick a click started runs, another click joins it (its request stays recorded for

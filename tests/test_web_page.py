@@ -95,6 +95,7 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
             page.locator("#attempts", has_text="Traceback: the model gave up").wait_for()
             assert "script provider exited 1" in page.inner_text("#attempts")
             assert page.is_enabled("#retry-task")
+            assert not page.is_enabled("#resume-task")  # for a held (paused) task only
             page.click("#retry-task")
             page.locator("#message", has_text="task 1: retry done").wait_for()
             page.locator("#task-id .state-ready").wait_for()

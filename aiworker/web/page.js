@@ -110,6 +110,7 @@ async function refreshTask() {
   const links = $("task-links"); links.replaceChildren(link("issue " + t.repository + "#" + (t.issue || "-"), t.issue_url));
   for (const p of t.publications) links.append(" · ", link("PR #" + p.pr, p.pr_url));
   $("retry-task").disabled = !["failed", "needs_input"].includes(t.state);
+  $("resume-task").disabled = t.state !== "paused";
   $("cancel-task").disabled = ["done", "cancelled"].includes(t.state);
   const body = $("history").tBodies[0]; body.replaceChildren();
   for (const e of t.history) body.appendChild(row([when(e.at), e.kind, e.from ? e.from + " -> " + e.to : (e.to || ""), e.data && e.data.reason]));
@@ -246,6 +247,7 @@ $("stop-slot").addEventListener("click", () => {
   if (confirm("Stop the job on slot " + slot + "?")) act("stop-slot", { slot, confirm: true });
 });
 $("retry-task").addEventListener("click", () => taskAction("retry"));
+$("resume-task").addEventListener("click", () => taskAction("resume"));
 $("cancel-task").addEventListener("click", () => {
   if (confirm("Cancel task " + selected + "? Its running job is stopped and its PR left open.")) taskAction("cancel", { confirm: true });
 });

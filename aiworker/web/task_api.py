@@ -1,5 +1,5 @@
 """The operator API's task views with links to the forge, and the per-task actions
-(retry, cancel) the page offers; the same rules as every change (Host, Origin, CSRF)."""
+(retry, resume, cancel) the page offers; the same rules as every change (Host, Origin, CSRF)."""
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at runtime.
 
@@ -66,6 +66,14 @@ def add_task_routes(router: APIRouter, Env: Any) -> None:
 
         from_start = request is not None and request.from_start
         return retry_task(env, task_id, from_start=from_start).to_json()
+
+    @router.post("/tasks/{task_id}/resume")
+    def resume(env: Env, task_id: TaskId) -> dict[str, Any]:
+        """A paused task (one held for a person: its PR closed, its repository archived,
+        a token short of a scope) goes on where it was, as `task resume` does."""
+        from aiworker.core.tasks.hold import resume_task
+
+        return resume_task(env, task_id).to_json()
 
     @router.post("/tasks/{task_id}/cancel")
     def cancel(env: Env, task_id: TaskId, request: CancelRequest) -> dict[str, Any]:
