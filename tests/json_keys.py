@@ -12,7 +12,7 @@ IMPLEMENT_KEYS = frozenset(
 KEYS: dict[str, frozenset[str] | str] = {
     "status": frozenset(
         {"tasks", "total_tasks", "slots", "last_check", "poll_error", "poll_failures", "isolation"}
-        | {"scheduler", "artifacts", "controller", "controllers", "low_space"}
+        | {"scheduler", "artifacts", "controller", "controllers", "low_space", "held"}
     ),
     "doctor": frozenset({"ok", "checks"}),
     "poll": frozenset({"repositories", "tasks", "unauthorized", "paused", "polls"}),

@@ -60,6 +60,12 @@ def test_a_pull_request_a_person_closed_holds_the_task(
     assert ci.exit_code == 1, ci
     reason = _held(upgraded, task)
     assert f"PR #{pr} was closed on the forge without being merged" in reason
+    # status names what waits for the operator, and why.
+    [held] = run_process("--json", "status").json()["held"]
+    assert (held["task"], held["reason"]) == (task, reason)
+    shown = " ".join(run_process("status").stdout.split())
+    assert f"Held for you: task {task} since" in shown
+    assert f"runs `aiworker task resume {task}`" in shown
     # Held, not retried: another tick finds nothing to run for it, and no second PR.
     assert run_process("--json", "ci", "--task", str(task)).exit_code == 1
     assert query(upgraded, "select count(*) from attempts where phase = 'ci'") == [(1,)]

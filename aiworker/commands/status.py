@@ -23,7 +23,7 @@ def status(ctx: typer.Context, every_state: EveryState = False) -> None:
     report = collect_status(inv.environment()).to_json()
 
     def human(console: Any) -> None:
-        from aiworker.humanize import fold, table
+        from aiworker.humanize import both, fold, table
 
         for line in scheduler_lines(report["scheduler"]):
             console.print(fold(line), markup=False)
@@ -31,6 +31,11 @@ def status(ctx: typer.Context, every_state: EveryState = False) -> None:
             console.print(fold(f"Storage: nothing new starts: {report['low_space']}"), markup=False)
         for provider, why in report["isolation"].items():
             console.print(fold(f"Provider {provider} cannot run: {why}"), markup=False)
+        for held in report["held"]:
+            line = (
+                f"Held for you: task {held['task']} since {both(held['since'])}: {held['reason']}"
+            )
+            console.print(fold(line), markup=False)
         title = f"Slots of controller {report['controller']}"
         slots = table("slot", "busy", "holder pid", "task", "task state", title=title)
         for slot in report["slots"]:

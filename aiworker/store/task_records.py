@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from aiworker.errors import NotFound
@@ -214,6 +214,26 @@ def failure(session: Session, task_id: int) -> tuple[str, dict[str, Any]] | None
 def held_for_operator(session: Session, task_id: int) -> bool:
     """Whether the task's last pause holds it until an operator resumes it."""
     return _last_pause(session, task_id)[1] == "task.held"
+
+
+def held_tasks(session: Session, limit: int = 50) -> list[tuple[int, str, datetime]]:
+    """The paused tasks whose last pause holds them until an operator resumes them
+    (task id, the hold's reason, since when), the oldest first."""
+    last = (
+        select(Event.task_id, func.max(Event.id).label("id"))
+        .join(Task, Task.id == Event.task_id)
+        .where(Task.state == "paused", Event.kind.in_(PAUSE_KINDS))
+        .group_by(Event.task_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Event.task_id, Event.data, Event.created_at)
+        .join(last, last.c.id == Event.id)
+        .where(Event.kind == "task.held")
+        .order_by(Event.id)
+        .limit(limit)
+    ).all()
+    return [(int(t), str((data or {}).get("reason", "")), at) for t, data, at in rows]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from aiworker.core.report import Report
 from aiworker.core.scheduler_state import SchedulerState
 from aiworker.store.controllers import last_seen, server_now
 from aiworker.store.engine import Session
-from aiworker.store.task_records import claims_by_host, claims_by_slot, latest_event
+from aiworker.store.task_records import claims_by_host, claims_by_slot, held_tasks, latest_event
 from aiworker.store.tasks import TASK_STATES, count_by_state
 
 CHECK_EVENT = "scheduler.check"
@@ -48,6 +48,8 @@ class StatusReport(Report):
     controllers: list[dict[str, Any]] = field(default_factory=list)
     # Why no new work starts for want of space (under storage.reserve_gib), or None.
     low_space: str | None = None
+    # Tasks held until an operator resumes them: task, reason, since.
+    held: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class StatusReport(Report):
             "controller": self.controller,
             "controllers": self.controllers,
             "low_space": self.low_space,
+            "held": self.held,
         }
 
 
@@ -75,6 +78,10 @@ def collect_status(env: Environment) -> StatusReport:
             check = latest_event(session, CHECK_EVENT)
             last_check = check.created_at if check else None
             controllers = _controllers(session)
+            held = [
+                {"task": task, "reason": reason, "since": since.isoformat()}
+                for task, reason, since in held_tasks(session)
+            ]
         artifacts = store_summary(env, db)
     finally:
         db.dispose()
@@ -108,6 +115,7 @@ def collect_status(env: Environment) -> StatusReport:
         env.controller_id,
         controllers,
         space_shortage(env),
+        held,
     )
 
 
