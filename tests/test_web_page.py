@@ -26,8 +26,9 @@ pytestmark = [
 
 
 def seed_tasks(db_path: Path) -> None:
-    """A task that failed after its provider gave up (its output kept), and one that
-    waits for input."""
+    """A task that failed after its provider gave up (its output kept), one that waits
+    for input, and one held for the operator."""
+    from aiworker.core.tasks.hold import hold_task
     from aiworker.core.tasks.lifecycle import advance
     from aiworker.store.attempts import finish_attempt, set_attempt_files, start_attempt
     from aiworker.store.engine import Database
@@ -48,7 +49,10 @@ def seed_tasks(db_path: Path) -> None:
         advance(session, failed.id, "running", version, "failed", "the budget is spent")
         waiting = create_task(session, repo.id, "issue", issue_number=5, title="Slow login")
         advance(session, waiting.id, "ready", waiting.version, "needs_input", "no ci/run")
+        held = create_task(session, repo.id, "issue", issue_number=6, title="Dark mode")
+        held_at = (held.id, held.state, held.version)
     db.dispose()
+    hold_task(Database(f"sqlite:///{db_path}"), *held_at, "team/app is archived", "publish")
 
 
 def accessibility_findings(page) -> list[str]:
@@ -102,6 +106,13 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
             page.click("#cancel-task")
             page.locator("#message", has_text="task 1: cancel done").wait_for()
             page.locator("#task-id .state-cancelled").wait_for()
+            # What waits for the operator, named with its reason, is resumed from here.
+            assert "team/app is archived" in page.inner_text("#held")
+            page.click("#held button[aria-label='show held task 3']")
+            page.locator("#task-id .state-paused").wait_for()
+            page.click("#resume-task")
+            page.locator("#message", has_text="task 3: resume done").wait_for()
+            page.locator("#task-id .state-ready").wait_for()
             # Settings as a typed form made from the capability metadata.
             interval = page.locator("input[name='check_interval']")
             assert interval.get_attribute("type") == "number"

@@ -76,6 +76,13 @@ async function refreshStatus() {
   if (sch.next_check) checks.append("; next ", sch.check_requested ? "asked for" : when(sch.next_check));
   const polls = $("polls"); polls.replaceChildren();
   if (sch.poll_error) { polls.className = "alert"; polls.append("Polls failing: " + sch.poll_failures + " in a row, the last ", when(sch.poll_error_at), ": " + sch.poll_error); }
+  const held = $("held"); held.replaceChildren();
+  for (const h of s.held) {
+    const item = document.createElement("li"), open = document.createElement("button");
+    item.className = "alert"; open.textContent = "#" + h.task; open.setAttribute("aria-label", "show held task " + h.task);
+    open.addEventListener("click", () => select(h.task));
+    item.append("Held for you: task ", open, " since ", when(h.since), ": " + h.reason); held.appendChild(item);
+  }
   const body = $("slots").tBodies[0]; body.replaceChildren();
   for (const slot of s.slots) body.appendChild(row([slot.slot, slot.busy ? "yes" : "no", slot.holder_pid, slot.task_id, slot.task_state ? state(slot.task_state) : null]));
   $("slots").caption.textContent = "Slots of controller " + s.controller;
