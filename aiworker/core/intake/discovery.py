@@ -46,8 +46,9 @@ NOT_ASKED = "the issue no longer asks for this work (closed, or its label or ass
 # Where a repository's first full poll found nothing, the cursor starts this far
 # before that poll: this host's clock may run ahead of the forge's.
 CLOCK_MARGIN = timedelta(minutes=1)
-# A task in these has a pull request its steps still check, review, repair or merge.
-DELIVERING = (S.IMPLEMENTED, S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING, S.APPROVED)
+# A task in these has a pull request its steps still check, review or repair (an approved
+# one is never paused: its merge step records the merge, whoever made it).
+DELIVERING = (S.IMPLEMENTED, S.AWAITING_CI, S.AWAITING_REVIEW, S.REPAIRING)
 
 
 @dataclass

@@ -38,7 +38,6 @@ def merged(job: Job, pull: PullRequest, client: ForgejoClient, *, ours: bool) ->
     is done. A person's merge into another branch than the default one delivered
     nothing: NeedsPerson (read with CLIENT)."""
     task, repo = job.task, job.repo
-    assert pull.number is not None
     target = "" if ours else client.repository(repo.owner, repo.name).default_branch
     if not ours and pull.base.ref != target:
         raise NeedsPerson(
