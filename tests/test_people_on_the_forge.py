@@ -89,6 +89,64 @@ def test_an_issue_closed_before_the_merge_holds_the_task_unmerged(
     assert forge.client("worker-bot").is_merged("team", "app", pr) is False
 
 
+def test_an_issue_unassigned_before_the_merge_pauses_the_task_until_assigned_again(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    """The issue's author (a writer) takes the assignment back after the review approved the
+    work: the request no longer stands, so nothing is merged; the task waits, paused, and
+    goes on once a writer assigns the issue again."""
+    task, _head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert all(r.exit_code == 0 for r in reports.values()), reports
+    pr = reports["publish"].json()["pr"]
+    edit_issue(forge, 1, assignees=[])
+    assert run_process("--json", "merge", "--task", str(task)).exit_code == 0
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is False
+    assert query(upgraded, "select state from tasks") == [("paused",)]
+    assert query(upgraded, "select count(*) from attempts where finished_at is null") == [(0,)]
+    [(data,)] = query(
+        upgraded, "select data from events where kind = 'task.paused' order by id desc limit 1"
+    )
+    assert json.loads(data)["reason"] == (
+        "authorisation no longer holds: the issue is no longer assigned to worker-bot"
+    )
+    # Not held for the operator: the poll leaves it paused while nobody asks, and takes
+    # it back to its merge once a writer assigns the issue again.
+    assert run_process("--json", "poll").exit_code == 0
+    assert query(upgraded, "select state from tasks") == [("paused",)]
+    edit_issue(forge, 1, assignees=["worker-bot"])
+    assert run_process("--json", "poll").json()["tasks"] == {"resumed": 1}
+    assert query(upgraded, "select state from tasks") == [("approved",)]
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 0, merged
+    assert forge.client("worker-bot").is_merged("team", "app", pr) is True
+    assert query(upgraded, "select state from tasks") == [("done",)]
+
+
+def test_an_assignment_taken_back_before_publication_pauses_the_task_unpublished(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    """Publish re-reads the issue: work no longer asked for is not pushed or proposed; the
+    task pauses (before the poll got to it) as the poll would pause it."""
+    task, _head = delivered()
+    edit_issue(forge, 1, assignees=[])
+    assert run_process("--json", "publish", "--task", str(task)).exit_code == 0
+    assert query(upgraded, "select state from tasks") == [("paused",)]
+    assert forge.client("worker-bot").pulls("team", "app", state="all") == []
+    [(outcome, reason)] = query(
+        upgraded, "select outcome, reason from attempts where phase = 'publish'"
+    )
+    assert outcome == "succeeded"
+    assert reason == (
+        "not published: authorisation no longer holds: the issue is no longer assigned to "
+        "worker-bot"
+    )
+
+
 def test_a_pull_request_pointed_elsewhere_is_not_merged_there(
     forge,
     delivered,  # noqa: F811

@@ -1,8 +1,9 @@
 """`aiworker merge --task ID`: merge only what was reviewed and tested at the exact head.
 
 Merging needs an APPROVED review by the reviewer identity on the head, a
-successful `aiworker / ci` status on the head, authorisation that still holds,
-the scope the work was checked for (an issue edited since goes to a repair episode),
+successful `aiworker / ci` status on the head, authorisation that still holds (one
+taken back pauses the task), the scope the work was checked for (an issue edited
+since goes to a repair episode),
 and a PR head that has not moved; Forgejo's head_commit_id guard closes the
 last window. A plan or a legacy feature, reviewed as a whole, also needs passing
 combined validation receipts (the issue's checks and every milestone's) at the
@@ -12,11 +13,10 @@ head. The merge commit is recorded as evidence, with every milestone's head.
 from __future__ import annotations
 
 from aiworker.adapters.forgejo.models import Issue, PullRequest
-from aiworker.core.delivery.scope_check import answer_moved_scope
+from aiworker.core.delivery.scope_check import answer_moved_scope, paused_if_withdrawn
 from aiworker.core.evidence.authorisation import publication_allowed
 from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
 from aiworker.core.forge_access import ForgeAccess
-from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.standing import still_authorized
 from aiworker.core.phases.at_head import pull_at_head
 from aiworker.core.phases.job import Job
@@ -35,7 +35,6 @@ def _refusals(
     access: ForgeAccess,
     job: Job,
     issue: Issue,
-    decision: Decision,
 ) -> list[str]:
     """Why the PR may not be merged now; empty when it may."""
     task, repo = job.task, job.repo
@@ -61,8 +60,6 @@ def _refusals(
     if not ours_passed(statuses, ours):
         by = " or ".join(sorted(ours))
         reasons.append(f"no successful '{CI_CONTEXT}' status by {by} on {head}")
-    if not decision.authorized:
-        reasons.append(f"authorisation no longer holds: {decision.reason}")
     if task.kind in ("feature", "plan"):
         # Reviewed as a whole: combined validation receipts must hold at the final head.
         assert task.base_commit is not None
@@ -123,14 +120,16 @@ def merge(job: Job) -> Outcome:
     if not pull.merged:  # merged already: by a run that died after the request, or a person
         issue = access.required("worker").issue(repo.owner, repo.name, task.issue_number or 0)
         decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
-        # Work still authorised but done for an issue that changed since: repaired first
-        # (a plan approved again first).
-        moved = answer_moved_scope(env, db, task, issue, report) if decision.authorized else None
-        if moved is not None:
-            moved.follow_up = False
-            return moved.ended("succeeded", f"not merged: the issue changed; {moved.reason}")
+        # Authorisation taken back: paused. Work done for an issue that changed since:
+        # repaired first (a plan approved again first).
+        stopped = paused_if_withdrawn(decision, report) or answer_moved_scope(
+            env, db, task, issue, report
+        )
+        if stopped is not None:
+            stopped.follow_up = False
+            return stopped.ended("succeeded", f"not merged: {stopped.reason}")
         _not_against_a_person(access, job, issue, pull)
-        reasons = _refusals(db, access, job, issue, decision)
+        reasons = _refusals(db, access, job, issue)
         if reasons:
             with db.write() as session:
                 append_event(session, "merge.refused", task_id=task.id, data={"reasons": reasons})

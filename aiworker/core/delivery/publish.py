@@ -18,7 +18,7 @@ from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeNotFound
 from aiworker.adapters.forgejo.models import Issue, PullRequest
 from aiworker.core.delivery.refresh import refresh_base
-from aiworker.core.delivery.scope_check import answer_moved_scope
+from aiworker.core.delivery.scope_check import answer_moved_scope, paused_if_withdrawn
 from aiworker.core.evidence.authorisation import checked_at_head
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.scope import fingerprint
@@ -79,11 +79,11 @@ def _preconditions(
     env, db, task, repo = job.env, job.db, job.task, job.repo
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
-    if not decision.authorized:
-        refuse_publication(db, task, f"authorisation no longer holds: {decision.reason}")
-    moved = answer_moved_scope(env, db, task, issue, report)
-    if moved is not None:
-        return moved
+    stopped = paused_if_withdrawn(decision, report) or answer_moved_scope(
+        env, db, task, issue, report
+    )
+    if stopped is not None:
+        return stopped
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if scope != task.scope_fingerprint:
         refuse_publication(db, task, "the issue's requirements changed since the work was scoped")

@@ -1,6 +1,7 @@
-"""A scope that moved after the work was done: the task goes to a repair episode (a plan
-back to awaiting a writer's approval), never on to publication or merge with work done
-for requirements that no longer stand."""
+"""What a person changed on the issue after the work was done, as publish and merge meet
+it: a scope that moved sends the task to a repair episode (a plan back to awaiting a
+writer's approval), and an authorisation taken back pauses it; never on to publication
+or merge with work done for requirements that no longer stand, or no longer asked for."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
 from aiworker.core.context import Environment
 from aiworker.core.evidence.authorisation import PHASE as VALIDATION
+from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
@@ -55,3 +57,14 @@ def _plan_approved_for(task: Task, scope: str, report: Report) -> Outcome | None
         return None
     why = "the issue changed after the plan was approved; a writer must approve it again"
     return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, kind="plan.scope_changed")
+
+
+def paused_if_withdrawn(decision: Decision, report: Report) -> Outcome | None:
+    """When the work's authorisation no longer holds (the assignment or label removed, the
+    writer who gave it no longer one, a text only its author vouches for), the task is
+    paused as poll pauses it, and taken back when a writer authorises it again; None when
+    it holds."""
+    if decision.authorized:
+        return None
+    why = f"authorisation no longer holds: {decision.reason}"
+    return Outcome(report, S.PAUSED, why, kind="task.paused", follow_up=False)

@@ -145,15 +145,23 @@ def authorize(
     covered: Covered | None = None,
 ) -> Decision:
     """Decide now, from the issue's timeline, whether the work was authorised; with
-    COVERED (a known task's), whether that authorisation covers the issue as it reads."""
-    timeline = client.timeline(owner, name, issue.number)
+    COVERED (a known task's), whether that authorisation covers the issue as it reads.
+    An issue that no longer carries the assignment or the label asks for nothing, whoever
+    its author is (a person took the request back)."""
     if kind == "issue":
-        event = assignment_event(timeline, worker_login)
+        asks = any(user.login == worker_login for user in issue.assignees)
         what = f"assigned to {worker_login}"
     else:
         label = config.labels.plan if kind == "plan" else config.labels.feature
-        event = label_event(timeline, label)
+        asks = label in issue.label_names
         what = f"labelled {label}"
+    if not asks:
+        return Decision(False, None, None, f"the issue is no longer {what}")
+    timeline = client.timeline(owner, name, issue.number)
+    if kind == "issue":
+        event = assignment_event(timeline, worker_login)
+    else:
+        event = label_event(timeline, label)
     actor = event.user.login if event is not None and event.user is not None else None
     decision = decide(reader, owner, name, issue, actor, what, event)
     if not decision.authorized:
