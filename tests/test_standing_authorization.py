@@ -345,3 +345,42 @@ def test_what_an_issues_authorisation_covers_is_the_same_for_each_of_its_tasks(f
     kinds = conn.execute("select kind, state from tasks where issue_number = 2 order by id")
     assert kinds.fetchall() == [("issue", "ready"), ("plan", "paused")]
     conn.close()
+
+
+def test_an_author_reopening_what_a_writer_closed_does_not_revive_the_task(forge, polled):
+    """A writer closes an issue its author cannot authorise: the author may reopen their own
+    issue, but that does not overrule the writer, so the task stays paused, saying why,
+    until a writer reopens the issue."""
+    grant(forge, "reader", "read")
+    created = requests.post(
+        f"{forge.url}/api/v1/repos/team/app/issues",
+        json={"title": "Add a mode", "body": "Add `mode()` to calc.py."},
+        headers={"Authorization": f"token {forge.tokens['reader']}"},
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    number = created.json()["number"]
+    as_user(forge, "alice", "PATCH", f"/issues/{number}", {"assignees": ["worker-bot"]})
+    poll()
+    assert states(polled)[number] == "ready"
+    as_user(forge, "alice", "PATCH", f"/issues/{number}", {"state": "closed"})
+    assert [p["issue"] for p in poll()["paused"]] == [number]
+    as_user(forge, "reader", "PATCH", f"/issues/{number}", {"state": "open"})
+    report = poll()
+    assert states(polled)[number] == "paused"
+    [refused] = [r for r in report["unauthorized"] if r["issue"] == number]
+    assert refused["reason"] == (
+        "alice, a writer, closed the issue after it was assigned to worker-bot by alice "
+        "(write), and only reader, who may not authorise work, reopened it since: a writer "
+        "must reopen it, or authorise it again"
+    )
+    # The author closing and reopening their own issue again changes nothing; a writer
+    # reopening it does.
+    as_user(forge, "reader", "PATCH", f"/issues/{number}", {"state": "closed"})
+    as_user(forge, "reader", "PATCH", f"/issues/{number}", {"state": "open"})
+    poll()
+    assert states(polled)[number] == "paused"
+    as_user(forge, "alice", "PATCH", f"/issues/{number}", {"state": "closed"})
+    as_user(forge, "alice", "PATCH", f"/issues/{number}", {"state": "open"})
+    assert poll()["tasks"]["resumed"] == 1
+    assert states(polled)[number] == "ready"

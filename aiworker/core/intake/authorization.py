@@ -166,7 +166,47 @@ def authorize(
     decision = decide(reader, owner, name, issue, actor, what, event)
     if not decision.authorized:
         return decision
+    decision = not_reopened_over_a_writer(decision, timeline, event, reader, owner, name, issue)
+    if not decision.authorized:
+        return decision
     return within_scope(decision, covered, reader, owner, name, issue)
+
+
+def not_reopened_over_a_writer(
+    decision: Decision,
+    timeline: list[TimelineComment],
+    item: TimelineComment | None,
+    reader: PermissionReader,
+    owner: str,
+    repo: str,
+    issue: Issue,
+) -> Decision:
+    """DECISION, unless a writer closed the open ISSUE after ITEM authorised the work and
+    only people without write permission reopened it since: an author may reopen their
+    own issue, but that does not overrule a writer who closed it."""
+    closer, reopener = None, ""
+    after = item is None
+    for entry in timeline:
+        after = after or entry is item
+        if not after or entry.type not in ("close", "reopen"):
+            continue
+        who = entry.user.login if entry.user is not None else ""
+        writer = bool(who) and reader.permission(owner, repo, who) in WRITERS
+        if entry.type == "close" and writer:
+            closer = who
+        elif entry.type == "reopen":
+            closer, reopener = (None, "") if writer else (closer, who or "a deleted user")
+    if closer is None or issue.state != "open":
+        return decision
+    return replace(
+        decision,
+        authorized=False,
+        reason=(
+            f"{closer}, a writer, closed the issue after it was {decision.reason}, and only "
+            f"{reopener}, who may not authorise work, reopened it since: a writer must "
+            "reopen it, or authorise it again"
+        ),
+    )
 
 
 def within_scope(
