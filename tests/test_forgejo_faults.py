@@ -51,6 +51,49 @@ def test_never_retries_other_client_errors(fake, status, error):
     assert len(script.seen) == 1
 
 
+COMMENT = {
+    "id": 7,
+    "body": "hello",
+    "user": USER,
+    "created_at": "2026-12-05T10:00:00Z",
+    "updated_at": "2026-12-05T10:00:00Z",
+}
+
+
+@pytest.mark.parametrize(
+    "lost", [("json", 504, {}, {}), ("json", 502, {}, {}), ("json", 500, {}, {}), ("drop",)]
+)
+def test_a_change_whose_answer_was_lost_is_not_sent_twice(fake, lost):
+    """A proxy's 504 (or a 500, 502, or a connection lost after the request went out) may
+    come after the forge made the comment: sending it again would make a second one. The
+    call ends unavailable, saying why it was not sent again."""
+    script, url = fake(lost)
+    with pytest.raises(ForgeUnavailable) as caught:
+        client(url).create_comment("team", "app", 1, "hello")
+    assert caught.value.exit_code == 75
+    assert "the forge may have acted on it before its answer was lost" in str(caught.value)
+    assert len(script.seen) == 1
+
+
+def test_a_change_the_forge_did_not_take_is_sent_again(fake):
+    """429 and 503 say the request was not taken; a refused connection never reached it."""
+    script, url = fake(
+        ("json", 503, {"message": "busy"}, {}),
+        ("json", 429, {}, {}),
+        ("json", 201, COMMENT, {}),
+    )
+    assert client(url).create_comment("team", "app", 1, "hello").id == 7
+    assert len(script.seen) == 3
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    waits = []
+    with pytest.raises(ForgeUnavailable) as caught:
+        client(nobody, attempts=3, sleep=waits.append).create_comment("team", "app", 1, "x")
+    assert "connection refused" in str(caught.value)
+    assert len(waits) == 2
+
+
 def test_retry_after_is_honoured(fake):
     script, url = fake(("json", 429, {"message": "slow down"}, {"Retry-After": "1"}))
     waits = []

@@ -8,6 +8,7 @@ import socket
 import time
 
 import requests
+import urllib3
 
 DNS = ("the host name does not resolve (DNS)", False)
 REFUSED = ("connection refused (nothing listens there)", True)
@@ -34,6 +35,21 @@ def connection_cause(exc: requests.RequestException, timeout: float) -> tuple[st
         if "Connection refused" in str(exc)
         else (f"the connection failed ({type(exc).__name__})", True)
     )
+
+
+def before_sending(exc: requests.RequestException) -> bool:
+    """Whether EXC ended the call before its request could reach the forge: no connection
+    was made (refused, a name that does not resolve, a connect timeout, a failed TLS
+    handshake). Any other failure may come after the forge took the request."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout | requests.exceptions.SSLError):
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        unmade = urllib3.exceptions.NewConnectionError, ConnectionRefusedError, socket.gaierror
+        if isinstance(seen, unmade):
+            return True
+        seen = seen.__cause__ or seen.__context__ or _wrapped(seen)
+    return False
 
 
 def _wrapped(exc: BaseException) -> BaseException | None:

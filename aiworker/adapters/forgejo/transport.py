@@ -1,7 +1,13 @@
 """HTTP to one Forgejo base URL as one identity: timeouts, retries, pagination, errors.
 
 Connection errors, 429 and 5xx are retried with exponential backoff and full
-jitter, never sooner than a Retry-After the server sent; other 4xx are final.
+jitter, never sooner than a Retry-After the server sent; other 4xx are final. A
+POST (a comment, a review, a pull request, a merge) is sent again only when the forge
+cannot have acted on it: no connection was made, or it answered 429 or 503. After a
+500, 502 or 504, a timeout or a connection lost once the request went out, the change
+may have been made, and a second POST would make it twice (a proxy's 504 often comes
+after the forge did the work); the call ends unavailable, and the caller finds what
+was made on its next run (each marks what it makes).
 The token travels only in the Authorization header and never appears in an
 error or a log line.
 """
@@ -19,7 +25,7 @@ import requests
 import urllib3
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
-from aiworker.adapters.forgejo.causes import connection_cause, retry_after_seconds
+from aiworker.adapters.forgejo.causes import before_sending, connection_cause, retry_after_seconds
 from aiworker.adapters.forgejo.errors import (
     BY_STATUS,
     SCOPE_REFUSAL,
@@ -34,6 +40,10 @@ from aiworker.secrets import redact, register_secret
 
 log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+NOT_ACTED_ON = frozenset({429, 503})  # the forge (or its proxy) did not take the request
+MAY_HAVE_ACTED = (
+    "the forge may have acted on it before its answer was lost, so it is not sent again"
+)
 # One answer arrives whole within this many timeouts (a server that sends a byte at a
 # time never trips the timeout of each read) and is at most this big.
 DEADLINE_TIMEOUTS = 4
@@ -201,8 +211,11 @@ class Transport:
             raise ForgeUnavailable(method, shown, None, str(exc), forge=self.shown_base) from None
         except (requests.ConnectionError, requests.Timeout) as exc:
             cause, curable = connection_cause(exc, self.timeout)
-            log.info("%s %s at %s: %s; retrying", method, shown, self.shown_base, cause)
             final = ForgeUnavailable if curable else ForgeUnreachable
+            if method == "POST" and not before_sending(exc):
+                said = f"{cause}; {MAY_HAVE_ACTED}"
+                raise final(method, shown, None, said, forge=self.shown_base) from None
+            log.info("%s %s at %s: %s; retrying", method, shown, self.shown_base, cause)
             raise _Retryable(None, cause, None, final) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
             raise ForgeUnreachable(
@@ -249,7 +262,13 @@ class Transport:
                     + f"it asks to be asked again in {after:g} s (Retry-After)",
                     forge=self.shown_base,
                 )
-            raise _Retryable(response.status_code, self._message(response), after)
+            said = self._message(response)
+            if method == "POST" and response.status_code not in NOT_ACTED_ON:
+                said = (f"{said}; " if said else "") + MAY_HAVE_ACTED
+                raise ForgeUnavailable(
+                    method, shown, response.status_code, said, forge=self.shown_base
+                )
+            raise _Retryable(response.status_code, said, after)
         return response
 
     def _follow(self, target: str, response: requests.Response) -> str | None:
