@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import requests
 
 from aiworker.core.delivery import publish as publish_module
@@ -71,6 +73,38 @@ def test_a_pull_request_a_person_closed_holds_the_task(
     assert query(upgraded, "select count(*) from attempts where phase = 'ci'") == [(1,)]
     pulls = forge.client("worker-bot").pulls("team", "app", state="all")
     assert [p.number for p in pulls] == [pr]
+
+
+@pytest.mark.parametrize("recorded_before", [False, True])
+def test_a_task_the_operator_resumed_stays_resumed_at_the_next_polls(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+    recorded_before,
+):
+    """`task resume` is the operator's word, not an authorisation on the forge: the polls
+    after it judge the task by the writer who assigned its issue, and leave it resumed
+    (also where the resume was recorded as aiworker recorded it before 2026-12)."""
+    task, _head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    _patch_pull(forge, pr, state="closed")
+    assert run_process("--json", "ci", "--task", str(task)).exit_code == 1
+    _held(upgraded, task)
+    # Issue 1 changes no more: once another issue is newer, a poll judges its task by who
+    # authorised it (their permission now), not from its timeline.
+    time.sleep(1.1)
+    edit_issue(forge, 2, title="Something else")
+    assert run_process("--json", "poll").json()["polls"] == {"incremental": 1}
+    _patch_pull(forge, pr, state="open")
+    assert run_process("--json", "task", "resume", str(task)).json()["state"] == "awaiting_ci"
+    if recorded_before:
+        with sqlite3.connect(upgraded) as conn:
+            conn.execute("update events set kind = 'task.resumed' where actor = 'operator'")
+    for _ in range(2):
+        polled = run_process("--json", "poll").json()
+        assert (polled["polls"], polled["paused"]) == ({"incremental": 1}, []), polled
+    assert query(upgraded, "select state from tasks") == [("awaiting_ci",)]
+    assert run_process("--json", "ci", "--task", str(task)).exit_code == 0
 
 
 def test_an_issue_closed_before_the_merge_holds_the_task_unmerged(

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from aiworker.store.models import Event, Repository, Task
 
-# The events that name who authorised a task's work: discovery, a resumption, and a poll
-# that found a different writer's label or assignment standing behind it.
+# The events that name who authorised a task's work: discovery, a resumption by a poll
+# that found it authorised again, and a poll that found a different writer's label or
+# assignment standing behind it. An operator's `task resume` authorises nothing on the
+# forge (it was recorded as task.resumed by "operator" before 2026-12).
 AUTHORIZING = ("task.created", "task.resumed", "task.authorized")
+OPERATOR_RESUME = ("task.resumed", "operator")
 
 
 def tasks_of(session: Session, repository_id: int) -> dict[tuple[str, int], Task]:
@@ -71,6 +74,7 @@ def authorizers(session: Session, task_ids: Iterable[int]) -> dict[int, str]:
             Event.task_id.in_(ids),
             Event.kind.in_(AUTHORIZING),
             Event.actor.is_not(None),
+            ~and_(Event.kind == OPERATOR_RESUME[0], Event.actor == OPERATOR_RESUME[1]),
         )
         .group_by(Event.task_id)
     )

@@ -65,7 +65,7 @@ def resume_task(env: Environment, task_id: int) -> ResumeReport:
                 to_state,
                 "resumed by an operator",
                 actor="operator",
-                kind="task.resumed",
+                kind="task.resumed_by_operator",  # not an authorisation: see AUTHORIZING
             )
         return ResumeReport(task_id, to_state, TaskState.PAUSED)
     finally:
