@@ -1,7 +1,7 @@
-"""A reverse proxy in front of the sandbox forge that loses answers, as nginx does when
-the forge was slow to answer what it did: a request that matches a rule is passed on to
-the forge, and what the forge answered is replaced by the rule's status and an HTML page.
-Everything else is passed on as it is."""
+"""A reverse proxy in front of the sandbox forge that fails as nginx does: a request that
+matches a rule is answered with the rule's status and an HTML page, after it was passed
+on to the forge (an answer lost: the forge was slow to answer what it did) or instead
+(the forge could not be reached). Everything else is passed on as it is."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
-PASSED_ON = ("Authorization", "Content-Type", "Accept")
+PASSED_ON = ("Authorization", "Content-Type", "Accept", "Content-Encoding", "Git-Protocol")
 PASSED_BACK = ("Content-Type", "Link", "X-Total-Count")
 
 
@@ -22,13 +22,14 @@ class Rule:
     path: str  # a regular expression searched in the request's path
     status: int  # what the client gets instead of the forge's answer
     times: int = 1
+    forward: bool = True  # passed on to the forge first (its answer lost), or not at all
 
 
 @dataclass
 class FaultProxy:
     upstream: str
     rules: list[Rule] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)  # "METHOD PATH" of each answer lost
+    lost: list[str] = field(default_factory=list)  # "METHOD PATH" of each request failed
     url: str = ""
 
     def start(self) -> FaultProxy:
@@ -43,13 +44,18 @@ class FaultProxy:
             def do_GET(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k in PASSED_ON}
-                answer = requests.request(
-                    self.command, proxy.upstream + self.path, headers=headers, data=body, timeout=30
-                )
                 rule = proxy.matching(self.command, self.path)
+                if rule is None or rule.forward:
+                    answer = requests.request(
+                        self.command,
+                        proxy.upstream + self.path,
+                        headers=headers,
+                        data=body,
+                        timeout=30,
+                    )
                 if rule is not None:
                     proxy.lost.append(f"{self.command} {self.path}")
-                    page = f"<html><body><h1>{rule.status} Gateway Time-out</h1></body></html>"
+                    page = f"<html><body><h1>{rule.status} Bad Gateway</h1></body></html>"
                     self.reply(rule.status, {"Content-Type": "text/html"}, page.encode())
                     return
                 kept = {k: v for k, v in answer.headers.items() if k in PASSED_BACK}

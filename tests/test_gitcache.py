@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from aiworker.runtime.gitcache import AncestryRejected, GitCache, GitCacheError
+from aiworker.runtime.git_failures import GitCacheError, failure
+from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from tests.fake_forge import USER
 from tests.forge_fixtures import git
 from tests.test_forgejo_faults import CANARY, client
@@ -118,3 +119,39 @@ def test_git_follows_no_redirect_with_the_token(fake, state_dir):
         GitCache(state_dir).fetch(1, f"{url}/team/app.git", CANARY)
     assert script.seen  # git asked the forge
     assert elsewhere.seen == []  # and went nowhere else
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind"),
+    [
+        (
+            "error: RPC failed; HTTP 502 curl 22 The requested URL returned error: 502\n"
+            "fatal: expected flush after ref listing\n",
+            "git_unavailable",
+        ),
+        (
+            "fatal: unable to access 'http://forge/team/app.git/': Failed to connect to forge "
+            "port 3000 after 0 ms: Couldn't connect to server\n",
+            "git_unavailable",
+        ),
+        (
+            "error: RPC failed; curl 18 transfer closed with outstanding read data remaining\n"
+            "fetch-pack: unexpected disconnect while reading sideband packet\n"
+            "fatal: early EOF\n",
+            "git_unavailable",
+        ),
+        (  # a push too big for the proxy: its connection breaks off too, and no retry helps
+            "error: RPC failed; HTTP 413 curl 22 The requested URL returned error: 413\n"
+            "send-pack: unexpected disconnect while reading sideband packet\n"
+            "fatal: the remote end hung up unexpectedly\n",
+            "git_cache",
+        ),
+        ("fatal: couldn't find remote ref refs/heads/gone\n", "git_cache"),
+    ],
+)
+def test_what_git_says_names_an_outage_apart_from_a_failure(tmp_path, stderr, kind):
+    """Git's own words (as git 2.39 over curl prints them): an outage on the way to the
+    forge is unavailable (exit 75, tried again, charged nothing), anything else not."""
+    error = failure(tmp_path / "repo-1.git", "fetch", stderr)
+    assert error.code == kind
+    assert error.exit_code == (75 if kind == "git_unavailable" else 1)

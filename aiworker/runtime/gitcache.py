@@ -17,38 +17,14 @@ import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from aiworker.errors import EXIT_INVALID, AiworkerError, DiskFull, says_disk_full
+from aiworker.runtime.git_failures import GitCacheError, failure, refuse_full
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
-from aiworker.secrets import redact
 
 progress = logging.getLogger("aiworker.progress")  # shown as it happens in a terminal
 
 FULL_HASH = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 LOCK_SECONDS = 60.0
-
-
-class GitCacheError(AiworkerError):
-    code = "git_cache"
-
-
-def _refuse_full(cache: Path, stderr: str) -> None:
-    """Git's failure in CACHE, when it says this host's disk is full (not the forge's,
-    whose words come on `remote:` lines): the installation's to fix (exit 75), not a
-    failure of the work."""
-    if says_disk_full(stderr):
-        raise DiskFull(f"git cache {cache}: the disk is full; free space")
-
-
-class GitForbidden(GitCacheError):
-    """The forge answered git with 403: the identity's token lacks the repository scope
-    (write:repository to push), or the identity lacks the permission. Only the operator
-    can mend that; no retry helps."""
-
-    code = "git_forbidden"
-    exit_code = EXIT_INVALID
-    installation = True
-    holds_task = True
 
 
 class AncestryRejected(GitCacheError):
@@ -118,20 +94,7 @@ class GitCache:
     def _must(self, index: int, *args: str, token: str | None = None) -> str:
         result = self._git(index, *args, token=token)
         if not result.ok:
-            detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
-            _refuse_full(self.path(index), result.stderr)
-            if "returned error: 403" in result.stderr:
-                lines = result.stderr.splitlines()
-                said = [x.removeprefix("remote:").strip() for x in lines if x.startswith("remote:")]
-                words = next((w for w in said if w), "")  # the forge's own reason, if it gave one
-                raise GitForbidden(
-                    f"the forge refused git {args[0]} (HTTP 403"
-                    + (f": {redact(words)[:200]}" if words else "")
-                    + "): the repository is archived, this identity's token lacks the "
-                    "repository scope (write:repository to push), or the identity lacks "
-                    "permission on it; `aiworker doctor` names which"
-                )
-            raise GitCacheError(f"git {args[0]} failed in cache {index}: {detail[0][:300]}")
+            raise failure(self.path(index), args[0], result.stderr)
         return result.stdout.strip()
 
     def _locked(self, index: int) -> AbstractContextManager[FileLock]:
@@ -149,7 +112,7 @@ class GitCache:
                     ["git", "init", "--bare", "-q", str(self.path(index))], timeout=60
                 )
                 if not result.ok:
-                    _refuse_full(self.path(index), result.stderr)
+                    refuse_full(self.path(index), result.stderr)
                     raise GitCacheError(f"cannot create cache {index}: {result.stderr.strip()}")
             self._must(
                 index,
@@ -344,7 +307,7 @@ class GitCache:
                     f"merging {base} into {head} conflicts in: {', '.join(lines[1:])}"
                 )
             if merged.returncode not in (0, 1) or not FULL_HASH.match(lines[0]):
-                _refuse_full(self.path(index), merged.stderr)
+                refuse_full(self.path(index), merged.stderr)
                 raise GitCacheError(
                     f"cannot merge {base} into {head}: {merged.stderr.strip()[:300]}"
                 )
@@ -361,7 +324,7 @@ class GitCache:
                 env=identity,
             )
             if not commit.ok:
-                _refuse_full(self.path(index), commit.stderr)
+                refuse_full(self.path(index), commit.stderr)
                 raise GitCacheError(f"cannot record the merge: {commit.stderr.strip()[:300]}")
             full = commit.stdout.strip()
             self._must(index, "update-ref", f"{ref}-conflicted" if conflicts else ref, full)

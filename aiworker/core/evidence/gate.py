@@ -32,7 +32,8 @@ from aiworker.core.evidence.artifacts import (
 from aiworker.core.evidence.authorisation import PHASE
 from aiworker.core.evidence.measurements import judge, reported
 from aiworker.core.evidence.requirements import Requirement
-from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.runtime.git_failures import GitCacheError
+from aiworker.runtime.gitcache import GitCache
 from aiworker.secrets import redact
 from aiworker.store.engine import Database
 from aiworker.store.receipts import add_receipt

@@ -16,7 +16,8 @@ from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.tasks.hold import hold_task
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import AiworkerError
-from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.runtime.git_failures import GitCacheError
+from aiworker.runtime.gitcache import GitCache
 from aiworker.store.engine import Database
 from aiworker.store.restore import TaskToVerify, tasks_to_verify
 from aiworker.store.tasks import task_state as current_state

@@ -33,7 +33,8 @@ from aiworker.core.health import Check
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, LockHeld
 from aiworker.runtime.artifact_files import RETENTION_STAMP, ArtifactFiles
-from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.runtime.git_failures import GitCacheError
+from aiworker.runtime.gitcache import GitCache
 from aiworker.store.artifacts import (
     live_digests,
     live_totals,

@@ -22,7 +22,8 @@ from aiworker.core.tasks.lifecycle import advance
 from aiworker.core.tasks.repairs import REQUESTED
 from aiworker.core.tasks.states import TaskState
 from aiworker.errors import Conflict
-from aiworker.runtime.gitcache import GitCache, GitCacheError
+from aiworker.runtime.git_failures import GitCacheError
+from aiworker.runtime.gitcache import GitCache
 from aiworker.store.budgets import reset
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
