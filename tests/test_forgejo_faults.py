@@ -227,6 +227,25 @@ def test_a_listing_that_never_ends_is_refused(fake):
 
 
 @pytest.mark.parametrize(
+    "link",
+    [
+        "https://git.example.org/forgejo/api/v1/repos/team/app/labels?page=2&limit=2",
+        "/forgejo/api/v1/repos/team/app/labels?page=2&limit=2",
+    ],
+    ids=["another host", "another path"],
+)
+def test_the_next_page_is_asked_of_the_configured_address(fake, link):
+    """Forgejo builds Link from its ROOT_URL (its public name, under a sub-path), which
+    is not always the address aiworker is given: the next page is asked of that one."""
+    settings = ("json", 200, {"max_response_items": 2}, {})
+    first = ("json", 200, [{"id": 1, "name": "bug"}] * 2, {"Link": f'<{link}>; rel="next"'})
+    last = ("json", 200, [{"id": 3, "name": "docs"}], {})
+    script, url = fake(settings, first, last)
+    assert [label.id for label in client(url).repo_labels("team", "app")] == [1, 1, 3]
+    assert script.seen[2][1] == "/api/v1/repos/team/app/labels?page=2&limit=2"
+
+
+@pytest.mark.parametrize(
     ("body", "said"),
     [
         (b"<html>Sign in</html>", "the answer is not a User: not JSON"),

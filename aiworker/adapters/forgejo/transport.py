@@ -351,9 +351,14 @@ class Transport:
         )
 
     def _same_host(self, url: str) -> str:
-        """Link URLs come from the server's ROOT_URL; keep requests on our base URL."""
+        """Link URLs come from the server's ROOT_URL, which may name another host and path
+        than forge.url (its public name, where aiworker uses an internal address): the API
+        path in it, on our base URL."""
         parts = urlsplit(url)
         base = urlsplit(self.base)
-        if (parts.scheme, parts.netloc) != (base.scheme, base.netloc):
-            return f"{self.base}{parts.path}?{parts.query}"
-        return url
+        ours = (parts.scheme, parts.netloc) == (base.scheme, base.netloc)
+        if ours and parts.path.startswith(urlsplit(self.api).path + "/"):
+            return url
+        _, api, rest = parts.path.partition("/api/v1/")
+        path = f"/api/v1/{rest}" if api else parts.path
+        return f"{self.base}{path}" + (f"?{parts.query}" if parts.query else "")
