@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
 
+from aiworker.sandbox.seed import COLLABORATORS
 from tests.helpers import configure, run_process
 
 
@@ -219,3 +221,50 @@ def test_a_title_longer_than_forgejo_keeps_is_recorded_cut(forge, polled):
     [(title,)] = conn.execute("select title from tasks where issue_number = ?", (number,))
     conn.close()
     assert (len(title), title[-1]) == (500, "…")
+
+
+def test_another_repository_put_at_a_recorded_index_is_refused_not_taken_for_a_rename(
+    forge, polled, tmp_path
+):
+    """Two installations sharing one database give index 1 to different repositories (or
+    an operator edits the wrong entry): the poll refuses, naming both, instead of
+    rebinding every task of index 1 to the other repository's issues."""
+    state = forge.app.state
+    other = state.add_repo("team", "other")
+    other["collaborators"].update(COLLABORATORS)
+    issue = state.add_issue(other, "alice", "Delete everything", "Another project.")
+    issue["assignees"] = ["worker-bot"]
+    state.record(issue, "assignees", "alice", assignee="worker-bot")
+    assert poll()["tasks"] == {"created": 1}
+    app_id, other_id = state.repo("team", "app")["id"], other["id"]
+    before = snapshot(polled)
+    config = tmp_path / "config.toml"
+    config.write_text(config.read_text().replace('name = "app"', 'name = "other"'))
+    refused = run_process("--json", "poll")
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["message"] == (
+        f"repositories[index=1] is team/other, but index 1 stands for team/app (forge "
+        f"repository {app_id}), and team/other is another repository (forge repository "
+        f"{other_id}), not a rename of it: give it an index of its own (every installation "
+        "sharing this database must give each repository the same index)"
+    )
+    assert snapshot(polled) == before
+    config.write_text(config.read_text().replace('name = "other"', 'name = "app"'))
+    assert poll()["tasks"] == {"unchanged": 1}
+
+    # A rename keeps the forge's id (the sandbox renames nothing: the index is recorded
+    # under the name it had before), and so does a name recorded before ids were, which
+    # the forge no longer knows.
+    conn = sqlite3.connect(polled)
+    with conn:
+        conn.execute("update repositories set name = 'app-before'")
+    poll()
+    with conn:
+        conn.execute("update repositories set name = 'app-gone', settings = '{}'")
+    poll()
+    renames = conn.execute("select data from events where kind = 'repository.renamed'")
+    assert [json.loads(data)["from"] for (data,) in renames] == ["team/app-before", "team/app-gone"]
+    [(owner, name, settings)] = conn.execute("select owner, name, settings from repositories")
+    assert (owner, name, json.loads(settings)["forge_id"]) == ("team", "app", app_id)
+    conn.close()
+    assert tasks(polled)[1][1] == "ready"

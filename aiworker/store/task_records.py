@@ -14,12 +14,20 @@ from aiworker.errors import NotFound
 from aiworker.store.models import Event, Repository, Task
 from aiworker.store.tasks import TASK_KINDS, TASK_STATES, append_event
 
+FORGE_ID = "forge_id"  # where a repository's settings keep the forge's own id of it
 
-def ensure_repository(session: Session, index: int, owner: str, name: str) -> Repository:
-    """The repository with this stable index; a rename updates owner/name in place."""
+
+def ensure_repository(
+    session: Session, index: int, owner: str, name: str, forge_id: int | None = None
+) -> Repository:
+    """The repository with this stable index; a rename updates owner/name in place.
+    FORGE_ID, when given, is recorded as the forge's id of it (core/intake/identity.py)."""
     repo = session.scalar(select(Repository).where(Repository.index == index))
+    if repo is not None and forge_id is not None:
+        repo.settings = {**(repo.settings or {}), FORGE_ID: forge_id}
     if repo is None:
-        repo = Repository(index=index, owner=owner, name=name, settings={})
+        settings = {} if forge_id is None else {FORGE_ID: forge_id}
+        repo = Repository(index=index, owner=owner, name=name, settings=settings)
         session.add(repo)
         session.flush()
         append_event(session, "repository.added", data={"index": index, "name": f"{owner}/{name}"})

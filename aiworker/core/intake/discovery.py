@@ -20,6 +20,7 @@ from aiworker.config.models import Repository as RepositoryConfig
 from aiworker.core.context import Environment
 from aiworker.core.forge_access import ForgeAccess
 from aiworker.core.intake.authorization import Covered, Decision, PermissionReader, authorize
+from aiworker.core.intake.identity import forge_id_to_record
 from aiworker.core.intake.recording import pause_task, record_discovered
 from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import Standing, judge_standing
@@ -169,6 +170,7 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
                     key: Covered(*known)
                     for key, known in coverage_of(session, repo_config.index).items()
                 }
+            forge_id = forge_id_to_record(db, worker, repo_config.index, owner, name)
             started = datetime.now(UTC)
             complete = full or cursor is None or started - cursor.full_at >= FULL_POLL_EVERY
             if complete:
@@ -185,7 +187,7 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
             standing = judge_standing(db, reader, repo_config.index, owner, name, looked_at)
             merged = _merged_by_a_person(db, worker, repo_config, found, looked_at)
             with db.write() as session:
-                repo = ensure_repository(session, repo_config.index, owner, name)
+                repo = ensure_repository(session, repo_config.index, owner, name, forge_id)
                 where = f"{owner}/{name}"
                 _record(session, config, report, repo.id, where, found, standing, merged)
                 record_poll(
