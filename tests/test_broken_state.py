@@ -66,6 +66,31 @@ def test_a_read_only_database_is_named_and_nothing_is_written(upgraded, state_di
     assert snapshot(state_dir)["aiworker.db"] == before["aiworker.db"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only root writes where it does not own")
+@pytest.mark.parametrize("command", [("scheduler", "tick"), ("status",), ("poll",)])
+def test_a_state_directory_of_another_user_is_refused_and_nothing_is_written(
+    upgraded, state_dir, command
+):
+    """Root runs a command on the service user's state directory (as `nobody` here): what
+    it made there (0600 files, 0700 directories, locks) would shut the service out, so it
+    is refused, naming both users and how to run it instead."""
+    for path in (state_dir, *state_dir.rglob("*")):
+        os.chown(path, 65534, 65534)
+    before = snapshot(state_dir)
+    argv = [sys.executable, "-m", "aiworker", "--json", "--state-dir", str(state_dir), *command]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "state_unusable"
+    assert error["message"] == (
+        f"state directory {state_dir} belongs to nobody (uid 65534), and this runs as root "
+        "(uid 0): what it made there would shut its owner out; nothing was written: run it "
+        "as its owner (sudo -u nobody aiworker ...)"
+    )
+    assert snapshot(state_dir) == before
+    assert [p for p in state_dir.rglob("*") if p.stat().st_uid != 65534] == []
+
+
 def test_a_database_locked_past_the_busy_timeout_says_so_and_exits_75(cli, upgraded, monkeypatch):
     monkeypatch.setattr(engine, "BUSY_TIMEOUT_MS", 200)
     holder = sqlite3.connect(upgraded, isolation_level=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import re
 import secrets
 import socket
@@ -98,6 +99,7 @@ class Environment:
             )
         if not os.access(path, os.W_OK | os.X_OK):
             raise StateUnusable(f"state directory {path} is not writable by this user")
+        _owned_by_this_user(path)
         return path
 
     def ensure_restored(self) -> None:
@@ -197,3 +199,26 @@ def state_dir_mode(path: Path) -> int | None:
         return os.stat(path).st_mode & 0o777
     except FileNotFoundError:
         return None
+
+
+def _login(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def _owned_by_this_user(path: Path) -> None:
+    """Refuse a state directory another user owns: what this user made there (0600 files,
+    0700 directories, locks) would shut its owner, the service, out; root may write there,
+    and did."""
+    owner, me = path.stat().st_uid, os.geteuid()
+    if owner == me:
+        return
+    name, mine = _login(owner), _login(me)
+    run_as = f"sudo -u {name}" if name else f"sudo -u '#{owner}'"
+    raise StateUnusable(
+        f"state directory {path} belongs to {name or 'uid'} (uid {owner}), and this runs as "
+        f"{mine or 'uid'} (uid {me}): what it made there would shut its owner out; nothing "
+        f"was written: run it as its owner ({run_as} aiworker ...)"
+    )
