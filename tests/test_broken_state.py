@@ -91,6 +91,29 @@ def test_a_state_directory_of_another_user_is_refused_and_nothing_is_written(
     assert [p for p in state_dir.rglob("*") if p.stat().st_uid != 65534] == []
 
 
+def test_a_database_missing_from_a_used_state_directory_points_to_a_restore(
+    cli, upgraded, state_dir
+):
+    """The database file is gone from a state directory an installation used: starting an
+    empty one (what `db upgrade` does) would know none of the tasks and pull requests, and
+    publish their issues again; the error says to restore, and what `db upgrade` would do."""
+    assert cli("--json", "status").exit_code == 0  # the installation's key is made
+    for path in state_dir.glob("aiworker.db*"):
+        path.unlink()
+    before = snapshot(state_dir)
+    refused = cli("--json", "scheduler", "tick")
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["message"] == (
+        f"database {upgraded} is missing, yet state directory {state_dir} was used "
+        "(it holds controller-instance): the tasks, and the pull requests they opened, are "
+        "known to that database alone. Restore it (`aiworker restore --from BACKUP` into an "
+        "empty state directory); `aiworker db upgrade` would start an empty one, which "
+        "knows none of them"
+    )
+    assert snapshot(state_dir) == before
+    assert cli("db", "upgrade").exit_code == 0  # the operator's choice, still open
+
+
 def test_a_database_locked_past_the_busy_timeout_says_so_and_exits_75(cli, upgraded, monkeypatch):
     monkeypatch.setattr(engine, "BUSY_TIMEOUT_MS", 200)
     holder = sqlite3.connect(upgraded, isolation_level=None)

@@ -425,3 +425,43 @@ def test_a_poll_asks_about_a_pull_request_only_for_a_task_it_would_pause(
     edit_issue(forge, 1, state="closed")
     assert run_process("--json", "poll", "--full").exit_code == 0
     assert query(upgraded, "select state from tasks") == [("paused",)]
+
+
+def test_a_store_started_over_does_not_open_a_second_pull_request_for_an_issue(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+    state_dir,
+):
+    """The database is lost and started over (`db upgrade` on an empty one, not a restore):
+    the issue whose pull request is open becomes a new task, under another id, whose work
+    is not published beside the open pull request; the task is held, saying which one."""
+    task, _head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    for path in state_dir.glob("aiworker.db*"):
+        path.unlink()
+    assert run_process("db", "upgrade").exit_code == 0
+    edit_issue(forge, 1, assignees=[])
+    edit_issue(forge, 2, assignees=["worker-bot"])
+    assert run_process("--json", "poll").json()["tasks"] == {"created": 1}  # task 1: issue 2
+    assert run_process("task", "cancel", "1").exit_code == 0
+    edit_issue(forge, 1, assignees=["worker-bot"])
+    assert run_process("--json", "poll").json()["tasks"]["created"] == 1  # task 2: issue 1
+    assert run_process("--json", "claim", "--slot", "1").json()["task"] == 2
+    assert run_process("--json", "implement", "--task", "2", "--slot", "1").exit_code == 0
+    published = run_process("--json", "publish", "--task", "2")
+    assert published.exit_code == 1, published
+    assert query(upgraded, "select id, state from tasks order by id") == [
+        (1, "cancelled"),
+        (2, "paused"),
+    ]
+    [(data,)] = query(upgraded, "select data from events where kind = 'task.held'")
+    assert json.loads(data)["reason"].startswith(
+        f"PR #{pr} is open for issue #1, opened by aiworker for task {task}, which this "
+        "database does not hold as this task (restored from before it, or started over): "
+        f"close PR #{pr} to publish this work instead, or cancel task 2"
+    )
+    pulls = forge.client("worker-bot").pulls("team", "app", state="all")
+    assert [p.number for p in pulls] == [pr]
+    branches = [b.name for b in forge.client("worker-bot").branches("team", "app")]
+    assert "aiworker/task-2" not in branches

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from aiworker.store.engine import Database
 
 
+# What an installation leaves in its state directory besides its database.
+USED_BY_AN_INSTALLATION = ("controller-instance", "git-cache", "attempts", "artifacts")
+
+
 @dataclass(frozen=True)
 class Environment:
     state_dir: Path
@@ -126,6 +130,15 @@ class Environment:
             probe_file(path)
         elif path is not None and require_current:
             # Said before anything is made for it: no empty database, no instance key.
+            used = [n for n in USED_BY_AN_INSTALLATION if (self.state_dir / n).exists()]
+            if used:
+                raise StateUnusable(
+                    f"database {path} is missing, yet state directory {self.state_dir} was "
+                    f"used (it holds {', '.join(used)}): the tasks, and the pull requests "
+                    "they opened, are known to that database alone. Restore it (`aiworker "
+                    "restore --from BACKUP` into an empty state directory); `aiworker db "
+                    "upgrade` would start an empty one, which knows none of them"
+                )
             raise not_initialised(self.database_url)
         lease = self.loaded.config.controller_lease
         db = Database(

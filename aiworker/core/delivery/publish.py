@@ -10,6 +10,7 @@ another. The pushed branch is read back and must equal the receipt's head.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from typing import NoReturn
@@ -44,6 +45,7 @@ from aiworker.store.publications import (
 from aiworker.store.tasks import append_event
 
 MARKER = "<!-- aiworker:task={task} intent={intent} -->"
+OTHER_TASK = re.compile(r"<!-- aiworker:task=(\d+) intent=")
 PUSHING = "publish.pushing"
 
 
@@ -136,6 +138,25 @@ def _no_commit_of_a_person(
     )
 
 
+def _no_other_task_s_pull(job: Job, worker: ForgejoClient, login: str) -> None:
+    """NeedsPerson when a pull request another aiworker task opened for this task's issue
+    is still open: a second one would compete with it. (The database that knew that task
+    no longer does: restored from before it, or started over.)"""
+    task, repo = job.task, job.repo
+    resolves = f"Resolves #{task.issue_number}."
+    for pull in worker.pulls(repo.owner, repo.name, state="open"):
+        theirs = OTHER_TASK.search(pull.body)
+        if pull.user.login != login or theirs is None or not pull.body.startswith(resolves):
+            continue
+        if int(theirs.group(1)) != task.id:
+            raise NeedsPerson(
+                f"PR #{pull.number} is open for issue #{task.issue_number}, opened by aiworker "
+                f"for task {theirs.group(1)}, which this database does not hold as this task "
+                f"(restored from before it, or started over): close PR #{pull.number} to "
+                f"publish this work instead, or cancel task {task.id}"
+            )
+
+
 def _by_a_person(job: Job, worker: ForgejoClient, pr: int | None) -> Outcome | None:
     """The task's pull request PR as a person left it: one they closed is neither
     refreshed, pushed to nor replaced (NeedsPerson); one they merged is delivered."""
@@ -180,6 +201,8 @@ def publish(job: Job) -> Outcome:
         publication_id, marker = publication.id, publication.ownership_marker
     cache = GitCache(env.state_dir)
     _no_commit_of_a_person(db, cache, job, worker, branch)
+    if pr is None:  # a first publication: no other task's pull request for the issue
+        _no_other_task_s_pull(job, worker, access.logins["worker"])
     delivered = _by_a_person(job, worker, pr)  # again: the preconditions may take minutes
     if delivered is not None:
         return delivered
