@@ -193,9 +193,10 @@ def test_a_state_directory_that_is_a_file_is_named_by_every_command(cli, tmp_pat
     assert path.read_text() == "x\n"
 
 
-def test_a_scheduler_state_of_another_shape_reads_as_none(cli, upgraded, state_dir):
+def test_a_scheduler_state_of_another_shape_stops_new_work_until_resumed(cli, upgraded, state_dir):
     (state_dir / "scheduler.json").write_text("[1, 2]")
     result = cli("--json", "status")
     assert result.exit_code == 0, result
-    assert cli("scheduler", "pause", "--reason", "maintenance").exit_code == 0
-    assert json.loads((state_dir / "scheduler.json").read_text())["paused"] is True
+    assert result.json()["scheduler"]["paused"] is True
+    assert cli("scheduler", "resume").exit_code == 0
+    assert json.loads((state_dir / "scheduler.json").read_text())["paused"] is False

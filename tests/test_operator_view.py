@@ -85,6 +85,42 @@ def test_status_says_why_nothing_moves_on_one_screen(forge, claimed, upgraded, s
     assert (resumed["paused"], resumed["paused_by"], resumed["paused_at"]) == (False, "", None)
 
 
+def test_a_pause_stands_until_resumed_whatever_is_said_after_it(cli, upgraded, state_dir):
+    """A reason too long for the scheduler's state is refused (it once made the state
+    unreadable, read as running: ticks went on starting work); a second pause leaves the
+    first's reason, who and since when standing; a state that cannot be read stops new
+    work, saying why, until `scheduler resume` writes it anew."""
+    state_file = state_dir / "scheduler.json"
+    too_long = cli("--json", "scheduler", "pause", "--reason", "é" * 11_000)
+    assert too_long.exit_code == 2, too_long
+    assert too_long.json()["error"]["message"] == (
+        "the pause reason is 11000 characters long; at most 500"
+    )
+    assert not state_file.exists()
+    first = cli("--json", "scheduler", "pause", "--reason", "é" * 500).json()
+    assert (first["paused"], first["already"]) == (True, False)
+    again = cli("scheduler", "pause", "--reason", "another")
+    assert again.exit_code == 0
+    assert f"already paused by {first['paused_by']} since {first['paused_at']}" in again.stdout
+    shown = cli("--json", "status").json()["scheduler"]
+    assert (shown["paused"], shown["paused_reason"], shown["paused_at"]) == (
+        True,
+        "é" * 500,
+        first["paused_at"],
+    )
+    assert cli("scheduler", "resume").exit_code == 0
+    state_file.write_text('{"paused": true, "paused_reason": "cut sho')
+    shown = cli("--json", "status").json()["scheduler"]
+    assert shown["paused"] is True
+    assert shown["paused_reason"] == (
+        f"{state_file} cannot be read; `aiworker scheduler resume` writes it anew"
+    )
+    ticked = cli("--json", "scheduler", "tick").json()
+    assert (ticked["status"], ticked["started"]) == ("paused", [])
+    assert cli("scheduler", "resume").exit_code == 0
+    assert cli("--json", "status").json()["scheduler"]["paused"] is False
+
+
 CANARY_KEY = "canary-7d1f2a9e4b6c"  # a provider's key, kept in its home's auth.json
 
 

@@ -71,11 +71,26 @@ def pause(
     from aiworker.core.scheduler_state import pause as pause_scheduler
 
     inv: Invocation = ctx.obj
-    pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
+    state, paused_now = pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
+    said = (
+        "scheduler paused"
+        if paused_now
+        else (
+            f"already paused by {state.paused_by} since {state.paused_at}"
+            + (f" ({state.paused_reason})" if state.paused_reason else "")
+            + "; that pause stands"
+        )
+    )
     emit(
         inv.json,
-        {"paused": True, "reason": reason},
-        lambda c: c.print("scheduler paused", markup=False),
+        {
+            "paused": True,
+            "reason": state.paused_reason,
+            "paused_by": state.paused_by,
+            "paused_at": state.paused_at,
+            "already": not paused_now,
+        },
+        lambda c: c.print(said, markup=False),
     )
 
 

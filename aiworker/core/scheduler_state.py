@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 
 MAX_STATE_BYTES = 64 * 1024
+PAUSE_REASON_MAX = 500  # characters; the web's pause takes as many
+POLL_ERROR_MAX = 2000  # characters kept of a poll's error: the state stays far below its size
 
 
 @dataclass
@@ -46,18 +49,26 @@ class SchedulerState:
 
     @classmethod
     def load(cls, state_dir: Path) -> SchedulerState:
+        """The state as saved; none saved yet: the default (running). One that cannot be
+        read stops new work, saying so: it may have said paused."""
+        path = cls.path(state_dir)
         try:
-            with cls.path(state_dir).open("rb") as handle:
-                data = json.loads(handle.read(MAX_STATE_BYTES))  # what save() writes is tiny
-        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            with path.open("rb") as handle:
+                data = json.loads(handle.read(MAX_STATE_BYTES))  # what save() writes is small
+        except (FileNotFoundError, NotADirectoryError):
             return cls()
-        if not isinstance(data, dict):  # not what save() writes: as if there were none
-            return cls()
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if isinstance(data, dict):
+            with contextlib.suppress(TypeError):
+                return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        why = f"{path} cannot be read; `aiworker scheduler resume` writes it anew"
+        return cls(paused=True, paused_reason=why, paused_by="aiworker", paused_at=_stamp())
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.paused_reason = self.paused_reason[:PAUSE_REASON_MAX]
+        self.poll_error = self.poll_error[:POLL_ERROR_MAX] if self.poll_error else self.poll_error
         write_private_file(self.path(state_dir), json.dumps(asdict(self)).encode())
 
     def due(self, interval: int, now: datetime) -> bool:
@@ -84,13 +95,23 @@ class SchedulerState:
             return None
 
 
-def pause(env: Environment, reason: str, by: str) -> SchedulerState:
+def pause(env: Environment, reason: str, by: str) -> tuple[SchedulerState, bool]:
     """Stop starting new work; status says why, who paused and since when. REASON is one
     line of text: a line break or control character would forge status lines or reach
-    the operator's terminal as an escape sequence."""
+    the operator's terminal as an escape sequence. A pause while paused leaves the first
+    standing (its reason, who and since when); the state, and whether this one paused."""
     if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in reason):
         raise InvalidInput("the pause reason must be one line without control characters")
-    return update_state(env, paused=True, paused_reason=reason, paused_by=by, paused_at=_stamp())
+    if len(reason) > PAUSE_REASON_MAX:
+        raise InvalidInput(
+            f"the pause reason is {len(reason)} characters long; at most {PAUSE_REASON_MAX}"
+        )
+    with _changing(env) as state:
+        paused_now = not state.paused
+        if paused_now:
+            state.paused, state.paused_reason = True, reason
+            state.paused_by, state.paused_at = by, _stamp()
+    return state, paused_now
 
 
 def resume(env: Environment) -> SchedulerState:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Cookie, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from aiworker.core.context import Environment
+from aiworker.core.scheduler_state import PAUSE_REASON_MAX
 from aiworker.errors import InvalidInput
 from aiworker.web.protection import CSRF_COOKIE, CsrfTokens
 from aiworker.web.task_api import TaskId, add_task_routes
@@ -34,7 +35,7 @@ class AccessRepair(Strict):
 
 
 class PauseRequest(Strict):
-    reason: Annotated[str, Field(max_length=500)] = ""
+    reason: Annotated[str, Field(max_length=PAUSE_REASON_MAX)] = ""
 
 
 class StopSlotRequest(Strict):
@@ -184,8 +185,8 @@ def _changes(router: APIRouter, Env: Any) -> None:
         from aiworker.core.scheduler_state import pause as pause_scheduler
 
         reason = request.reason if request is not None else ""
-        pause_scheduler(env, reason, "the web control plane")
-        return {"paused": True, "reason": reason}
+        state, _ = pause_scheduler(env, reason, "the web control plane")
+        return {"paused": True, "reason": state.paused_reason}
 
     @router.post("/actions/resume")
     def resume(env: Env) -> dict[str, Any]:
