@@ -54,6 +54,8 @@ def test_a_task_the_forge_agrees_with_carries_on_after_a_restore_with_its_artifa
         assert hashlib.sha256(copy.read_bytes()).hexdigest() == sha
 
     target = tmp_path / "restored"
+    target.mkdir()
+    target.chmod(0o755)  # made empty for it by the operator, as mkdir makes it
     restored = _restore(target, snapshot, folder)
     assert restored.exit_code == 0, restored
     report = restored.json()

@@ -104,6 +104,8 @@ class Environment:
         if not os.access(path, os.W_OK | os.X_OK):
             raise StateUnusable(f"state directory {path} is not writable by this user")
         _owned_by_this_user(path)
+        if path.stat().st_mode & 0o077 and not any(path.iterdir()):
+            path.chmod(0o700)  # made empty for it (`mkdir`, a restore's target): private
         return path
 
     def ensure_restored(self) -> None:
