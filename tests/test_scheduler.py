@@ -258,3 +258,25 @@ def test_a_check_requested_while_a_tick_runs_outlives_that_tick(tmp_path):
     state = SchedulerState.load(env.state_dir)
     assert state.check_requested is True
     assert state.due(3600, datetime.now(UTC))  # the timer's next --if-due runs a tick
+
+
+def test_a_tick_whose_poll_failed_exits_as_the_poll_would(forge, upgraded, tmp_path, monkeypatch):
+    """A revoked token stops every poll: the tick does the rest of its work, reports the
+    error and exits 2, so that its unit shows failed (where the operator looks); a forge
+    that is down exits 75, which the unit counts as success: it passes by itself."""
+    from tests.helpers import configure
+
+    config = configure(tmp_path, forge, monkeypatch)
+    monkeypatch.setenv("AIWORKER_TEST_WORKER_TOKEN", "revoked-0000")
+    revoked = run_process("--json", "scheduler", "tick")
+    assert revoked.exit_code == 2, revoked
+    report = revoked.json()
+    assert (report["status"], report["started"]) == ("checked", [])
+    assert "401" in report["poll_error"]
+    monkeypatch.setenv("AIWORKER_TEST_WORKER_TOKEN", forge.tokens["worker-bot"])
+    config.write_text(config.read_text().replace(forge.url, "http://127.0.0.1:9"))
+    down = run_process("--json", "scheduler", "tick")
+    assert down.exit_code == 75, down
+    assert "connection refused" in down.json()["poll_error"]
+    config.write_text(config.read_text().replace("http://127.0.0.1:9", forge.url))
+    assert run_process("--json", "scheduler", "tick").exit_code == 0

@@ -25,7 +25,7 @@ def tick(
             "(the timer's wake-ups).",
         ),
     ] = False,
-) -> None:
+) -> int:
     """Poll, recover stale claims, start each free slot's next phase, record a check."""
     from aiworker.core.scheduling.wakeup import not_due
 
@@ -59,6 +59,7 @@ def tick(
         console.print(f"next check by {report['next_deadline']}", markup=False)
 
     emit(inv.json, report, human)
+    return waiting.exit_code
 
 
 @app.command("pause")

@@ -256,7 +256,7 @@ def _poll(env: Environment, report: TickReport) -> None:
         report.poll = poll_recorded(env).to_json()
     except AiworkerError as exc:
         # Authorisation could not be verified: start nothing this time.
-        report.poll_error = exc.message
+        report.poll_error, report.poll_exit = exc.message, exc.exit_code
 
 
 def poll_recorded(env: Environment, *, full: bool = False) -> PollReport:

@@ -15,6 +15,7 @@ from typing import Any
 from aiworker.config.defaults import CHECK_INTERVAL, CONFIG_MAX_BYTES, MIN_CHECK_INTERVAL
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import SchedulerState
+from aiworker.errors import EXIT_OK
 
 
 @dataclass
@@ -35,6 +36,13 @@ class TickReport(Report):
     low_space: str | None = None  # why nothing new started: under storage.reserve_gib
     expired: list[dict[str, Any]] = field(default_factory=list)  # ended at their deadline
     stuck: list[dict[str, Any]] = field(default_factory=list)  # jobs stopped long after it
+    # How the failed poll would have exited (the tick did the rest and exits so: 2 when the
+    # operator must act, so that its unit shows failed; 75 for an outage).
+    poll_exit: int = field(default=EXIT_OK, metadata={"internal": True})
+
+    @property
+    def exit_code(self) -> int:
+        return self.poll_exit
 
 
 def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | None:
