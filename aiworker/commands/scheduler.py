@@ -72,27 +72,8 @@ def pause(
     from aiworker.core.scheduler_state import pause as pause_scheduler
 
     inv: Invocation = ctx.obj
-    state, paused_now = pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
-    said = (
-        "scheduler paused"
-        if paused_now
-        else (
-            f"already paused by {state.paused_by} since {state.paused_at}"
-            + (f" ({state.paused_reason})" if state.paused_reason else "")
-            + "; that pause stands"
-        )
-    )
-    emit(
-        inv.json,
-        {
-            "paused": True,
-            "reason": state.paused_reason,
-            "paused_by": state.paused_by,
-            "paused_at": state.paused_at,
-            "already": not paused_now,
-        },
-        lambda c: c.print(said, markup=False),
-    )
+    paused = pause_scheduler(inv.environment(), reason, f"{login()} (command line)")
+    emit(inv.json, paused.to_json(), lambda c: c.print(paused.said(), markup=False))
 
 
 @app.command("resume")

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.clocks import mark
@@ -95,11 +96,26 @@ class SchedulerState:
             return None
 
 
-def pause(env: Environment, reason: str, by: str) -> tuple[SchedulerState, bool]:
+@dataclass
+class PauseReport(Report):
+    paused: bool
+    reason: str
+    paused_by: str
+    paused_at: str | None
+    already: bool  # paused before: that pause stands
+
+    def said(self) -> str:
+        if not self.already:
+            return "scheduler paused"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"already paused by {self.paused_by} since {self.paused_at}{why}; that pause stands"
+
+
+def pause(env: Environment, reason: str, by: str) -> PauseReport:
     """Stop starting new work; status says why, who paused and since when. REASON is one
     line of text: a line break or control character would forge status lines or reach
     the operator's terminal as an escape sequence. A pause while paused leaves the first
-    standing (its reason, who and since when); the state, and whether this one paused."""
+    standing (its reason, who and since when)."""
     if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in reason):
         raise InvalidInput("the pause reason must be one line without control characters")
     if len(reason) > PAUSE_REASON_MAX:
@@ -107,11 +123,11 @@ def pause(env: Environment, reason: str, by: str) -> tuple[SchedulerState, bool]
             f"the pause reason is {len(reason)} characters long; at most {PAUSE_REASON_MAX}"
         )
     with _changing(env) as state:
-        paused_now = not state.paused
-        if paused_now:
+        already = state.paused
+        if not already:
             state.paused, state.paused_reason = True, reason
             state.paused_by, state.paused_at = by, _stamp()
-    return state, paused_now
+    return PauseReport(True, state.paused_reason, state.paused_by, state.paused_at, already)
 
 
 def resume(env: Environment) -> SchedulerState:

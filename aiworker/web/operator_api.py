@@ -185,8 +185,8 @@ def _changes(router: APIRouter, Env: Any) -> None:
         from aiworker.core.scheduler_state import pause as pause_scheduler
 
         reason = request.reason if request is not None else ""
-        state, _ = pause_scheduler(env, reason, "the web control plane")
-        return {"paused": True, "reason": state.paused_reason}
+        paused = pause_scheduler(env, reason, "the web control plane")
+        return {"paused": True, "reason": paused.reason}
 
     @router.post("/actions/resume")
     def resume(env: Env) -> dict[str, Any]:
