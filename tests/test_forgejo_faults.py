@@ -11,6 +11,7 @@ import pytest
 
 from aiworker.adapters.forgejo import ForgejoClient, ForgeUnavailable, transport
 from aiworker.adapters.forgejo.errors import (
+    ForgeAnswerLost,
     ForgeBadAnswer,
     ForgeError,
     ForgeInvalid,
@@ -60,16 +61,27 @@ COMMENT = {
 }
 
 
-@pytest.mark.parametrize(
-    "lost", [("json", 504, {}, {}), ("json", 502, {}, {}), ("json", 500, {}, {}), ("drop",)]
-)
-def test_a_change_whose_answer_was_lost_is_not_sent_twice(fake, lost):
+LOST = [("json", 504, {}, {}), ("json", 502, {}, {}), ("json", 500, {}, {}), ("drop",)]
+
+
+@pytest.mark.parametrize("lost", LOST)
+def test_a_change_whose_answer_was_lost_is_looked_for_before_it_is_made_again(fake, lost):
     """A proxy's 504 (or a 500, 502, or a connection lost after the request went out) may
-    come after the forge made the comment: sending it again would make a second one. The
-    call ends unavailable, saying why it was not sent again."""
+    come after the forge made the comment: it is looked for, and the one made is taken;
+    only one not made is sent again."""
+    script, url = fake(lost, ("json", 200, [COMMENT], {}))
+    assert client(url).create_comment("team", "app", 1, "hello").id == 7
+    assert [(path.rsplit("/", 1)[1]) for _, path, _ in script.seen] == ["comments"] * 2
+    script, url = fake(lost, ("json", 200, [], {}), ("json", 201, COMMENT, {}))
+    assert client(url).create_comment("team", "app", 1, "hello").id == 7
+    assert len(script.seen) == 3  # sent, looked for and not found, sent again
+
+
+@pytest.mark.parametrize("lost", LOST)
+def test_a_change_is_not_sent_twice_by_the_transport(fake, lost):
     script, url = fake(lost)
-    with pytest.raises(ForgeUnavailable) as caught:
-        client(url).create_comment("team", "app", 1, "hello")
+    with pytest.raises(ForgeAnswerLost) as caught:
+        client(url).http.request("POST", "/repos/team/app/pulls", json={}, ok=(201,))
     assert caught.value.exit_code == 75
     assert "the forge may have acted on it before its answer was lost" in str(caught.value)
     assert len(script.seen) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cached_property
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from aiworker.adapters.forgejo import models as m
 from aiworker.adapters.forgejo.errors import (
+    ForgeAnswerLost,
     ForgeBadAnswer,
     ForgeConflict,
     ForgeError,
@@ -28,6 +29,7 @@ from aiworker.adapters.forgejo.transport import Transport, TransportOptions, seg
 from aiworker.errors import key_path
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 REVIEW_EVENTS = ("APPROVED", "REQUEST_CHANGES", "COMMENT")
 STATUS_STATES = ("pending", "success", "error", "failure", "warning")
 MERGE_STYLES = ("merge", "rebase", "rebase-merge", "squash", "fast-forward-only")
@@ -70,10 +72,31 @@ class ForgejoClient:
             return [model.model_validate(item) for item in response.json() or []]
 
     def _send(
-        self, model: type[T], method: str, path: str, body: Any, ok: tuple[int, ...] = (200, 201)
+        self,
+        model: type[T],
+        method: str,
+        path: str,
+        body: Any,
+        ok: tuple[int, ...] = (200, 201),
+        *,
+        repeatable: bool = False,
     ) -> T:
         with self._answer(method, path, model):
-            return model.model_validate(self.http.request(method, path, json=body, ok=ok).json())
+            answer = self.http.request(method, path, json=body, ok=ok, repeatable=repeatable)
+            return model.model_validate(answer.json())
+
+    def _once(self, make: Callable[[], R], find: Callable[[], R | None]) -> R:
+        """What MAKE makes, made once: when its answer was lost (the forge may have made
+        it), what it made is looked for (FIND) after a pause before it is made again."""
+        for attempt in range(1, self.http.attempts):
+            try:
+                return make()
+            except ForgeAnswerLost:
+                self.http.pause(attempt)
+                found = find()
+                if found is not None:
+                    return found
+        return make()
 
     @contextmanager
     def _answer(self, method: str, path: str, model: type[BaseModel]) -> Iterator[None]:
@@ -174,7 +197,12 @@ class ForgejoClient:
 
     def create_comment(self, owner: str, repo: str, number: int, body: str) -> m.Comment:
         path = f"{self._repo(owner, repo)}/issues/{number}/comments"
-        return self._send(m.Comment, "POST", path, {"body": body}, ok=(201,))
+        return self._once(
+            lambda: self._send(m.Comment, "POST", path, {"body": body}, ok=(201,)),
+            lambda: next(
+                (c for c in self.comments(owner, repo, number)[-3:] if c.body == body), None
+            ),
+        )
 
     def edit_comment(self, owner: str, repo: str, comment_id: int, body: str) -> m.Comment:
         path = f"{self._repo(owner, repo)}/issues/comments/{comment_id}"
@@ -202,7 +230,7 @@ class ForgejoClient:
         self, owner: str, repo: str, number: int, labels: Iterable[int | str]
     ) -> list[m.Label]:
         path = f"{self._repo(owner, repo)}/issues/{number}/labels"
-        return self._items(m.Label, "POST", path, json={"labels": list(labels)})
+        return self._items(m.Label, "POST", path, json={"labels": list(labels)}, repeatable=True)
 
     def remove_label(self, owner: str, repo: str, number: int, label: int | str) -> None:
         path = f"{self._repo(owner, repo)}/issues/{number}/labels/{segment(label)}"
@@ -265,8 +293,14 @@ class ForgejoClient:
         self, owner: str, repo: str, *, head: str, base: str, title: str, body: str = ""
     ) -> m.PullRequest:
         payload = {"head": head, "base": base, "title": title, "body": body}
-        return self._send(
-            m.PullRequest, "POST", f"{self._repo(owner, repo)}/pulls", payload, ok=(201,)
+        return self._once(
+            lambda: self._send(
+                m.PullRequest, "POST", f"{self._repo(owner, repo)}/pulls", payload, ok=(201,)
+            ),
+            lambda: next(
+                (p for p in self.pulls(owner, repo) if (p.head.ref, p.base.ref) == (head, base)),
+                None,
+            ),
         )
 
     def pull(self, owner: str, repo: str, number: int) -> m.PullRequest:
@@ -304,7 +338,10 @@ class ForgejoClient:
         if message:
             body["MergeMessageField"] = message
         path = f"{self._repo(owner, repo)}/pulls/{number}/merge"
-        self.http.request("POST", path, json=body, ok=(200,))
+        self._once(
+            lambda: self.http.request("POST", path, json=body, ok=(200,)) is not None,
+            lambda: self.pull(owner, repo, number).merged or None,
+        )
 
     def is_merged(self, owner: str, repo: str, number: int) -> bool:
         path = f"{self._repo(owner, repo)}/pulls/{number}/merge"
@@ -327,7 +364,10 @@ class ForgejoClient:
         if commit_id:
             payload["commit_id"] = commit_id
         path = f"{self._repo(owner, repo)}/pulls/{number}/reviews"
-        return self._send(m.PullReview, "POST", path, payload, ok=(200,))
+        return self._once(
+            lambda: self._send(m.PullReview, "POST", path, payload, ok=(200,)),
+            lambda: next((r for r in self.reviews(owner, repo, number) if r.body == body), None),
+        )
 
     def reviews(self, owner: str, repo: str, number: int) -> list[m.PullReview]:
         return self._list(m.PullReview, f"{self._repo(owner, repo)}/pulls/{number}/reviews")
@@ -351,8 +391,8 @@ class ForgejoClient:
             "description": description,
             "target_url": target_url,
         }
-        path = f"{self._repo(owner, repo)}/statuses/{segment(sha)}"
-        return self._send(m.CommitStatus, "POST", path, body, ok=(201,))
+        path = f"{self._repo(owner, repo)}/statuses/{segment(sha)}"  # the latest one counts
+        return self._send(m.CommitStatus, "POST", path, body, ok=(201,), repeatable=True)
 
     def combined_status(self, owner: str, repo: str, ref: str) -> m.CombinedStatus:
         path = f"{self._repo(owner, repo)}/commits/{segment(ref, slashes=True)}/status"

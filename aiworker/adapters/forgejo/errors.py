@@ -34,6 +34,14 @@ class ForgeUnavailable(ForgeError):
     exit_code = Unavailable.exit_code
 
 
+class ForgeAnswerLost(ForgeUnavailable):
+    """A change's answer was lost after its request went out (a 500, 502 or 504, a timeout,
+    a broken connection): the forge may have made it. It is not sent again blindly; the
+    client looks for what it made first (client.ForgejoClient._once)."""
+
+    code = "forge_answer_lost"
+
+
 class ForgeUnreachable(ForgeError):
     """The forge's address itself is wrong (an unknown host name after the retries, a TLS
     failure, a malformed URL): waiting does not help, the configuration must change."""

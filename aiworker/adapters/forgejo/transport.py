@@ -2,12 +2,13 @@
 
 Connection errors, 429 and 5xx are retried with exponential backoff and full
 jitter, never sooner than a Retry-After the server sent; other 4xx are final. A
-POST (a comment, a review, a pull request, a merge) is sent again only when the forge
-cannot have acted on it: no connection was made, or it answered 429 or 503. After a
-500, 502 or 504, a timeout or a connection lost once the request went out, the change
-may have been made, and a second POST would make it twice (a proxy's 504 often comes
-after the forge did the work); the call ends unavailable, and the caller finds what
-was made on its next run (each marks what it makes).
+POST that makes something (a comment, a review, a pull request, a merge) is sent again
+here only when the forge cannot have acted on it: no connection was made, or it
+answered 429 or 503. After a 500, 502 or 504, a timeout or a connection lost once the
+request went out, the change may have been made (a proxy's 504 often comes after the
+forge did the work), and a second POST would make it twice: ForgeAnswerLost, and the
+client looks for what was made before it sends it again. A POST that may be repeated
+(a commit status, labels) is retried as a read is.
 The token travels only in the Authorization header and never appears in an
 error or a log line.
 """
@@ -29,6 +30,7 @@ from aiworker.adapters.forgejo.causes import before_sending, connection_cause, r
 from aiworker.adapters.forgejo.errors import (
     BY_STATUS,
     SCOPE_REFUSAL,
+    ForgeAnswerLost,
     ForgeError,
     ForgeForbidden,
     ForgeTokenScope,
@@ -131,9 +133,15 @@ class Transport:
         self.requests_sent = 0
         self.bytes_received = 0
 
+    def pause(self, attempt: int) -> None:
+        """Wait as the ATTEMPTth retry would (a caller's own retry of a change)."""
+        self._sleep(self._backoff(attempt))
+
+    def _backoff(self, attempt: int) -> float:
+        return random.uniform(0, min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))
+
     def _wait(self, state: RetryCallState) -> float:
-        backoff = min(self.backoff_max, self.backoff_base * 2 ** (state.attempt_number - 1))
-        delay = random.uniform(0, backoff)
+        delay = self._backoff(state.attempt_number)
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
         if isinstance(error, _Retryable) and error.retry_after is not None:
@@ -150,8 +158,10 @@ class Transport:
         ok: tuple[int, ...] = (200,),
         url: str | None = None,
         stream: bool = False,
+        repeatable: bool = False,
     ) -> requests.Response:
-        """Send one API call (PATH below /api/v1, or a full same-host URL)."""
+        """Send one API call (PATH below /api/v1, or a full same-host URL); REPEATABLE: a
+        POST that may be sent twice, retried as a read is."""
         target = url or self.api + path
         shown = urlsplit(target).path
         retrying = Retrying(
@@ -164,7 +174,8 @@ class Transport:
         try:
             for attempt in retrying:
                 with attempt:
-                    response = self._send(method, target, shown, params, json, stream)
+                    once = method == "POST" and not repeatable
+                    response = self._send(method, target, shown, params, json, stream, once)
         except _Retryable as exc:
             raise exc.final(method, shown, exc.status, exc.reason, forge=self.shown_base) from None
         if response.status_code not in ok:
@@ -179,7 +190,9 @@ class Transport:
         params: Mapping[str, Any] | None,
         body: Any,
         stream: bool,
+        once: bool = False,
     ) -> requests.Response:
+        """One try; ONCE: a change the forge may have made is not tried again."""
         started = time.monotonic()
         self.requests_sent += 1
         try:
@@ -212,9 +225,9 @@ class Transport:
         except (requests.ConnectionError, requests.Timeout) as exc:
             cause, curable = connection_cause(exc, self.timeout)
             final = ForgeUnavailable if curable else ForgeUnreachable
-            if method == "POST" and not before_sending(exc):
+            if once and not before_sending(exc):
                 said = f"{cause}; {MAY_HAVE_ACTED}"
-                raise final(method, shown, None, said, forge=self.shown_base) from None
+                raise ForgeAnswerLost(method, shown, None, said, forge=self.shown_base) from None
             log.info("%s %s at %s: %s; retrying", method, shown, self.shown_base, cause)
             raise _Retryable(None, cause, None, final) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
@@ -263,11 +276,10 @@ class Transport:
                     forge=self.shown_base,
                 )
             said = self._message(response)
-            if method == "POST" and response.status_code not in NOT_ACTED_ON:
+            if once and response.status_code not in NOT_ACTED_ON:
                 said = (f"{said}; " if said else "") + MAY_HAVE_ACTED
-                raise ForgeUnavailable(
-                    method, shown, response.status_code, said, forge=self.shown_base
-                )
+                status = response.status_code
+                raise ForgeAnswerLost(method, shown, status, said, forge=self.shown_base)
             raise _Retryable(response.status_code, said, after)
         return response
 
