@@ -273,6 +273,11 @@ def test_a_tick_whose_poll_failed_exits_as_the_poll_would(forge, upgraded, tmp_p
     report = revoked.json()
     assert (report["status"], report["started"]) == ("checked", [])
     assert "401" in report["poll_error"]
+    # The timer's wake-ups between checks (every 10 s) keep the unit failed meanwhile.
+    waking = run_process("--json", "scheduler", "tick", "--if-due")
+    assert waking.exit_code == 2, waking
+    assert waking.json()["status"] == "not_due"
+    assert waking.json()["poll_error"] == report["poll_error"]
     monkeypatch.setenv("AIWORKER_TEST_WORKER_TOKEN", forge.tokens["worker-bot"])
     config.write_text(config.read_text().replace(forge.url, "http://127.0.0.1:9"))
     down = run_process("--json", "scheduler", "tick")
@@ -280,3 +285,4 @@ def test_a_tick_whose_poll_failed_exits_as_the_poll_would(forge, upgraded, tmp_p
     assert "connection refused" in down.json()["poll_error"]
     config.write_text(config.read_text().replace("http://127.0.0.1:9", forge.url))
     assert run_process("--json", "scheduler", "tick").exit_code == 0
+    assert run_process("--json", "scheduler", "tick", "--if-due").exit_code == 0

@@ -43,6 +43,7 @@ class SchedulerState:
     poll_error: str | None = None
     poll_error_at: str | None = None
     poll_failures: int = 0
+    poll_exit: int = 0  # how the failing poll exited: the ticks between checks exit so too
 
     @staticmethod
     def path(state_dir: Path) -> Path:
@@ -185,11 +186,14 @@ def update_state(env: Environment, **changes: Any) -> SchedulerState:
     return state
 
 
-def record_poll(env: Environment, error: str | None, when: datetime) -> SchedulerState:
-    """A poll's outcome, for status and doctor: its error (None when it worked) and how
-    many polls in a row have failed."""
+def record_poll(
+    env: Environment, error: str | None, when: datetime, exit_code: int = 0
+) -> SchedulerState:
+    """A poll's outcome, for status and doctor: its error (None when it worked), how it
+    exited, and how many polls in a row have failed."""
     with _changing(env) as state:
         state.poll_failures = state.poll_failures + 1 if error else 0
         state.poll_error = error
         state.poll_error_at = when.isoformat() if error else None
+        state.poll_exit = exit_code if error else 0
     return state

@@ -269,7 +269,7 @@ def poll_recorded(env: Environment, *, full: bool = False) -> PollReport:
         report = poll(env, ForgeAccess(env.loaded), full=full)
     except AiworkerError as exc:
         with contextlib.suppress(OSError):  # the poll's own error is the one to report
-            record_poll(env, exc.message, datetime.now(UTC))
+            record_poll(env, exc.message, datetime.now(UTC), exc.exit_code)
         raise
     record_poll(env, None, datetime.now(UTC))
     return report

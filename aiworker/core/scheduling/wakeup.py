@@ -55,7 +55,14 @@ def not_due(state_dir: Path, config_path: Path, required: bool) -> TickReport | 
     if interval is None or state.due(interval, now) or state.last_check is None:
         return None
     following = datetime.fromisoformat(state.last_check) + timedelta(seconds=interval)
-    return TickReport(status="not_due", next_deadline=following.isoformat())
+    # The last poll's failure stands until the next check: a wake-up between checks exits
+    # as it did, so that the unit stays failed while the operator must act.
+    return TickReport(
+        status="not_due",
+        next_deadline=following.isoformat(),
+        poll_error=state.poll_error,
+        poll_exit=state.poll_exit if state.poll_error else EXIT_OK,
+    )
 
 
 def _configured_interval(path: Path, required: bool) -> int | None:
