@@ -434,34 +434,52 @@ def test_a_store_started_over_does_not_open_a_second_pull_request_for_an_issue(
     state_dir,
 ):
     """The database is lost and started over (`db upgrade` on an empty one, not a restore):
-    the issue whose pull request is open becomes a new task, under another id, whose work
-    is not published beside the open pull request; the task is held, saying which one."""
+    the issue whose pull request is open becomes a task again, under the same id, whose
+    work is not published beside the open pull request nor pushed over its branch; the
+    task is held, saying which pull request and why."""
     task, _head = delivered()
     pr = deliver_until(task, "publish")["publish"].json()["pr"]
     for path in state_dir.glob("aiworker.db*"):
         path.unlink()
     assert run_process("db", "upgrade").exit_code == 0
-    edit_issue(forge, 1, assignees=[])
-    edit_issue(forge, 2, assignees=["worker-bot"])
-    assert run_process("--json", "poll").json()["tasks"] == {"created": 1}  # task 1: issue 2
-    assert run_process("task", "cancel", "1").exit_code == 0
-    edit_issue(forge, 1, assignees=["worker-bot"])
-    assert run_process("--json", "poll").json()["tasks"]["created"] == 1  # task 2: issue 1
-    assert run_process("--json", "claim", "--slot", "1").json()["task"] == 2
-    assert run_process("--json", "implement", "--task", "2", "--slot", "1").exit_code == 0
-    published = run_process("--json", "publish", "--task", "2")
+    assert run_process("--json", "poll").json()["tasks"] == {"created": 1}
+    assert run_process("--json", "claim", "--slot", "1").json()["task"] == task
+    assert run_process("--json", "implement", "--task", str(task), "--slot", "1").exit_code == 0
+    published = run_process("--json", "publish", "--task", str(task))
     assert published.exit_code == 1, published
-    assert query(upgraded, "select id, state from tasks order by id") == [
-        (1, "cancelled"),
-        (2, "paused"),
-    ]
-    [(data,)] = query(upgraded, "select data from events where kind = 'task.held'")
-    assert json.loads(data)["reason"].startswith(
-        f"PR #{pr} is open for issue #1, opened by aiworker for task {task}, which this "
-        "database does not hold as this task (restored from before it, or started over): "
-        f"close PR #{pr} to publish this work instead, or cancel task 2"
+    reason = _held(upgraded, task)
+    assert reason.startswith(
+        f"PR #{pr} is open for issue #1, opened by aiworker for a task this database does "
+        f"not hold (restored from before it, or started over): close PR #{pr} to publish "
+        f"this work instead, or cancel task {task}"
     )
     pulls = forge.client("worker-bot").pulls("team", "app", state="all")
     assert [p.number for p in pulls] == [pr]
-    branches = [b.name for b in forge.client("worker-bot").branches("team", "app")]
-    assert "aiworker/task-2" not in branches
+
+
+def test_another_kind_of_task_on_an_issue_does_not_open_a_second_pull_request(
+    forge,
+    delivered,  # noqa: F811
+    upgraded,
+):
+    """A writer labels an issue whose pull request is open as a feature: the poll pauses the
+    first task and records a feature task, whose work is held at publish, naming the
+    first task and its pull request."""
+    task, _head = delivered()
+    pr = deliver_until(task, "publish")["publish"].json()["pr"]
+    alice = forge.client("alice")
+    alice.create_label("team", "app", "aiworker-feature", "#0e8a16")
+    alice.add_labels("team", "app", 1, ["aiworker-feature"])
+    assert run_process("--json", "poll").json()["tasks"]["created"] == 1
+    [(feature,)] = query(upgraded, "select id from tasks where kind = 'feature'")
+    assert run_process("--json", "claim", "--slot", "1").json()["task"] == feature
+    implemented = run_process("--json", "implement", "--task", str(feature), "--slot", "1")
+    assert implemented.exit_code == 0, implemented
+    assert run_process("--json", "publish", "--task", str(feature)).exit_code == 1
+    [(data,)] = query(upgraded, "select data from events where kind = 'task.held'")
+    assert json.loads(data)["reason"].startswith(
+        f"PR #{pr} is open for issue #1, opened by aiworker for task {task}, which is paused: "
+        f"close PR #{pr} to publish this work instead, or cancel task {feature}"
+    )
+    pulls = forge.client("worker-bot").pulls("team", "app", state="all")
+    assert [p.number for p in pulls] == [pr]

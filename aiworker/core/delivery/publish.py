@@ -39,6 +39,7 @@ from aiworker.store.models import Repository, Task
 from aiworker.store.publications import (
     advance_publication,
     current_publication,
+    publications_of,
     published_heads,
     save_intent,
 )
@@ -139,22 +140,31 @@ def _no_commit_of_a_person(
 
 
 def _no_other_task_s_pull(job: Job, worker: ForgejoClient, login: str) -> None:
-    """NeedsPerson when a pull request another aiworker task opened for this task's issue
-    is still open: a second one would compete with it. (The database that knew that task
-    no longer does: restored from before it, or started over.)"""
+    """NeedsPerson when a pull request aiworker opened for this task's issue, and not for
+    one of this task's publications, is open: a second one would compete with it (another
+    kind of task on the issue, or a database restored from before it or started over,
+    where task ids repeat)."""
     task, repo = job.task, job.repo
+    with job.db.read() as session:
+        ours = [p.ownership_marker for p in publications_of(session, task.id)]
     resolves = f"Resolves #{task.issue_number}."
     for pull in worker.pulls(repo.owner, repo.name, state="open"):
-        theirs = OTHER_TASK.search(pull.body)
-        if pull.user.login != login or theirs is None or not pull.body.startswith(resolves):
+        marked = OTHER_TASK.search(pull.body)
+        if pull.user.login != login or marked is None or not pull.body.startswith(resolves):
             continue
-        if int(theirs.group(1)) != task.id:
-            raise NeedsPerson(
-                f"PR #{pull.number} is open for issue #{task.issue_number}, opened by aiworker "
-                f"for task {theirs.group(1)}, which this database does not hold as this task "
-                f"(restored from before it, or started over): close PR #{pull.number} to "
-                f"publish this work instead, or cancel task {task.id}"
-            )
+        if any(marker in pull.body for marker in ours):
+            continue
+        with job.db.read() as session:
+            other = session.get(Task, int(marked.group(1)))
+        if other is not None and other.id != task.id and other.issue_number == task.issue_number:
+            whose = f"task {other.id}, which is {other.state}"
+        else:
+            whose = "a task this database does not hold (restored from before it, or started over)"
+        raise NeedsPerson(
+            f"PR #{pull.number} is open for issue #{task.issue_number}, opened by aiworker for "
+            f"{whose}: close PR #{pull.number} to publish this work instead, or cancel task "
+            f"{task.id}"
+        )
 
 
 def _by_a_person(job: Job, worker: ForgejoClient, pr: int | None) -> Outcome | None:
@@ -199,10 +209,10 @@ def publish(job: Job) -> Outcome:
                 task.head_commit,
             )
         publication_id, marker = publication.id, publication.ownership_marker
-    cache = GitCache(env.state_dir)
-    _no_commit_of_a_person(db, cache, job, worker, branch)
     if pr is None:  # a first publication: no other task's pull request for the issue
         _no_other_task_s_pull(job, worker, access.logins["worker"])
+    cache = GitCache(env.state_dir)
+    _no_commit_of_a_person(db, cache, job, worker, branch)
     delivered = _by_a_person(job, worker, pr)  # again: the preconditions may take minutes
     if delivered is not None:
         return delivered
