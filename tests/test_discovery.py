@@ -237,9 +237,14 @@ def test_another_repository_put_at_a_recorded_index_is_refused_not_taken_for_a_r
     state.record(issue, "assignees", "alice", assignee="worker-bot")
     assert poll()["tasks"] == {"created": 1}
     app_id, other_id = state.repo("team", "app")["id"], other["id"]
-    before = snapshot(polled)
+    before = snapshot(polled)["tasks"]
     config = tmp_path / "config.toml"
-    config.write_text(config.read_text().replace('name = "app"', 'name = "other"'))
+    # Index 1 given to team/other by mistake: index 2 (another repository) is polled still.
+    state.add_repo("team", "third")["collaborators"].update(COLLABORATORS)
+    config.write_text(
+        config.read_text().replace('name = "app"', 'name = "other"')
+        + '[[repositories]]\nindex = 2\nowner = "team"\nname = "third"\n'
+    )
     refused = run_process("--json", "poll")
     assert refused.exit_code == 2, refused
     assert refused.json()["error"]["message"] == (
@@ -248,8 +253,13 @@ def test_another_repository_put_at_a_recorded_index_is_refused_not_taken_for_a_r
         f"{other_id}), not a rename of it: give it an index of its own (every installation "
         "sharing this database must give each repository the same index)"
     )
-    assert snapshot(polled) == before
-    config.write_text(config.read_text().replace('name = "other"', 'name = "app"'))
+    after = snapshot(polled)
+    assert after["tasks"] == before  # index 1's task is left as it was
+    assert [(r[1], r[2], r[3]) for r in after["repositories"]] == [
+        (1, "team", "app"),
+        (2, "team", "third"),
+    ]
+    config.write_text(config.read_text().replace('name = "other"', 'name = "app"', 1))
     assert poll()["tasks"] == {"unchanged": 1}
 
     # A rename keeps the forge's id (the sandbox renames nothing: the index is recorded
@@ -257,14 +267,16 @@ def test_another_repository_put_at_a_recorded_index_is_refused_not_taken_for_a_r
     # the forge no longer knows.
     conn = sqlite3.connect(polled)
     with conn:
-        conn.execute("update repositories set name = 'app-before'")
+        conn.execute("update repositories set name = 'app-before' where \"index\" = 1")
     poll()
     with conn:
-        conn.execute("update repositories set name = 'app-gone', settings = '{}'")
+        conn.execute("update repositories set name = 'app-gone', settings = '{}' where id = 1")
     poll()
     renames = conn.execute("select data from events where kind = 'repository.renamed'")
     assert [json.loads(data)["from"] for (data,) in renames] == ["team/app-before", "team/app-gone"]
-    [(owner, name, settings)] = conn.execute("select owner, name, settings from repositories")
+    [(owner, name, settings)] = conn.execute(
+        "select owner, name, settings from repositories where id = 1"
+    )
     assert (owner, name, json.loads(settings)["forge_id"]) == ("team", "app", app_id)
     conn.close()
     assert tasks(polled)[1][1] == "ready"

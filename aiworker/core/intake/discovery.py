@@ -26,6 +26,7 @@ from aiworker.core.intake.scope import fingerprint
 from aiworker.core.intake.standing import Standing, judge_standing
 from aiworker.core.report import Report
 from aiworker.core.tasks.states import TaskState as S
+from aiworker.errors import InvalidInput
 from aiworker.store.discovery import coverage_of, tasks_of
 from aiworker.store.engine import Database, Session
 from aiworker.store.publications import open_pulls
@@ -161,16 +162,21 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
     # One permission read per (repository, login) in a poll, whatever asks for it.
     reader = PermissionReader(access.optional("operator"), access.bots())
     db = env.open_database()
+    refused: list[InvalidInput] = []  # repositories not polled: the others are
     try:
         for repo_config in config.repositories:
             owner, name = repo_config.owner, repo_config.name
+            try:
+                forge_id = forge_id_to_record(db, worker, repo_config.index, owner, name)
+            except InvalidInput as exc:
+                refused.append(exc)
+                continue
             with db.read() as session:
                 cursor = poll_cursor(session, repo_config.index)
                 covered = {
                     key: Covered(*known)
                     for key, known in coverage_of(session, repo_config.index).items()
                 }
-            forge_id = forge_id_to_record(db, worker, repo_config.index, owner, name)
             started = datetime.now(UTC)
             complete = full or cursor is None or started - cursor.full_at >= FULL_POLL_EVERY
             if complete:
@@ -200,6 +206,8 @@ def poll(env: Environment, access: ForgeAccess, *, full: bool = False) -> PollRe
     finally:
         db.dispose()
     log.info("polled %d repositories: %s", report.repositories, report.tasks)
+    if refused:
+        raise refused[0]
     return report
 
 
