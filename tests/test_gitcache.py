@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 
 import pytest
 
-from aiworker.runtime.git_failures import GitCacheError, failure
+from aiworker.runtime.git_failures import GitCacheError, failure, got_through
 from aiworker.runtime.gitcache import AncestryRejected, GitCache
 from tests.fake_forge import USER
 from tests.forge_fixtures import git
@@ -155,3 +157,26 @@ def test_what_git_says_names_an_outage_apart_from_a_failure(tmp_path, stderr, ki
     error = failure(tmp_path / "repo-1.git", "fetch", stderr)
     assert error.code == kind
     assert error.exit_code == (75 if kind == "git_unavailable" else 1)
+
+
+def test_an_outage_under_git_is_waited_out_for_an_hour_then_charged(tmp_path):
+    """An outage git meets is tried again without charge; one lasting over an hour (a
+    proxy that always cuts a large fetch off) is charged, so the task ends by its budget
+    instead of being tried for ever; getting through ends it."""
+    cache = tmp_path / "repo-1.git"
+    said = "error: RPC failed; HTTP 504 curl 22 The requested URL returned error: 504\n"
+    assert failure(cache, "fetch", said).code == "git_unavailable"
+    mark = tmp_path / "repo-1.git.outage"
+    assert mark.exists()
+    assert failure(cache, "fetch", said).code == "git_unavailable"
+    long_ago = time.time() - 3700
+    os.utime(mark, (long_ago, long_ago))
+    charged = failure(cache, "fetch", said)
+    assert (charged.code, charged.exit_code) == ("git_cache", 1)
+    assert charged.message == (
+        "git fetch has not got through to the forge for 62 minutes (RPC failed; HTTP 504): "
+        "no longer waited out without charge"
+    )
+    got_through(cache)
+    assert not mark.exists()
+    assert failure(cache, "fetch", said).code == "git_unavailable"

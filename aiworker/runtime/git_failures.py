@@ -3,7 +3,9 @@ forge's refusal (403), an outage on the way to the forge, or anything else."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from pathlib import Path
 
 from aiworker.errors import EXIT_INVALID, EXIT_UNAVAILABLE, AiworkerError, DiskFull, says_disk_full
@@ -63,6 +65,34 @@ def _outage(stderr: str) -> str | None:
     return broken.group(0) if broken is not None else None
 
 
+# An outage under git is waited out without charge this long; one that lasts longer (a
+# proxy that always cuts a large fetch off at its read timeout, a forge that always fails
+# to pack) is charged, so that the task ends by its budget, seen, instead of being tried
+# for ever.
+OUTAGE_WAITED_S = 3600.0
+
+
+def _outage_mark(cache: Path) -> Path:
+    return cache.with_name(cache.name + ".outage")
+
+
+def _outage_lasting(cache: Path) -> float:
+    """How long git in CACHE has met outages without getting through (0: the first)."""
+    mark = _outage_mark(cache)
+    try:
+        return max(0.0, time.time() - mark.stat().st_mtime)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            mark.touch()
+        return 0.0
+
+
+def got_through(cache: Path) -> None:
+    """Git in CACHE reached the forge: an outage it met is over."""
+    with contextlib.suppress(FileNotFoundError):
+        _outage_mark(cache).unlink()
+
+
 def failure(cache: Path, command: str, stderr: str) -> GitCacheError:
     """The error git COMMAND's STDERR in CACHE names (DiskFull is raised, not returned)."""
     refuse_full(cache, stderr)
@@ -79,6 +109,12 @@ def failure(cache: Path, command: str, stderr: str) -> GitCacheError:
         )
     outage = _outage(stderr)
     if outage is not None:
+        lasting = _outage_lasting(cache)
+        if lasting > OUTAGE_WAITED_S:  # what never passes (a proxy's limit) fails the work
+            return GitCacheError(
+                f"git {command} has not got through to the forge for {lasting / 60:.0f} "
+                f"minutes ({outage}): no longer waited out without charge"
+            )
         return GitUnreachable(
             f"git {command} could not get through to the forge ({outage}); it is tried again later"
         )

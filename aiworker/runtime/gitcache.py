@@ -17,7 +17,7 @@ import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from aiworker.runtime.git_failures import GitCacheError, failure, refuse_full
+from aiworker.runtime.git_failures import GitCacheError, failure, got_through, refuse_full
 from aiworker.runtime.locks import FileLock, LockDir
 from aiworker.runtime.processes import CommandResult, run_command
 
@@ -95,6 +95,8 @@ class GitCache:
         result = self._git(index, *args, token=token)
         if not result.ok:
             raise failure(self.path(index), args[0], result.stderr)
+        if args[0] in ("fetch", "push", "ls-remote"):
+            got_through(self.path(index))
         return result.stdout.strip()
 
     def _locked(self, index: int) -> AbstractContextManager[FileLock]:
