@@ -238,6 +238,24 @@ def test_a_listing_that_never_ends_is_refused(fake):
     assert len(script.seen) == 3  # the settings, the first page, the page that repeats
 
 
+def test_a_listing_that_changes_while_it_is_read_is_read_again(fake):
+    """An item closed between two pages shifts the rest up a place: the one that moved
+    onto the page already read would be missed. The total changed, so the listing is read
+    again from its first page."""
+    settings = ("json", 200, {"max_response_items": 2}, {})
+    label = [{"id": n, "name": f"l{n}"} for n in range(4)]
+    nxt = '</api/v1/repos/team/app/labels?page=2&limit=2>; rel="next"'
+    script, url = fake(
+        settings,
+        ("json", 200, label[1:3], {"X-Total-Count": "3", "Link": nxt}),
+        ("json", 200, [], {"X-Total-Count": "2"}),  # label 1 went: label 3 moved to page 1
+        ("json", 200, [label[2], label[3]], {"X-Total-Count": "2", "Link": nxt}),
+        ("json", 200, [], {"X-Total-Count": "2"}),
+    )
+    assert [item.id for item in client(url).repo_labels("team", "app")] == [2, 3]
+    assert len(script.seen) == 5
+
+
 @pytest.mark.parametrize(
     "link",
     [

@@ -52,6 +52,7 @@ DEADLINE_TIMEOUTS = 4
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # A listing longer than this is a server that never stops paging (at 50 a page, 50,000).
 MAX_PAGES = 1000
+RELISTS = 3  # readings of a listing that changes while it is read
 MAX_REDIRECTS = 5  # of a read, on the forge's own host
 
 
@@ -339,21 +340,38 @@ class Transport:
         return kind(method, shown, response.status_code, detail, forge=self.shown_base)
 
     def pages(self, path: str, params: Mapping[str, Any] | None, page_size: int) -> Iterator[Any]:
-        """Every item of a list endpoint, following Link rel="next"."""
+        """Every item of a list endpoint, following Link rel="next". A listing whose total
+        (X-Total-Count) changes between its pages is read again from its first: an item
+        closed meanwhile shifts the rest up a place, and the one that moved onto a page
+        already read would be missed (at most RELISTS times; then the last reading)."""
+        for _ in range(RELISTS):
+            items, steady = self._reading(path, params, page_size)
+            if steady:
+                break
+            log.info("GET %s changed while it was read; reading it again", path)
+        yield from items
+
+    def _reading(
+        self, path: str, params: Mapping[str, Any] | None, page_size: int
+    ) -> tuple[list[Any], bool]:
+        """One reading of a listing, page by page; whether its total held throughout."""
         query = {**(params or {}), "limit": page_size, "page": 1}
         response = self.request("GET", path, params=query)
+        totals = {response.headers.get("X-Total-Count")}
+        items: list[Any] = []
         visited: set[str] = set()
         for _ in range(MAX_PAGES):
-            items = response.json() or []
-            yield from items
+            page = response.json() or []
+            items.extend(page)
             following = response.links.get("next", {}).get("url")
-            if not following or len(items) < page_size:
-                return
+            if not following or len(page) < page_size:
+                return items, len(totals) == 1
             following = self._same_host(following)
             if following in visited:
                 break
             visited.add(following)
             response = self.request("GET", "", url=following)
+            totals.add(response.headers.get("X-Total-Count"))
         raise ForgeError(
             "GET",
             urlsplit(self.api + path).path,
