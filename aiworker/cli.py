@@ -7,6 +7,7 @@ import gc
 import importlib
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -26,7 +27,7 @@ from aiworker.errors import (
     short_of,
 )
 from aiworker.invocation import Invocation, default_config_path, default_state_dir
-from aiworker.render import emit_error
+from aiworker.render import emit, emit_error
 
 # name -> (module in aiworker.commands, attribute, whether it is a group)
 COMMANDS = {
@@ -56,11 +57,16 @@ COMMANDS = {
     "restore": ("restore", "restore", False),
 }
 GLOBAL_OPTIONS_WITH_VALUES = ("--config", "--state-dir")
+JSON_MODE: ContextVar[bool] = ContextVar("json_mode", default=False)  # main() sets it
 
 
 def _print_version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"aiworker {__version__}\n")
+    if value:  # with --json, one JSON document, as --json promises
+        emit(
+            JSON_MODE.get(),
+            {"version": __version__},
+            lambda c: c.print(f"aiworker {__version__}", markup=False),
+        )
         raise typer.Exit(0)
 
 
@@ -191,6 +197,7 @@ def run() -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     args = normalized(list(sys.argv[1:] if argv is None else argv))
     json_mode = _wants(args, "--json")
+    JSON_MODE.set(json_mode)
     verbose = any(a in ("-v", "--verbose") or a.startswith("-vv") for a in args)
     try:
         if completion.requested():

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.main import get_command
 
+import aiworker
 from aiworker.arguments import normalized
 from aiworker.cli import build_app
 from aiworker.cli_help import EXAMPLES, describe, leaves
@@ -202,3 +203,30 @@ def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded)
         )
     assert cli("--json", "status").json()["scheduler"]["paused"] is False
     assert cli("--json", "task", "show", "1").json()["title"] == title
+
+
+def test_operators_mistakes_are_named_with_exit_2_and_change_nothing(cli, upgraded, tmp_path):
+    """A revision that is not one, a slot the configuration does not have (the unit would
+    count 75 as success), --user and --dir together, and --json --version, which prints one
+    JSON document as every --json command does."""
+    config = tmp_path / "config.toml"
+    config.write_text("shares = 1\n")
+    before = config.read_bytes()
+    cases = {
+        ("config", "set", "shares", "2", "--if-revision", "abc"): (
+            "--if-revision 'abc' is not a revision: give the 64 hex digits `aiworker config "
+            "show` prints as its revision"
+        ),
+        ("scheduler", "run-slot", "3"): "slot 3: this configuration has 1 (shares = 1)",
+        ("scheduler", "install", "--user", "--dir", str(tmp_path / "units")): (
+            "choose one of --user (systemd user units) and --dir DIR"
+        ),
+    }
+    for args, said in cases.items():
+        result = cli("--json", "--config", str(config), *args)
+        assert result.exit_code == 2, (args, result)
+        assert result.json()["error"]["message"] == said
+    assert config.read_bytes() == before
+    assert not (tmp_path / "units").exists()
+    assert cli("--json", "--version").json() == {"version": aiworker.__version__}
+    assert cli("--version").stdout == f"aiworker {aiworker.__version__}\n"

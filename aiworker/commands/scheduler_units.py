@@ -55,8 +55,8 @@ def install(
     from aiworker.errors import InvalidInput
 
     inv: Invocation = ctx.obj
-    if not user and directory is None:
-        raise InvalidInput("choose --user (systemd user units) or --dir DIR")
+    if user == (directory is not None):
+        raise InvalidInput("choose one of --user (systemd user units) and --dir DIR")
     target = (directory or user_unit_dir()).absolute()
     env = inv.environment()
     config, interval = inv.config_path.absolute(), env.loaded.config.check_interval

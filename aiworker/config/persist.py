@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from aiworker.config.loader import parse_config, parse_toml, read_config_bytes, 
 from aiworker.errors import Conflict, InvalidInput
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.locks import FileLock
+
+REVISION = re.compile(r"[0-9a-f]{64}|absent")  # what revision_of() gives
 
 SAVE_WAIT_SECONDS = 10.0
 
@@ -103,6 +106,11 @@ def set_config_value(
     path: Path, key: str, raw_value: str, expected_revision: str | None
 ) -> tuple[str, str]:
     """Set dotted KEY to RAW_VALUE; return (old revision, new revision)."""
+    if expected_revision is not None and not REVISION.fullmatch(expected_revision):
+        raise InvalidInput(
+            f"--if-revision {expected_revision[:80]!r} is not a revision: give the 64 hex "
+            "digits `aiworker config show` prints as its revision"
+        )
     data = current_config_bytes(path)
     revision = revision_of(data)
     new = edited(data, path, {key: parse_value(raw_value)})

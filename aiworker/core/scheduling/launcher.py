@@ -25,7 +25,7 @@ from aiworker.core.scheduler_state import request_check
 from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
 from aiworker.core.tasks.claim_jobs import name_job
 from aiworker.core.tasks.hosts import published_elsewhere
-from aiworker.errors import AiworkerError, Unavailable
+from aiworker.errors import AiworkerError, InvalidInput, Unavailable
 from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.logfiles import Rotation
@@ -111,6 +111,9 @@ def follow_up_if_asked(env: Environment) -> None:
 
 def run_slot(env: Environment, slot: int) -> None:
     """In aiworker-slot@N.service: take slot-N.lock and become the claimed task's phase."""
+    shares = env.loaded.config.shares
+    if slot > shares:  # an instance the configuration does not have: a mistake, not a wait
+        raise InvalidInput(f"slot {slot}: this configuration has {shares} (shares = {shares})")
     lock = env.locks.slot(slot)
     if not lock.try_acquire():
         raise Unavailable(f"slot {slot} is already running a job")
