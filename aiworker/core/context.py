@@ -234,7 +234,11 @@ def _owned_by_this_user(path: Path) -> None:
     name, mine = _login(owner), _login(me)
     run_as = f"sudo -u {name}" if name else f"sudo -u '#{owner}'"
     raise StateUnusable(
-        f"state directory {path} belongs to {name or 'uid'} (uid {owner}), and this runs as "
-        f"{mine or 'uid'} (uid {me}): what it made there would shut its owner out; nothing "
-        f"was written: run it as its owner ({run_as} aiworker ...)"
+        f"state directory {path} belongs to {_shown(name, owner)}, and this runs as "
+        f"{_shown(mine, me)}: what it made there would shut its owner out; nothing was "
+        f"written: run it as its owner ({run_as} aiworker ...)"
     )
+
+
+def _shown(login: str | None, uid: int) -> str:
+    return f"{login} (uid {uid})" if login else f"uid {uid}"

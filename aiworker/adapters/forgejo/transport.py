@@ -43,9 +43,7 @@ from aiworker.secrets import redact, register_secret
 log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 NOT_ACTED_ON = frozenset({429, 503})  # the forge (or its proxy) did not take the request
-MAY_HAVE_ACTED = (
-    "the forge may have acted on it before its answer was lost, so it is not sent again"
-)
+MAY_HAVE_ACTED = "the forge may have acted on it before its answer was lost"
 # One answer arrives whole within this many timeouts (a server that sends a byte at a
 # time never trips the timeout of each read) and is at most this big.
 DEADLINE_TIMEOUTS = 4
