@@ -124,6 +124,37 @@ def test_a_store_that_edited_migrations_left_short_is_mended_by_upgrade(
     assert cli("db", "upgrade").exit_code == 0  # and again: nothing more to do
 
 
+def test_a_migration_waits_for_running_work_to_end(cli, upgraded):
+    """A job of the old version running through a migration would write into the new
+    schema: the upgrade refuses while an attempt is open (exit 75, nothing migrated), and
+    migrates once the work ended."""
+    db = Database(f"sqlite:///{upgraded}")
+    with db.write() as session:
+        repo = ensure_repository(session, 1, "team", "app")
+        task = create_task(session, repo.id, "issue", issue_number=1, title="t")
+        attempt = start_attempt(session, task.id, "implementation", "script", None, None, {})
+    with db.transaction() as connection:
+        connection.exec_driver_sql(
+            "UPDATE alembic_version SET version_num = '0008_authorized_scope'"
+        )
+    refused = cli("--json", "db", "upgrade")
+    assert refused.exit_code == 75, refused
+    assert refused.json()["error"]["message"] == (
+        "work is running (open attempts): pause the scheduler, let the jobs finish, then migrate"
+    )
+    assert sqlite_cli(upgraded, "select version_num from alembic_version") == (
+        "0008_authorized_scope"
+    )
+    with db.transaction() as connection:
+        connection.execute(
+            text("UPDATE attempts SET finished_at = CURRENT_TIMESTAMP WHERE id = :id"),
+            {"id": attempt},
+        )
+    db.dispose()
+    assert cli("db", "upgrade").exit_code == 0
+    assert sqlite_cli(upgraded, "select version_num from alembic_version") == HEAD_REVISION
+
+
 def test_every_connection_gets_the_pragmas(upgraded):
     db = Database(f"sqlite:///{upgraded}")
     with db.engine.connect() as conn:

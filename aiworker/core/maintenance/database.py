@@ -18,6 +18,7 @@ from aiworker.secrets import redact_url_password
 from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
 from aiworker.store.engine import is_sqlite, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
+from aiworker.store.tasks import has_open_attempts
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,15 @@ class RevisionReport(Report):
 
 
 def upgrade_database(env: Environment) -> RevisionReport:
+    """Create the store, or migrate it: a migration holds maintenance.lock and runs only
+    while no work runs (a job of the old version would write into the new schema)."""
     db = env.open_database(require_current=False)
-    try:
+    with contextlib.ExitStack() as held:
+        held.callback(db.dispose)
+        if current_revision(db) not in (None, HEAD_REVISION):
+            held.callback(env.locks.maintenance().release)
+            _no_work_running(env, db, "migrate")
         before, after = upgrade(db)
-    finally:
-        db.dispose()
     log.info("database %s: %s -> %s", redact_url_password(env.database_url), before, after)
     return RevisionReport(env.database_url, before, after, HEAD_REVISION)
 
@@ -254,7 +259,6 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
     from aiworker.config.database import Database as DatabaseSettings
     from aiworker.store.copy import copy_rows, occupied
     from aiworker.store.engine import Database
-    from aiworker.store.tasks import has_open_attempts
 
     try:
         DatabaseSettings(url=to_url)
@@ -266,14 +270,7 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
     maintenance = env.locks.maintenance()
     source, target = env.open_database(), None
     try:
-        with source.read_connection() as connection:
-            running = has_open_attempts(connection)
-        working = env.locks.working()  # a job started that has not recorded its attempt yet
-        if running or working:
-            what = ", ".join(working) if working else "open attempts"
-            raise LockHeld(
-                f"work is running ({what}): pause the scheduler, let the jobs finish, then copy"
-            )
+        _no_work_running(env, source, "copy")
         full = occupied(to_url)  # before anything is written there
         if full:
             raise InvalidInput(f"--to is not empty ({'; '.join(full)}); name a new database")
@@ -288,3 +285,15 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
         maintenance.release()
     log.info("copied %s to %s", redact_url_password(env.database_url), redact_url_password(to_url))
     return CopyReport(env.database_url, to_url, HEAD_REVISION, rows)
+
+
+def _no_work_running(env: Environment, db: Any, doing: str) -> None:
+    """LockHeld while an attempt is open, or a job started has not recorded its own yet."""
+    with db.read_connection() as connection:
+        running = has_open_attempts(connection)
+    working = env.locks.working()
+    if running or working:
+        what = ", ".join(working) if working else "open attempts"
+        raise LockHeld(
+            f"work is running ({what}): pause the scheduler, let the jobs finish, then {doing}"
+        )
