@@ -137,6 +137,9 @@ def test_a_migration_waits_for_running_work_to_end(cli, upgraded):
         connection.exec_driver_sql(
             "UPDATE alembic_version SET version_num = '0008_authorized_scope'"
         )
+    (upgraded.parent / "controller-instance").unlink()
+    assert cli("status").exit_code == 2  # older than this aiworker, and nothing written
+    assert not (upgraded.parent / "controller-instance").exists()
     refused = cli("--json", "db", "upgrade")
     assert refused.exit_code == 75, refused
     assert refused.json()["error"]["message"] == (

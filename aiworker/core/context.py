@@ -142,18 +142,14 @@ class Environment:
                 )
             raise not_initialised(self.database_url)
         lease = self.loaded.config.controller_lease
-        db = Database(
-            self.database_url,
-            host=self.controller_id,
-            lease_s=lease,
-            instance=self.controller_instance,
-        )
+        db = Database(self.database_url, host=self.controller_id, lease_s=lease)
         if require_current:
             try:
                 ensure_current(db)
             except BaseException:
                 db.dispose()
                 raise
+        db.instance = self.controller_instance  # its key is made once the store may be used
         return db
 
 
