@@ -288,6 +288,18 @@ def test_set_replaces_atomically_with_private_mode(cli, tmp_path):
     assert shown["revision"] == result.json()["revision"]
 
 
+def test_a_check_across_keys_is_named_by_its_keys(cli, tmp_path):
+    """Two repositories at one index, a provider named twice: named by the keys they are
+    about, as every other problem is, not as "(top level)"."""
+    bad = tmp_path / "config.toml"
+    bad.write_text(
+        'providers = ["script", "script"]\n[forge]\nurl = "http://forge"\n'
+        + "".join(f'[[repositories]]\nindex = 1\nowner = "team"\nname = "{n}"\n' for n in "ab")
+    )
+    details = cli("--json", "--config", str(bad), "config", "validate").json()["error"]["details"]
+    assert details == ["repositories: each index must be unique"]
+
+
 def test_set_refuses_invalid_value_and_keeps_file(cli, tmp_path):
     path = tmp_path / "config.toml"
     path.write_text("shares = 1\n")

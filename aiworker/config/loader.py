@@ -36,7 +36,8 @@ def problems_of(error: ValidationError) -> list[str]:
     for item in error.errors(include_input=False, include_url=False):
         loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
         message = str(item["msg"]).removeprefix("Value error, ")
-        lines.append(f"{key_path(loc)}: {message}")
+        # A check across keys (the whole document's) names its keys itself.
+        lines.append(f"{key_path(loc)}: {message}" if loc else message)
     return lines
 
 
