@@ -261,6 +261,76 @@ def test_a_conflicting_base_move_is_repaired_and_merged(
     assert show_file(forge, "main", "calc.py") == resolved
 
 
+def test_a_base_that_moved_into_a_conflict_after_approval_is_repaired_not_retried(
+    forge, claimed, upgraded, cli, tmp_path
+):
+    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_OK,
+            "repair": {
+                "edits": {"calc.py": resolved},
+                "result": result_doc(summary="Resolved the conflict in calc.py"),
+            },
+        },
+    )
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "approved", reports["review"]
+    pr = reports["publish"].json()["pr"]
+    # Someone lands a conflicting change on main after the approval: the forge cannot
+    # merge the PR, and trying again would never change that.
+    base = move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    refused = run_process("--json", "merge", "--task", str(task))
+    assert refused.exit_code == 0, refused
+    assert refused.json()["state"] == "repairing"
+    assert refused.json()["merge_commit"] is None
+    assert not forge.client("worker-bot").pull("team", "app", pr).merged
+    [(data,)] = query(upgraded, "select data from events where kind = 'repair.requested'")
+    requested = json.loads(data)
+    assert (requested["cause"], requested["conflicts"], requested["base"]) == (
+        "conflict",
+        ["calc.py"],
+        base,
+    )
+    charged = "select outcome from attempts where phase = 'merge'"
+    assert query(upgraded, charged) == [("succeeded",)]
+
+    repaired = repair_once(cli, task)
+    assert repaired.exit_code == 0, repaired
+    head = repaired.json()["head"]
+    again = deliver_until(task, "publish", "ci", "review", "merge")
+    for step, result in again.items():
+        assert result.exit_code == 0, (step, result)
+    assert again["publish"].json()["pr"] == pr  # the same PR, its branch moved forward
+    assert forge.client("worker-bot").pull("team", "app", pr).merged
+    assert is_ancestor(forge, first["head"], head).returncode == 0
+    assert is_ancestor(forge, base, head).returncode == 0
+    assert show_file(forge, "main", "calc.py") == resolved
+
+
+def test_a_base_that_moved_cleanly_after_approval_is_merged_as_reviewed(
+    forge, claimed, upgraded, tmp_path
+):
+    task = claimed(
+        SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), phases={"review": REVIEW_OK}
+    )
+    head = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()["head"]
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "approved", reports["review"]
+    base = move_main(forge, tmp_path, "README.md", "moved\n")
+    merged = run_process("--json", "merge", "--task", str(task))
+    assert merged.exit_code == 0, merged
+    assert (merged.json()["state"], merged.json()["head"]) == ("done", head)
+    assert query(upgraded, "select count(*) from events where kind = 'repair.requested'") == [(0,)]
+    main = forge.client("worker-bot").branch("team", "app", "main").commit.id
+    assert is_ancestor(forge, base, main).returncode == 0
+    assert is_ancestor(forge, head, main).returncode == 0
+
+
 @pytest.mark.parametrize("name", ["calc.py", "notes café.txt"])
 def test_a_repair_that_leaves_conflict_markers_is_not_accepted(
     forge, claimed, upgraded, cli, tmp_path, name

@@ -3,9 +3,10 @@
 Merging needs an APPROVED review by the reviewer identity on the head, a
 successful `aiworker / ci` status on the head, authorisation that still holds (one
 taken back pauses the task), the scope the work was checked for (an issue edited
-since goes to a repair episode),
-and a PR head that has not moved; Forgejo's head_commit_id guard closes the
-last window. A plan or a legacy feature, reviewed as a whole, also needs passing
+since goes to a repair episode), a base that has not moved into a conflict with the
+work (one that did goes to a conflict-repair episode, as at publication: the forge
+could never merge it), and a PR head that has not moved; Forgejo's head_commit_id
+guard closes the last window. A plan or a legacy feature, reviewed as a whole, also needs passing
 combined validation receipts (the issue's checks and every milestone's) at the
 head. The merge commit is recorded as evidence, with every milestone's head.
 """
@@ -13,6 +14,7 @@ head. The merge commit is recorded as evidence, with every milestone's head.
 from __future__ import annotations
 
 from aiworker.adapters.forgejo.models import Issue, PullRequest
+from aiworker.core.delivery.refresh import merge_moved_base, refuse_a_broken_base
 from aiworker.core.delivery.scope_check import answer_moved_scope, paused_if_withdrawn
 from aiworker.core.evidence.authorisation import publication_allowed
 from aiworker.core.evidence.ci_status import CI_CONTEXT, ours_passed
@@ -76,10 +78,13 @@ def _refusals(
     return reasons
 
 
-def _not_against_a_person(access: ForgeAccess, job: Job, issue: Issue, pull: PullRequest) -> None:
-    """NeedsPerson when a person closed the issue, pointed the PR at another branch than
-    the one its checks and review were for, or rewrote that branch so that it no longer
-    holds the base the work was built on (merging would bring back what they removed)."""
+def _not_against_a_person(
+    access: ForgeAccess, job: Job, issue: Issue, pull: PullRequest
+) -> tuple[str, str]:
+    """The default branch and its tip (both it and the head in the git cache), or
+    NeedsPerson when a person closed the issue, pointed the PR at another branch than the
+    one its checks and review were for, or rewrote that branch so that it no longer holds
+    the base the work was built on (merging would bring back what they removed)."""
     task, repo = job.task, job.repo
     assert task.base_commit is not None
     if issue.state == "closed":
@@ -96,13 +101,15 @@ def _not_against_a_person(access: ForgeAccess, job: Job, issue: Issue, pull: Pul
         )
     tip = worker.branch(repo.owner, repo.name, target).commit.id
     cache = GitCache(job.env.state_dir)
-    cache.ensure(repo.index, forge_repo.clone_url, access.token("worker"), tip)
+    token = access.token("worker")
+    cache.ensure(repo.index, forge_repo.clone_url, token, tip, str(task.head_commit))
     if not cache.contains(repo.index, task.base_commit, tip):
         raise NeedsPerson(
             f"{target} was rewritten: it no longer holds {task.base_commit[:12]}, the base "
             f"this work was built and checked on, and merging would bring back what was "
             f"removed (start it over: `aiworker task retry --from-start {task.id}`, or cancel it)"
         )
+    return target, tip
 
 
 def merge(job: Job) -> Outcome:
@@ -128,7 +135,15 @@ def merge(job: Job) -> Outcome:
         if stopped is not None:
             stopped.follow_up = False
             return stopped.ended("succeeded", f"not merged: {stopped.reason}")
-        _not_against_a_person(access, job, issue, pull)
+        target, tip = _not_against_a_person(access, job, issue, pull)
+        if tip != task.base_commit:
+            # A base that moved into a conflict is one the forge can never merge: the
+            # conflict is repaired (and the repaired head checked and reviewed again).
+            moved = merge_moved_base(job, access.required("worker"), tip, target, report)
+            if isinstance(moved, Outcome):
+                refuse_a_broken_base(job, tip, target)
+                moved.follow_up = False
+                return moved.ended("succeeded", f"not merged: {moved.reason}")
         reasons = _refusals(db, access, job, issue)
         if reasons:
             with db.write() as session:

@@ -9,7 +9,8 @@ earlier commits stay the merge's first parent: no work is discarded.
 A conflicting move is merged all the same with git's conflict markers left in the
 conflicting files, and a conflict-repair episode starts from that merge
 (tasks/repairs.py); checks that fail on a clean merge start a repair episode from the
-merge too. Publication waits for the repaired work.
+merge too. Publication waits for the repaired work. The merge step takes the same
+conflict repair for a base that moved into a conflict after the review.
 """
 
 from __future__ import annotations
@@ -51,43 +52,16 @@ def refresh_base(
 ) -> Refreshed | Outcome:
     """The refreshed head and base (recorded on the task), or how the step ends instead:
     a repair episode."""
-    env, db, task, repo = job.env, job.db, job.task, job.repo
-    assert task.head_commit is not None
-    cache = GitCache(env.state_dir)
-    cache.fetch(repo.index, worker.repository(repo.owner, repo.name).clone_url, token)
-    problems = base_problems(cache, repo.index, base_now)
-    if problems:  # the base's, not the work's: no repair could mend it
-        raise NeedsPerson(
-            f"{default_branch} moved to {base_now[:12]}, where: {'; '.join(problems)} (fix "
-            f"the repository and resume task {task.id}, or cancel it)"
-        )
-    ref = f"refs/aiworker/task-{task.id}/refreshed"
+    db, task = job.db, job.task
+    GitCache(job.env.state_dir).fetch(
+        job.repo.index, worker.repository(job.repo.owner, job.repo.name).clone_url, token
+    )
+    refuse_a_broken_base(job, base_now, default_branch)
+    merged = merge_moved_base(job, worker, base_now, default_branch, report)
+    if isinstance(merged, Outcome):
+        return merged
+    head = merged
     requirements = checks_of(db, task, issue.body)
-    # A retry after a crash (or after a refusal) takes the merge made before: its receipts
-    # still hold, so neither the merge nor the checks are repeated for the same move.
-    head = cache.merge_of(repo.index, ref, task.head_commit, base_now)
-    if head is None:
-        me = worker.current_user()
-        head, conflicts = cache.merge_into(
-            repo.index,
-            task.head_commit,
-            base_now,
-            ref,
-            f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
-            # The forge's no-reply form: a pushed commit never shows the bot's address.
-            (me.full_name or me.login, f"{me.login}@noreply.localhost"),
-            keep_conflicts=True,
-        )
-        if conflicts:
-            findings = [
-                Finding(severity="blocker", message="merge conflict with the new base", path=p)
-                for p in conflicts
-            ]
-            why = (
-                f"the base moved to {base_now[:12]}; merging it conflicts in {', '.join(conflicts)}"
-            )
-            request = RepairRequest("conflict", head, base_now, findings, conflicts)
-            return Outcome(report, repair=request, reason=why)
     failed = _known_failures(db, task, head, base_now, [r.check_id for r in requirements])
     if failed is None:
         failed = gate_at(job, head, base_now, requirements).failures()
@@ -98,6 +72,54 @@ def refresh_base(
         return Outcome(report, repair=request, reason=f"the base moved; {why}")
     version = record_refreshed_base(db, task, head, base_now)
     return Refreshed(head, base_now, version)
+
+
+def merge_moved_base(
+    job: Job, worker: ForgejoClient, base_now: str, default_branch: str, report: Report
+) -> str | Outcome:
+    """The merge of BASE_NOW (in the git cache), where DEFAULT_BRANCH moved to, into the
+    task's head (made once and kept), or, when they conflict, a conflict-repair episode
+    that starts from the merge with its conflict markers."""
+    task, repo = job.task, job.repo
+    assert task.head_commit is not None
+    cache = GitCache(job.env.state_dir)
+    ref = f"refs/aiworker/task-{task.id}/refreshed"
+    # A retry after a crash (or after a refusal) takes the merge made before: its receipts
+    # still hold, so neither the merge nor the checks are repeated for the same move.
+    head = cache.merge_of(repo.index, ref, task.head_commit, base_now)
+    if head is not None:
+        return head
+    me = worker.current_user()
+    head, conflicts = cache.merge_into(
+        repo.index,
+        task.head_commit,
+        base_now,
+        ref,
+        f"Merge branch '{default_branch}' into aiworker/task-{task.id}",
+        # The forge's no-reply form: a pushed commit never shows the bot's address.
+        (me.full_name or me.login, f"{me.login}@noreply.localhost"),
+        keep_conflicts=True,
+    )
+    if not conflicts:
+        return head
+    findings = [
+        Finding(severity="blocker", message="merge conflict with the new base", path=p)
+        for p in conflicts
+    ]
+    why = f"the base moved to {base_now[:12]}; merging it conflicts in {', '.join(conflicts)}"
+    request = RepairRequest("conflict", head, base_now, findings, conflicts)
+    return Outcome(report, repair=request, reason=why)
+
+
+def refuse_a_broken_base(job: Job, base_now: str, default_branch: str) -> None:
+    """NeedsPerson when BASE_NOW (in the git cache) is where no check could run: the
+    base's fault, not the work's, so no repair could mend it."""
+    problems = base_problems(GitCache(job.env.state_dir), job.repo.index, base_now)
+    if problems:
+        raise NeedsPerson(
+            f"{default_branch} moved to {base_now[:12]}, where: {'; '.join(problems)} (fix "
+            f"the repository and resume task {job.task.id}, or cancel it)"
+        )
 
 
 def _known_failures(

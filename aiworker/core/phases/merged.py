@@ -26,8 +26,8 @@ class MergeReport(Report):
     merge_commit: str | None
     merged_at: str | None
     merged_by: str | None = None
-    # repairing (awaiting_plan_approval for a plan): the issue changed after the review;
-    # nothing was merged.
+    # repairing (awaiting_plan_approval for a plan): the issue changed after the review,
+    # or the base moved into a conflict with the work; nothing was merged.
     state: str = S.DONE
 
 
