@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,60 @@ def test_a_state_directory_on_a_read_only_file_system_is_named(upgraded, state_d
     assert str(state_dir) in error["message"]
     assert "read-only" in error["message"].lower()
     assert snapshot(state_dir) == before
+
+
+@needs_mounts
+def test_a_database_on_a_read_only_file_system_can_still_be_backed_up(
+    upgraded, state_dir, tmp_path
+):
+    """The kernel remounted the disk read-only (as it does on errors) while a process
+    still had commits in the write-ahead log: `db backup` copies the database as it
+    stands, those commits included, to another file system, and writes nothing there."""
+    writer = sqlite3.connect(upgraded, isolation_level=None)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint = 0")  # the commits stay in the log
+        for n in range(50):
+            writer.execute(
+                "INSERT INTO events (kind, data, created_at) VALUES (?, ?, CURRENT_TIMESTAMP)",
+                ("test.wal", json.dumps({"n": n})),
+            )
+        assert Path(f"{upgraded}-wal").stat().st_size > 0
+        before = snapshot(state_dir)
+        target, payloads = tmp_path / "out" / "backup.db", tmp_path / "out" / "payloads"
+        target.parent.mkdir()
+        argv = ("--state-dir", str(state_dir), "db", "backup", "--to", str(target))
+        done = read_only(state_dir, *argv, "--with-artifacts", str(payloads))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert snapshot(state_dir) == before
+    finally:
+        writer.close()
+    report = json.loads(done.stdout)
+    assert (report["target"], report["bytes"]) == (str(target), target.stat().st_size)
+    assert report["revision"] == engine_revision(upgraded)
+    assert report["artifacts"]["payloads"] == 0
+    assert json.loads((payloads / "manifest.json").read_text())["snapshot"] == str(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ["backup.db", "payloads"]
+    copy = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+    try:
+        assert copy.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert copy.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        found = copy.execute("SELECT count(*) FROM events WHERE kind = 'test.wal'").fetchone()
+        assert found == (50,)
+    finally:
+        copy.close()
+    # Everything else still says what to do, naming the backup.
+    refused = read_only(state_dir, "--state-dir", str(state_dir), "status")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (
+        "`aiworker db backup --to PATH` still copies"
+        in json.loads(refused.stdout)["error"]["message"]
+    )
+
+
+def engine_revision(database: Path) -> str:
+    with sqlite3.connect(database) as connection:
+        return str(connection.execute("SELECT version_num FROM alembic_version").fetchone()[0])
 
 
 @needs_mounts

@@ -95,10 +95,11 @@ class Environment:
             raise StateUnusable(
                 f"state directory {path} cannot be created: {exc.strerror}"
             ) from None
-        if os.statvfs(path).f_flag & os.ST_RDONLY:
+        if on_a_read_only_mount(path):
             raise StateUnusable(
                 f"state directory {path} is on a read-only file system; nothing was written: "
-                "remount it read-write, or use another --state-dir"
+                "remount it read-write, or use another --state-dir (`aiworker db backup "
+                "--to PATH` still copies its database, to another file system)"
             )
         if not os.access(path, os.W_OK | os.X_OK):
             raise StateUnusable(f"state directory {path} is not writable by this user")
@@ -151,6 +152,12 @@ class Environment:
                 raise
         db.instance = self.controller_instance  # its key is made once the store may be used
         return db
+
+
+def on_a_read_only_mount(path: Path) -> bool:
+    """PATH lies on a file system mounted read-only (as the kernel remounts a failing
+    disk): nothing can write there."""
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def task_log(env: Environment, task_id: int) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 from urllib.parse import quote
@@ -59,6 +60,32 @@ def _backup_sqlite(source: Path, target: Path) -> int:
         finally:
             src.close()
             for companion in COMPANIONS:  # left by a copy that failed part-way
+                Path(f"{tmp}{companion}").unlink(missing_ok=True)
+    return target.stat().st_size
+
+
+def backup_still_sqlite(source: Path, target: Path) -> int:
+    """Copy SOURCE, on a file system mounted read-only, to TARGET (which must not exist)
+    as one file; its size. Nothing can write the database there, so its files as they lie
+    are one consistent state: the database and its write-ahead log are copied as they are
+    and the log's commits are folded into the copy (SQLite cannot open the database in
+    place: it would make its shared-memory file beside it)."""
+    with new_file(target, owned=True) as tmp:
+        try:
+            shutil.copyfile(source, tmp)
+            wal = Path(f"{source}-wal")
+            if wal.exists():
+                shutil.copyfile(wal, f"{tmp}-wal")
+            dst = sqlite3.connect(tmp)
+            try:
+                dst.execute("PRAGMA locking_mode = EXCLUSIVE")  # no shared-memory file
+                failpoint("backup.copying")
+                dst.execute("PRAGMA journal_mode = DELETE")  # folds the log into the copy
+                dst.commit()
+            finally:
+                dst.close()
+        finally:
+            for companion in COMPANIONS:
                 Path(f"{tmp}{companion}").unlink(missing_ok=True)
     return target.stat().st_size
 

@@ -10,12 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiworker.core.context import Environment
+from aiworker.core.context import Environment, on_a_read_only_mount
 from aiworker.core.report import Report
 from aiworker.errors import FULL_ERRNOS, InvalidInput, LockHeld, Unavailable
 from aiworker.runtime.atomic import sweep_abandoned, write_private_file
 from aiworker.secrets import redact_url_password
-from aiworker.store.backup import backup_sqlite, dump_server, snapshot_digests, snapshot_revision
+from aiworker.store.backup import (
+    backup_sqlite,
+    backup_still_sqlite,
+    dump_server,
+    snapshot_digests,
+    snapshot_revision,
+)
 from aiworker.store.engine import is_sqlite, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
 from aiworker.store.tasks import has_open_attempts
@@ -120,21 +126,25 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
         return _dump_server(env, target, artifacts)
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
-    revision = database_revision(env).current
+    # On a file system mounted read-only nothing runs or writes, and no lock can be taken:
+    # the files as they lie are the snapshot.
+    still = on_a_read_only_mount(source.parent)
+    revision = None if still else database_revision(env).current
     maintenance, retention = env.locks.lock("maintenance"), env.locks.lock("retention")
-    if artifacts is not None:
+    if artifacts is not None and not still:
         maintenance = env.locks.maintenance()
         if not retention.try_acquire():
             maintenance.release()
             raise LockHeld("a retention pass holds retention.lock; try again later")
     try:
-        size = _snapshot(source, target)
+        size = _snapshot(source, target, still=still)
         log.info("backed up %s to %s (%d bytes)", source, target, size)
+        revision = snapshot_revision(target) if still else revision
         report = BackupReport(source, target, size, revision)
         if artifacts is not None:
             made = not artifacts.exists()
             try:
-                report.artifacts = _copy_artifacts(env, target, artifacts)
+                report.artifacts = _copy_artifacts(env, target, artifacts, settled=not still)
             except BaseException:
                 # A pair or nothing: a snapshot left without its payloads would only
                 # block the retry ("already exists").
@@ -148,11 +158,12 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
     return report
 
 
-def _snapshot(source: Path, target: Path) -> int:
-    """backup_sqlite, its failures named: the target taken meanwhile or not creatable
-    there (exit 2), its disk full (exit 75)."""
+def _snapshot(source: Path, target: Path, *, still: bool) -> int:
+    """backup_sqlite (STILL: backup_still_sqlite, for a read-only mount), its failures
+    named: the target taken meanwhile or not creatable there (exit 2), its disk full
+    (exit 75)."""
     try:
-        return backup_sqlite(source, target)
+        return (backup_still_sqlite if still else backup_sqlite)(source, target)
     except FileExistsError:
         raise InvalidInput(f"backup target {target} already exists; choose a new path") from None
     except OSError as exc:
@@ -189,17 +200,22 @@ def _dump_server(env: Environment, target: Path, artifacts: Path | None) -> Back
 MANIFEST = "manifest.json"  # written last: a folder without it is no finished backup
 
 
-def _copy_artifacts(env: Environment, snapshot: Path, folder: Path) -> dict[str, Any]:
+def _copy_artifacts(
+    env: Environment, snapshot: Path, folder: Path, *, settled: bool
+) -> dict[str, Any]:
+    """Every payload SNAPSHOT names, copied into FOLDER with a manifest; SETTLED: payloads
+    a crashed retention pass moved aside are put back first (not on a read-only mount)."""
     from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
     from aiworker.core.maintenance.retention import settle
     from aiworker.runtime.artifact_files import ArtifactFiles
 
     live = artifact_files(env.state_dir)
-    db = env.open_database()
-    try:
-        settle(db, live)  # payloads a crashed pass moved aside go back first
-    finally:
-        db.dispose()
+    if settled:
+        db = env.open_database()
+        try:
+            settle(db, live)
+        finally:
+            db.dispose()
     folder.mkdir(mode=0o700, exist_ok=True)
     copied = copy_payloads(live, ArtifactFiles(folder), snapshot_digests(snapshot))
     if copied.missing or copied.damaged:
