@@ -286,3 +286,25 @@ def test_a_tick_whose_poll_failed_exits_as_the_poll_would(forge, upgraded, tmp_p
     config.write_text(config.read_text().replace("http://127.0.0.1:9", forge.url))
     assert run_process("--json", "scheduler", "tick").exit_code == 0
     assert run_process("--json", "scheduler", "tick", "--if-due").exit_code == 0
+
+
+def test_a_poll_refused_for_an_older_store_is_no_poll_failure_after_the_upgrade(
+    forge, upgraded, tmp_path, monkeypatch
+):
+    """The operator installs a new version and its timer polls before `db upgrade`: the
+    poll is refused, naming the upgrade; once upgraded, status does not go on saying to
+    run it, and the timer's wake-ups do not exit as that refusal did."""
+    import sqlite3
+
+    from tests.helpers import configure
+
+    configure(tmp_path, forge, monkeypatch)
+    with sqlite3.connect(upgraded) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '0008_authorized_scope'")
+    refused = run_process("--json", "poll")
+    assert refused.exit_code == 2, refused
+    assert "run `aiworker db upgrade`" in refused.json()["error"]["message"]
+    assert run_process("db", "upgrade").exit_code == 0
+    scheduler = run_process("--json", "status").json()["scheduler"]
+    assert (scheduler["poll_error"], scheduler["poll_failures"]) == (None, 0)
+    assert run_process("--json", "scheduler", "tick", "--if-due").exit_code == 0

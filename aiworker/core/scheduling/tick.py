@@ -30,7 +30,7 @@ from aiworker.core.scheduling.phase_commands import runnable_kinds
 from aiworker.core.scheduling.units import refuse_direct_launch_in_a_service
 from aiworker.core.scheduling.wakeup import TickReport
 from aiworker.core.tasks.states import AWAITING_WORK
-from aiworker.errors import EXIT_INVALID, AiworkerError, LockHeld, Unavailable
+from aiworker.errors import EXIT_INVALID, AiworkerError, LockHeld, SchemaMismatch, Unavailable
 from aiworker.runtime.artifact_files import RETENTION_STAMP
 from aiworker.runtime.locks import FileLock
 from aiworker.store.claims import active_claims, claimed_on
@@ -267,6 +267,10 @@ def poll_recorded(env: Environment, *, full: bool = False) -> PollReport:
 
     try:
         report = poll(env, ForgeAccess(env.loaded), full=full)
+    except SchemaMismatch:
+        # The store's, not the poll's: every command names it until `db upgrade`, after
+        # which a recorded failure would still say to run it.
+        raise
     except AiworkerError as exc:
         with contextlib.suppress(OSError):  # the poll's own error is the one to report
             record_poll(env, exc.message, datetime.now(UTC), exc.exit_code)
