@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.sandbox.app import SandboxApp
@@ -56,6 +57,20 @@ class Forge:
         client = ForgejoClient(self.url, self.tokens[login], **options)
         client.http.session.hooks["response"].append(check_exchange)
         return client
+
+    def as_user(self, login: str, method: str, path: str, body: Any = None) -> Any:
+        """`METHOD /api/v1/repos/team/appPATH` as LOGIN, as a person on the forge would
+        send it (checked against the API document); the answer's JSON, if any."""
+        response = requests.request(
+            method,
+            f"{self.url}/api/v1/repos/team/app{path}",
+            json=body,
+            headers={"Authorization": f"token {self.tokens[login]}"},
+            timeout=10,
+        )
+        check_exchange(response)
+        assert response.status_code < 300, response.text
+        return response.json() if response.content else None
 
     def clone_url(self, login: str, repo: str = "team/app") -> str:
         host = self.url.split("://", 1)[1].rstrip("/")

@@ -6,8 +6,6 @@ unarchives the repository and resumes the task."""
 
 from __future__ import annotations
 
-import requests
-
 from tests.helpers import run_process
 from tests.test_delivery import REVIEW_OK, deliver_until, delivered  # noqa: F401 - fixture
 from tests.test_doctor import checks_by_name
@@ -16,14 +14,7 @@ from tests.test_people_on_the_forge import _held
 
 
 def _archive(forge, archived: bool = True) -> None:
-    response = requests.patch(
-        f"{forge.url}/api/v1/repos/team/app",
-        json={"archived": archived},
-        headers={"Authorization": f"token {forge.tokens['team']}"},
-        timeout=10,
-    )
-    assert response.status_code == 200, response.text
-    assert response.json()["archived"] is archived
+    assert forge.as_user("team", "PATCH", "", {"archived": archived})["archived"] is archived
 
 
 def test_no_inference_is_spent_on_an_archived_repository(forge, claimed, upgraded, cli):

@@ -124,14 +124,7 @@ def test_removing_the_label_pauses_and_restoring_resumes(forge, polled):
 def test_editing_the_body_changes_the_fingerprint(forge, polled):
     poll()
     before = tasks(polled)[1][2]
-    import requests
-
-    requests.patch(
-        f"{forge.url}/api/v1/repos/team/app/issues/1",
-        json={"body": "Also handle negative numbers."},
-        headers={"Authorization": f"token {forge.tokens['alice']}"},
-        timeout=10,
-    )
+    forge.as_user("alice", "PATCH", "/issues/1", {"body": "Also handle negative numbers."})
     report = poll()
     assert report["tasks"] == {"updated": 1}
     after = tasks(polled)[1][2]
@@ -155,16 +148,9 @@ def _set_state(db_path, number: int, state: str) -> None:
 def test_a_paused_task_resumes_where_it_was_paused(forge, polled):
     poll()
     _set_state(polled, 1, "awaiting_review")
-    import requests
 
     def assign(logins):
-        response = requests.patch(
-            f"{forge.url}/api/v1/repos/team/app/issues/1",
-            json={"assignees": logins},
-            headers={"Authorization": f"token {forge.tokens['alice']}"},
-            timeout=10,
-        )
-        assert response.status_code == 201, response.text
+        forge.as_user("alice", "PATCH", "/issues/1", {"assignees": logins})
 
     assign([])
     assert [p["issue"] for p in poll()["paused"]] == [1]
@@ -180,7 +166,6 @@ def test_a_paused_task_resumes_where_it_was_paused(forge, polled):
 
 
 def test_polls_between_full_ones_list_only_what_changed(forge, polled):
-    import requests
 
     first = poll()
     assert first["polls"] == {"full": 1}
@@ -191,13 +176,7 @@ def test_polls_between_full_ones_list_only_what_changed(forge, polled):
     assert second["tasks"] == {"unchanged": 1}
 
     def patch(number, **fields):
-        response = requests.patch(
-            f"{forge.url}/api/v1/repos/team/app/issues/{number}",
-            json=fields,
-            headers={"Authorization": f"token {forge.tokens['alice']}"},
-            timeout=10,
-        )
-        assert response.status_code == 201, response.text
+        forge.as_user("alice", "PATCH", f"/issues/{number}", fields)
 
     patch(2, assignees=["worker-bot"])  # newly assigned: picked up incrementally
     third = poll()

@@ -11,21 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-import requests
-
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
 from tests.test_implement import FIX, SCRIPT_ONLY, query, result_doc
 
 
 def edit_issue(forge, number: int, **fields) -> None:
-    response = requests.patch(
-        f"{forge.url}/api/v1/repos/team/app/issues/{number}",
-        json=fields,
-        headers={"Authorization": f"token {forge.tokens['alice']}"},
-        timeout=10,
-    )
-    assert response.status_code == 201, response.text
+    forge.as_user("alice", "PATCH", f"/issues/{number}", fields)
 
 
 def comments_by_worker(forge, number: int = 1) -> list[str]:

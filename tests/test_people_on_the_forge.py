@@ -11,7 +11,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import requests
 
 from aiworker.core.delivery import publish as publish_module
 from tests.forge_fixtures import git
@@ -40,13 +39,7 @@ def _held(database, task: int) -> str:
 
 
 def _patch_pull(forge, number: int, **fields) -> None:
-    response = requests.patch(
-        f"{forge.url}/api/v1/repos/team/app/pulls/{number}",
-        json=fields,
-        headers={"Authorization": f"token {forge.tokens['alice']}"},
-        timeout=10,
-    )
-    assert response.status_code == 201, response.text
+    forge.as_user("alice", "PATCH", f"/pulls/{number}", fields)
 
 
 def test_a_pull_request_a_person_closed_holds_the_task(
