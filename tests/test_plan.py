@@ -297,3 +297,26 @@ def test_a_plan_step_whose_combined_checks_keep_failing_ends_as_its_budget_says(
     spent = "the milestones budget of 3 attempts is spent"
     [stopped] = [c for c in comments(forge, "worker-bot") if spent in c]
     assert stopped.count("(milestones, host): error") == 3, stopped
+
+
+def test_a_plan_planned_again_builds_its_new_milestones_on_its_new_base(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """A plan that failed after a milestone was accepted is retried and planned again:
+    its new milestones start from the new plan's base, not from the head the old plan's
+    milestones left (where the new first milestone found its work done already)."""
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    assert step(cli)["started"] == 2
+    claim_and_run(cli, "implement", 2)  # accepted: the plan's head moves
+    assert step(cli)["started"] == 3
+    assert cli("--json", "task", "cancel", "3").exit_code == 0
+    assert step(cli)["state"] == "failed"
+    assert cli("--json", "task", "retry", "1").exit_code == 0
+    replanned = claim_and_run(cli, "plan", 1)
+    assert query(upgraded, "select head_commit from tasks where id = 1") == [(None,)]
+    forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
+    first = step(cli)["started"]
+    assert first not in (2, 3)
+    ran = claim_and_run(cli, "implement", first)
+    assert (ran["outcome"], ran["base"]) == ("implemented", replanned["base"]), ran

@@ -108,7 +108,9 @@ def plan(job: Job) -> Outcome:
         report,
         S.AWAITING_PLAN_APPROVAL,
         report.reason,
-        {"base_commit": base, "spec": spec},
+        # A new plan builds on its base: the head an earlier plan's milestones left is not
+        # this one's.
+        {"base_commit": base, "head_commit": None, "spec": spec},
         kind="plan.posted",
     )
     return landing.ended("succeeded", f"posted a plan of {len(milestones)} milestones")
