@@ -320,3 +320,38 @@ def test_a_plan_planned_again_builds_its_new_milestones_on_its_new_base(
     assert first not in (2, 3)
     ran = claim_and_run(cli, "implement", first)
     assert (ran["outcome"], ran["base"]) == ("implemented", replanned["base"]), ran
+
+
+def test_cancelling_a_plan_stops_and_cancels_its_milestones(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """An operator cancels a plan while its first milestone's provider runs: that job is
+    stopped (no more inference, no checks after it), and every milestone not finished is
+    cancelled with the plan, none left waiting for a plan that will never take it."""
+    import copy
+
+    from tests.test_lifecycle import start_implement, wait_for
+
+    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    scenario = copy.deepcopy(SCENARIO)
+    scenario["phases"]["implementation"]["by_milestone"]["1"]["sleep_s"] = 600
+    write_scenario(tmp_path / "scenario.json", **scenario)
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    assert step(cli)["started"] == 2
+    assert cli("--json", "claim", "--slot", "1").json()["task"] == 2
+    phase = start_implement(2)
+    try:
+        wait_for(upgraded, "select id from attempts where task_id = 2 and provider = 'script'")
+        cancelled = cli("--json", "task", "cancel", "1")
+        assert cancelled.exit_code == 0, cancelled
+        assert cancelled.json()["stopped"], cancelled  # the milestone's job
+        phase.communicate(timeout=120)  # stopped, not left to sleep out its 600 s
+    finally:
+        if phase.poll() is None:
+            phase.kill()
+            phase.wait()
+    states = query(upgraded, "select id, state, claim_slot from tasks order by id")
+    assert states == [(1, "cancelled", None), (2, "cancelled", None), (3, "cancelled", None)]
+    [(outcome,)] = query(upgraded, "select outcome from attempts where task_id = 2")
+    assert outcome in ("interrupted", "cancelled")  # closed by its job's guard, or the cancel
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"] is False

@@ -5,11 +5,12 @@ move refused), then stops that job: SIGTERM to its process tree, which its phase
 turns into a closed attempt, and SIGKILL after a grace period to whatever is left,
 including the provider's processes found by their attempt tag. Open attempts are closed
 as cancelled, workspaces removed with an inventory, and an open PR is left open with a
-comment.
+comment. A plan's unfinished milestones are cancelled with it, their jobs stopped alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -31,7 +32,7 @@ from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.models import Task
 from aiworker.store.publications import publications_of
-from aiworker.store.task_records import existing_task
+from aiworker.store.task_records import children_of, existing_task
 from aiworker.store.tasks import append_event
 
 STOP_GRACE_S = 10.0
@@ -58,18 +59,33 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
     try:
         task = _cancel_record(db, task_id)
         report = CancelReport(task.id, TaskState.CANCELLED, task.state)
-        report.stopped = stop_jobs(env, db, task)
-        with db.write() as session:
-            for attempt in open_attempts(session, task.id):
-                if finish_attempt(
-                    session, attempt.id, "cancelled", reason="cancelled by an operator"
-                ):
-                    report.attempts_closed.append(attempt.id)
-        report.removed = _remove_workspaces(env, db, task.id)
+        # A plan's unfinished milestones go with it: nothing of a cancelled plan runs on.
+        for one in (task, *_milestones_cancelled(db, task)):
+            report.stopped += stop_jobs(env, db, one)
+            with db.write() as session:
+                for attempt in open_attempts(session, one.id):
+                    if finish_attempt(
+                        session, attempt.id, "cancelled", reason="cancelled by an operator"
+                    ):
+                        report.attempts_closed.append(attempt.id)
+            report.removed += _remove_workspaces(env, db, one.id)
         report.pr_comment = _comment_on_pull(env, db, task)
         return report
     finally:
         db.dispose()
+
+
+def _milestones_cancelled(db: Database, task: Task) -> list[Task]:
+    """PLAN's milestones that were not finished, each cancelled now (as they were)."""
+    if task.kind != "plan":
+        return []
+    with db.read() as session:
+        unfinished = [c.id for c in children_of(session, task.id) if c.state not in TERMINAL]
+    cancelled = []
+    for child in unfinished:
+        with contextlib.suppress(Conflict):  # finished meanwhile: nothing to cancel
+            cancelled.append(_cancel_record(db, child))
+    return cancelled
 
 
 def _cancel_record(db: Database, task_id: int) -> Task:
