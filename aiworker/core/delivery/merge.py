@@ -130,7 +130,7 @@ def merge(job: Job) -> Outcome:
         # Authorisation taken back: paused. Work done for an issue that changed since:
         # repaired first (a plan approved again first).
         stopped = paused_if_withdrawn(decision, report) or answer_moved_scope(
-            env, db, task, issue, report
+            job, access.required("worker"), issue, report
         )
         if stopped is not None:
             stopped.follow_up = False

@@ -74,7 +74,8 @@ def milestones(job: Job) -> Outcome:
             if spec.get("approved", {}).get("fingerprint") != scope
             else f"the approval no longer holds ({approval.reason})"
         )
-        return pause(env, plan, why, report)
+        report.reason = why
+        return pause(env, task, scope, timeline, why, report)
     return _milestones(job, plan, report)
 
 

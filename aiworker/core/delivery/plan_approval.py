@@ -84,14 +84,21 @@ def approve(job: Job, plan: Plan, report: PlanStepReport) -> Outcome | None:
     return None
 
 
-def pause(env: Environment, plan: Plan, why: str, report: PlanStepReport) -> Outcome:
-    """Back to awaiting approval: nothing new starts until a writer approves again."""
-    task = plan.task
+def pause(
+    env: Environment,
+    task: Task,
+    scope: str,
+    timeline: list[TimelineComment],
+    why: str,
+    report: Report,
+) -> Outcome:
+    """Back to awaiting approval for SCOPE, the issue's requirements as TIMELINE shows them
+    now: nothing new starts until a writer approves again, and only an approval given
+    after what TIMELINE holds counts. Said on the issue."""
     spec = dict(task.spec or {})
     spec.pop("approved", None)
-    spec["fingerprint"], spec["approval_after"] = plan.scope, last_item(plan.timeline)
+    spec["fingerprint"], spec["approval_after"] = scope, last_item(timeline)
     label, command = env.loaded.config.labels.approved, env.loaded.config.planning.approve_command
-    report.reason = why
     return Outcome(
         report,
         S.AWAITING_PLAN_APPROVAL,

@@ -83,7 +83,7 @@ def _preconditions(
     issue = worker.issue(repo.owner, repo.name, task.issue_number or 0)
     decision = still_authorized(env, access, repo.owner, repo.name, task, issue)
     stopped = paused_if_withdrawn(decision, report) or answer_moved_scope(
-        env, db, task, issue, report
+        job, worker, issue, report
     )
     if stopped is not None:
         return stopped

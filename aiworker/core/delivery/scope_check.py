@@ -5,33 +5,34 @@ or merge with work done for requirements that no longer stand, or no longer aske
 
 from __future__ import annotations
 
+from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.models import Issue
 from aiworker.contracts.agent import Finding
-from aiworker.core.context import Environment
+from aiworker.core.delivery.plan_approval import pause
 from aiworker.core.evidence.authorisation import PHASE as VALIDATION
 from aiworker.core.intake.authorization import Decision
 from aiworker.core.intake.scope import fingerprint
+from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
 from aiworker.core.report import Report
 from aiworker.core.tasks.repairs import RepairRequest
 from aiworker.core.tasks.states import TaskState as S
-from aiworker.store.engine import Database
-from aiworker.store.models import Task
 from aiworker.store.receipts import receipts_for
 
 REPAIRABLE = ("issue", "feature")
 
 
 def answer_moved_scope(
-    env: Environment, db: Database, task: Task, issue: Issue, report: Report
+    job: Job, worker: ForgejoClient, issue: Issue, report: Report
 ) -> Outcome | None:
     """When ISSUE's requirements are no longer those the work at the task's head was checked
     for, the step ends with a repair (cause `scope`) and the new scope recorded, or sends a
-    plan back to await approval (delivery/plan_approval.py then wants a new one); None when
-    the scope stands."""
+    plan back to await approval (read with WORKER; delivery/plan_approval.py then wants a
+    new one); None when the scope stands."""
+    env, db, task = job.env, job.db, job.task
     scope = fingerprint(issue, env.loaded.config.labels.approved)
     if task.kind == "plan":
-        return _plan_approved_for(task, scope, report)
+        return _plan_approved_for(job, worker, issue, scope, report)
     if task.kind not in REPAIRABLE or not task.head_commit or not task.base_commit:
         return None
     with db.read() as session:
@@ -51,12 +52,16 @@ def answer_moved_scope(
     return Outcome(report, repair=request, reason=why, changes={"scope_fingerprint": scope})
 
 
-def _plan_approved_for(task: Task, scope: str, report: Report) -> Outcome | None:
-    approved = (task.spec or {}).get("approved", {}).get("fingerprint")
+def _plan_approved_for(
+    job: Job, worker: ForgejoClient, issue: Issue, scope: str, report: Report
+) -> Outcome | None:
+    approved = (job.task.spec or {}).get("approved", {}).get("fingerprint")
     if approved is None or approved == scope:
         return None
-    why = "the issue changed after the plan was approved; a writer must approve it again"
-    return Outcome(report, S.AWAITING_PLAN_APPROVAL, why, kind="plan.scope_changed")
+    # Approved again only by a writer who saw the change: after the timeline as it is now.
+    timeline = worker.timeline(job.repo.owner, job.repo.name, issue.number)
+    why = "the issue changed after the plan was approved"
+    return pause(job.env, job.task, scope, timeline, why, report)
 
 
 def paused_if_withdrawn(decision: Decision, report: Report) -> Outcome | None:
