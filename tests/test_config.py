@@ -139,6 +139,31 @@ def test_inline_token_is_refused_without_echo(cli, tmp_path):
     assert CANARY not in result.output
 
 
+@pytest.mark.parametrize("where", ["token_env", "token_file"])
+def test_a_token_pasted_where_its_source_is_named_is_refused_without_echo(cli, tmp_path, where):
+    """A Forgejo token (40 hex digits) pasted as the variable's or the file's name: it
+    was accepted, and `config show` and `doctor` then printed it as that name."""
+    token = "a05db9fe0dbf6537461f88eaeda4e806749641cd"
+    path = tmp_path / "c.toml"
+    path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\n{where} = "{token}"\n')
+    for command, code in ((("config", "validate"), 2), (("config", "show"), 2), (("doctor",), 1)):
+        result = cli("--json", "--config", str(path), *command)
+        assert result.exit_code == code, (command, result)
+        assert f"forge.identities.worker.{where}: looks like a token itself" in result.stdout
+        assert token not in result.output
+    given = cli(
+        "--config",
+        str(tmp_path / "d.toml"),
+        "config",
+        "set",
+        f"forge.identities.worker.{where}",
+        token,
+    )
+    assert given.exit_code == 2, given
+    assert token not in given.output
+    assert not (tmp_path / "d.toml").exists() or token not in (tmp_path / "d.toml").read_text()
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [

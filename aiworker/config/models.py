@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from aiworker.config.database import DEFAULT_LEASE, Controller, Database
 from aiworker.config.defaults import CHECK_INTERVAL, MIN_CHECK_INTERVAL
@@ -21,6 +21,8 @@ PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "s
 ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A Forgejo access token (40 hex digits) or a key of that kind: no variable's or file's name
+_A_TOKEN = re.compile(r"[0-9A-Fa-f]{32,}")
 
 
 class Identity(Strict):
@@ -37,10 +39,17 @@ class Identity(Strict):
             raise ValueError("inline tokens are not accepted; use token_file or token_env")
         return data
 
-    @field_validator("token_env")
+    @field_validator("token_file", "token_env")
     @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
+    def _names_a_token(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A name where the token is kept, not the token itself (which the error, `config
+        show` and `doctor` would then print)."""
+        if value is not None and _A_TOKEN.fullmatch(value):
+            raise ValueError(
+                "looks like a token itself, not where one is kept (the value is not shown): "
+                "put the token in a file or an environment variable and name that here"
+            )
+        if info.field_name == "token_env" and value is not None and not _ENV_NAME.match(value):
             raise ValueError("must be an environment variable name")
         return value
 
