@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from aiworker.config.origins import http_origin
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput, Unavailable
 from aiworker.runtime.listen import is_loopback, parse_listen
@@ -31,10 +32,8 @@ def allowed_hosts(host: str, port: int) -> set[str]:
 
 def public_origin_of(origin: str) -> tuple[str, str]:
     """(origin, host) of the address a reverse proxy serves this under."""
-    parsed = urlsplit(origin)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
-        raise InvalidInput(f"--public-origin {origin!r}: expected https://NAME[:PORT]")
-    return f"{parsed.scheme}://{parsed.netloc}", parsed.netloc
+    checked = http_origin(origin, "--public-origin")
+    return checked, urlsplit(checked).netloc
 
 
 def _bind(listen: str) -> tuple[socket.socket, str, int]:

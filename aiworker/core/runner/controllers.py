@@ -123,14 +123,12 @@ def remote_controller(server: str, timeout_s: float = 10.0) -> RemoteController:
     """The controller at SERVER (http or https, no path), with the token from
     AIWORKER_SERVER_TOKEN, the runner's only credential."""
     import os
-    from urllib.parse import urlsplit
 
+    from aiworker.config.origins import http_origin
     from aiworker.errors import InvalidInput
     from aiworker.secrets import TOKEN, TOKEN_RULE
 
-    parts = urlsplit(server)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-        raise InvalidInput(f"--server {server!r} must be http(s)://HOST[:PORT]", code="bad_server")
+    server = http_origin(server, "--server", code="bad_server")
     token = os.environ.get(TOKEN_VARIABLE, "").strip()
     if not token:
         raise InvalidInput(f"{TOKEN_VARIABLE} is not set: the runner's token is read from it")

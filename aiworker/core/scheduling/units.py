@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiworker.config.origins import http_origin
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.atomic import private_directory, write_private_file
@@ -113,8 +114,8 @@ def install_units(
 ) -> list[Path]:
     if web is not None and not is_loopback(parse_listen(web, "--web")[0]):
         raise InvalidInput(f"--web {web}: the web unit listens on a loopback address only")
-    if runner_server is not None and not re.fullmatch(r"https?://[^\s/]+/?", runner_server):
-        raise InvalidInput(f"--runner-server {runner_server!r} must be http(s)://HOST[:PORT]")
+    if runner_server is not None:
+        runner_server = http_origin(runner_server, "--runner-server")
     places = places or []
     if target.exists() and not target.is_dir():  # refused before anything is made
         raise InvalidInput(f"--dir {target}: exists and is not a directory")
