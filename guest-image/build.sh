@@ -40,7 +40,8 @@ if [[ -n $(ls -A "$OUT") ]]; then
   exit 2
 fi
 rootfs="$OUT/.rootfs"
-trap 'rm -rf "$rootfs" "$OUT/base.raw"' EXIT
+# --one-file-system: a stopped mmdebstrap may leave the host's /proc, /sys or /dev mounted in there
+trap 'rm -rf --one-file-system "$rootfs" "$OUT/base.raw"' EXIT
 export HOST_KEY CLIENT_KEY_PUB LAYERS GUEST_IMAGE_DIR="$here"
 
 include=$(echo $PACKAGES | tr ' ' ',')

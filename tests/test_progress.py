@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +70,73 @@ def test_provision_streams_its_build_log_and_shows_its_stages(
         message = err
     assert f"the image recipe failed (exit 3; its output is in {logs[0]})" in message
     assert "configuring systemd" in message
+
+
+STOPPED_RECIPE = """#!/bin/bash
+mkdir -p "$OUT/.rootfs/dev"
+mount --bind {precious} "$OUT/.rootfs/dev"  # as a root-mode mmdebstrap mounts the host's
+sleep 600 &
+echo $! > {child}
+echo "unpacking the base system"
+wait
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_provision_stopped_by_sigterm_stops_its_build_and_leaves_nothing(
+    upgraded, state_dir, tmp_path
+):
+    """`qemu provision` is stopped (an operator's Ctrl-C on `timeout`, systemd stopping
+    it) while its build runs: the build is stopped with it, not left running unsupervised,
+    and what it made goes (the image's folder, its log, the keys made for it), without
+    descending into what the build left mounted there. In a mount namespace of its own."""
+    recipe, precious, scratch = tmp_path / "recipe", tmp_path / "precious", tmp_path / "tmp"
+    for folder in (recipe, precious, scratch):
+        folder.mkdir()
+    (precious / "null").write_text("the host's own\n")
+    child = tmp_path / "child.pid"
+    (recipe / "build.sh").write_text(STOPPED_RECIPE.format(precious=precious, child=child))
+    argv = [sys.executable, "-m", "aiworker", "--json", "qemu", "provision", "--recipe"]
+    process = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", *argv, str(recipe)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    images = state_dir / "guests" / "images"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list(images.glob(".*.build.log")) if images.is_dir() else []
+            if logs and "unpacking the base system" in logs[0].read_text():
+                break
+            time.sleep(0.1)
+        assert child.exists(), "the build did not start"
+        builder = int(child.read_text())
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, (out, err)
+    assert json.loads(out)["error"]["message"] == "stopped by SIGTERM"
+    assert gone(builder)  # the build's own process is stopped too
+    assert list(images.iterdir()) == []  # no image folder, no build log
+    assert list(scratch.iterdir()) == []  # no keys left behind
+    assert (precious / "null").read_text() == "the host's own\n"
+
+
+def gone(pid: int) -> bool:
+    """PID has ended: no such process, or one ended and not yet reaped by its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[1][0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_a_first_fetch_says_so_in_a_terminal_and_nothing_under_json(

@@ -40,9 +40,11 @@ def provision(
     it booted and answered SSH."""
     inv: Invocation = ctx.obj
     from aiworker.core.guests.provision import provision as run
+    from aiworker.runtime.interrupts import signals_raise
 
     env = inv.environment()
-    with stages_shown(inv.json) as stages:
+    # Stopped (SIGTERM), the build is stopped and what it made removed (then exit 143).
+    with signals_raise(), stages_shown(inv.json) as stages:
         built = run(env, wait_s=wait, recipe=recipe, save_state=saved_state, stages=stages)
     report = built.to_json()
     line = (

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TAIL_LINES = 20
+STOP_GRACE_S = 10.0  # for a stopped build to undo what it did, before it is killed
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,23 @@ def run_logged(
             code = process.wait()
         finally:
             timer.cancel()
-            if process.poll() is None:
-                expire()
-                process.wait()
+            if process.poll() is None:  # stopped itself (a signal): the build stops too
+                _stop(process, expire)
             if process.stdout is not None:
                 process.stdout.close()
     return LoggedRun(None if expired.is_set() else code, "\n".join(last))
+
+
+def _stop(process: subprocess.Popen[bytes], kill: Callable[[], None]) -> None:
+    """SIGTERM to PROCESS's group, so that what it runs can clean up after itself (undo
+    its mounts), then KILL once STOP_GRACE_S have passed."""
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:  # a second signal cuts the grace short, never the kill
+        if process.poll() is None:
+            kill()
+            process.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -25,7 +26,7 @@ from aiworker.core.context import Environment
 from aiworker.core.guests.backends import guest_store, missing_tools
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
-from aiworker.errors import AiworkerError, InvalidInput, Unavailable
+from aiworker.errors import AiworkerError, Interrupted, InvalidInput, Unavailable
 from aiworker.runtime.guests.egress import DecisionLog, EgressPolicy, EgressProxy
 from aiworker.runtime.guests.guest import Guest, StartOptions
 from aiworker.runtime.guests.images import Image, ImageStore
@@ -34,9 +35,12 @@ from aiworker.runtime.guests.machine import MachineSpec
 from aiworker.runtime.guests.probe import choose_accel
 from aiworker.runtime.guests.ssh import GuestShell
 from aiworker.runtime.logged import run_logged
+from aiworker.runtime.mounts import detach_mounts_below
 from aiworker.runtime.processes import which
 
 BUILD_TIMEOUT_S = 3600
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -123,7 +127,7 @@ def _provision(env: Environment, recipe: Path, save_state: bool, stages: Stages)
         stages("recording the image's digests")
         files = _record(image, machine, choice.accel)
     except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
+        _discard(path)
         raise
     previous = store.current()
     store.publish(image)
@@ -141,36 +145,50 @@ def _provision(env: Environment, recipe: Path, save_state: bool, stages: Stages)
     )
 
 
+def _discard(path: Path) -> None:
+    """Remove what a failed or stopped build left in PATH; a file system it left mounted
+    in there (the host's /dev, say) is detached first, never emptied."""
+    stuck = detach_mounts_below(path)
+    if stuck:
+        log.error("not removing %s: %s stay mounted in it", path, ", ".join(map(str, stuck)))
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _build(recipe: Path, path: Path, execution: Any, stages: Stages) -> None:
     keys = Path(tempfile.mkdtemp(prefix="aiworker-keys-"))
     try:
         host_pub = new_key_pair(keys / "host_key", "aiworker-guest")
         new_key_pair(keys / "client_key", "aiworker-control")
-        log = path.parent / f".{path.name}.build.log"
-        stages(f"building the image from {recipe} (its output, as it comes: {log})")
-        done = run_logged(
-            ["bash", str(recipe / "build.sh")],
-            env={
-                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-                "OUT": str(path),
-                "HOST_KEY": str(keys / "host_key"),
-                "CLIENT_KEY_PUB": str(keys / "client_key.pub"),
-                "SUITE": execution.suite,
-                "MIRROR": execution.mirror,
-                "DISK_SIZE": execution.disk_size,
-                "EXTRA_PACKAGES": " ".join(execution.extra_packages),
-                "LANG": "C.UTF-8",
-            },
-            log_path=log,
-            timeout=BUILD_TIMEOUT_S,
-            on_line=lambda line: stages(line, passing=True),
-        )
+        build_log = path.parent / f".{path.name}.build.log"
+        stages(f"building the image from {recipe} (its output, as it comes: {build_log})")
+        try:
+            done = run_logged(
+                ["bash", str(recipe / "build.sh")],
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                    "OUT": str(path),
+                    "HOST_KEY": str(keys / "host_key"),
+                    "CLIENT_KEY_PUB": str(keys / "client_key.pub"),
+                    "SUITE": execution.suite,
+                    "MIRROR": execution.mirror,
+                    "DISK_SIZE": execution.disk_size,
+                    "EXTRA_PACKAGES": " ".join(execution.extra_packages),
+                    "LANG": "C.UTF-8",
+                },
+                log_path=build_log,
+                timeout=BUILD_TIMEOUT_S,
+                on_line=lambda line: stages(line, passing=True),
+            )
+        except Interrupted:  # stopped: nothing names its log
+            build_log.unlink(missing_ok=True)
+            raise
         if not done.ok:
             how = "timed out" if done.exit_code is None else f"exit {done.exit_code}"
             raise AiworkerError(
-                f"the image recipe failed ({how}; its output is in {log}): {done.tail[-600:]}"
+                f"the image recipe failed ({how}; its output is in {build_log}): {done.tail[-600:]}"
             )
-        log.unlink()
+        build_log.unlink()
         (path / "host_key.pub").write_text(host_pub + "\n")
         shutil.move(keys / "client_key", path / "client_key")
         shutil.move(keys / "client_key.pub", path / "client_key.pub")
