@@ -230,6 +230,8 @@ FILE_SYSTEM_REFUSALS = {
     errno.EROFS: (EXIT_INVALID, "the file system is mounted read-only; use another --state-dir"),
     errno.EACCES: (EXIT_INVALID, "this user may not write there; fix its owner or mode"),
     errno.EPERM: (EXIT_INVALID, "this user may not change it; fix its owner or mode"),
+    errno.ENAMETOOLONG: (EXIT_INVALID, "a name in it is longer than the file system allows"),
+    errno.ENOTDIR: (EXIT_INVALID, "a part of it is a file, not a directory"),
     errno.ENOSPC: (EXIT_UNAVAILABLE, "the disk is full; free space and try again"),
     errno.EDQUOT: (EXIT_UNAVAILABLE, "the quota is used up; free space and try again"),
 }

@@ -255,3 +255,32 @@ def test_a_scheduler_state_of_another_shape_stops_new_work_until_resumed(cli, up
     assert result.json()["scheduler"]["paused"] is True
     assert cli("scheduler", "resume").exit_code == 0
     assert json.loads((state_dir / "scheduler.json").read_text())["paused"] is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("db", "backup", "--to", "{long}.db"),
+        ("restore", "--from", "{long}"),
+        ("db", "copy", "--to", "sqlite:///{long}.db"),
+        ("sandbox", "seed", "--data", "{file}/data"),
+    ],
+)
+def test_a_path_the_file_system_cannot_hold_is_named_with_exit_2(cli, upgraded, tmp_path, args):
+    """A name longer than the file system takes (255 bytes), or a path through a file: the
+    path is named with what is wrong (it was an unexpected OSError, exit 1)."""
+    long, file = tmp_path / ("a" * 300), tmp_path / "a-file"
+    file.write_text("x\n")
+    argv = [a.format(long=long, file=file) for a in args]
+    if argv[0] == "restore":
+        argv = ["--state-dir", str(tmp_path / "empty"), *argv]
+    result = cli("--json", *argv)
+    assert result.exit_code == 2, result
+    message = result.json()["error"]["message"]
+    assert str(long if "{long}" in " ".join(args) else file) in message
+    assert message.endswith(
+        (
+            "a name in it is longer than the file system allows",
+            "a part of it is a file, not a directory",
+        )
+    )
