@@ -130,6 +130,14 @@ def test_broken_toml_names_the_line(cli, tmp_path):
     assert "line 1" in result.stderr
 
 
+def test_a_byte_order_mark_is_named_not_taken_for_a_bad_statement(cli, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbfshares = 2\n")
+    result = cli("--config", str(path), "config", "validate")
+    assert result.exit_code == 2
+    assert "starts with a UTF-8 byte-order mark" in result.stderr
+
+
 def test_inline_token_is_refused_without_echo(cli, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\ntoken = "{CANARY}"\n')

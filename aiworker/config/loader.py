@@ -43,6 +43,11 @@ def problems_of(error: ValidationError) -> list[str]:
 
 def parse_toml(data: bytes, origin: str) -> dict[str, Any]:
     """The TOML document in DATA; a clear error naming ORIGIN and the line otherwise."""
+    if data.startswith(b"\xef\xbb\xbf"):  # an editor's mark, invisible in it
+        raise ConfigInvalid(
+            f"{origin}: starts with a UTF-8 byte-order mark, which TOML does not allow; "
+            "save it as UTF-8 without one"
+        )
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
