@@ -79,7 +79,7 @@ def test_a_copy_refuses_a_database_in_use_or_running_work(cli, upgraded, postgre
     assert "is not empty" in again.stderr
     bad = cli("db", "copy", "--to", "mysql://somewhere/db")
     assert bad.exit_code == 2
-    assert "--to must be" in bad.stderr
+    assert "--to: must be" in bad.stderr
     db = Database(f"sqlite:///{upgraded}")
     with db.write() as session:
         start_attempt(session, 1, "planning", "script", None, None, {})
@@ -138,8 +138,8 @@ def test_a_sqlite_target_that_keeps_nothing_or_is_no_file_is_refused(cli, upgrad
     folder.mkdir()
     (folder / "notes.txt").write_text("not a database, " * 100)
     for url, said in (
-        ("sqlite:///:memory:", "--to must name a SQLite file"),
-        (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to must name a SQLite file"),
+        ("sqlite:///:memory:", "--to: a SQLite URL names its file by an absolute path"),
+        (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to: a SQLite URL names its file by"),
         (f"sqlite:///{folder}", f"--to {folder}: not a file"),
         (f"sqlite:///{folder / 'notes.txt'}", "--to is not empty (a file that is not a SQLite"),
     ):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from aiworker.core.context import Environment, on_a_read_only_mount
 from aiworker.core.report import Report
 from aiworker.errors import FULL_ERRNOS, InvalidInput, LockHeld, Unavailable
@@ -231,13 +233,12 @@ def _copy_artifacts(
 
 
 def _a_file_to_copy_to(url: str) -> None:
-    """A SQLite --to names a file that keeps what is copied: not :memory:, no query (whose
-    `?` would cut the file's name short), not a directory."""
+    """A SQLite --to (an absolute path with no query, as its settings checked) names a
+    file that keeps what is copied, not a directory."""
     if not is_sqlite(url):
         return
     path = sqlite_path(url)
-    if path is None or "?" in url:
-        raise InvalidInput("--to must name a SQLite file (sqlite:////absolute/path.db)")
+    assert path is not None
     if path.exists() and not path.is_file():
         raise InvalidInput(f"--to {path}: not a file")
 
@@ -278,8 +279,9 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
 
     try:
         DatabaseSettings(url=to_url)
-    except ValueError:
-        raise InvalidInput("--to must be a sqlite:// or postgresql:// URL") from None
+    except ValidationError as exc:  # its words never repeat the URL (a password)
+        why = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise InvalidInput(f"--to: {why}") from None
     if to_url == env.database_url:
         raise InvalidInput("--to names the database in use; name another one")
     _a_file_to_copy_to(to_url)
