@@ -233,6 +233,37 @@ def test_a_non_loopback_address_needs_an_explicit_flag():
     assert malformed.exit_code == 2
 
 
+def test_under_json_serve_says_where_it_listens_in_one_document_once_all_is_bound(upgraded):
+    """A script reads one JSON document saying both addresses; a runner address that is
+    taken is refused before anything was announced, so its error is all that is said."""
+    import json
+    import socket
+
+    argv = [sys.executable, "-m", "aiworker", "--json", "web", "serve", "--listen", "127.0.0.1:0"]
+    process = subprocess.Popen(
+        [*argv, "--runner-listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        said = json.loads(process.stdout.readline())
+        assert said["web"].startswith("http://127.0.0.1:")
+        assert said["runner_api"].startswith("http://127.0.0.1:")
+        assert said["warning"] is None
+        assert requests.get(f"{said['web']}api/v1/session", timeout=10).status_code == 200
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        refused = run_process(*argv[3:], "--runner-listen", f"127.0.0.1:{port}")
+    finally:
+        taken.close()
+    assert refused.exit_code == 75, refused
+    assert list(json.loads(refused.stdout)) == ["error"]  # one document: the refusal
+
+
 def test_providers_are_shown_from_stored_readings_with_their_age(web, upgraded, monkeypatch):
     from datetime import UTC, datetime, timedelta
 

@@ -42,7 +42,8 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve the operator API and page; prints the address it listens on."""
+    """Serve the operator API and page; prints the addresses it listens on once bound (one
+    JSON document with --json: web, runner_api, warning)."""
     from aiworker.web.serve import serve as run
 
     inv: Invocation = ctx.obj
@@ -54,4 +55,5 @@ def serve(
         allow_remote,
         public_origin,
         runner_listen,
+        inv.json,
     )

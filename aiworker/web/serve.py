@@ -8,6 +8,7 @@ so a setting saved from the page or with `config set` shows at once.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -52,6 +53,25 @@ def _bind(listen: str) -> tuple[socket.socket, str, int]:
     return sock, host, sock.getsockname()[1]
 
 
+def _announce(shown: dict[str, str | None], *, remote: bool, json_mode: bool) -> None:
+    """Where it serves, once everything is bound: one JSON document with --json."""
+    warning = (
+        "listening beyond loopback; an authenticated HTTPS reverse proxy must sit in front "
+        "of this server"
+        if remote
+        else None
+    )
+    if json_mode:
+        sys.stdout.write(json.dumps({**shown, "warning": warning}) + "\n")
+    else:
+        sys.stdout.write(f"aiworker web at {shown['web']}\n")
+        if warning:
+            sys.stdout.write(f"warning: {warning}\n")
+        if shown["runner_api"]:
+            sys.stdout.write(f"aiworker runner API at {shown['runner_api']}\n")
+    sys.stdout.flush()
+
+
 def _shown(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
@@ -64,6 +84,7 @@ def serve(
     allow_remote: bool,
     public_origin: str | None = None,
     runner_listen: str | None = None,
+    json_mode: bool = False,
 ) -> None:
     import asyncio
 
@@ -110,18 +131,18 @@ def serve(
         origin, proxied = public_origin_of(public_origin)
         hosts, origins = hosts | {proxied}, origins | {origin}
     servers = [(create_app(environment, hosts, origins), sock)]
-    sys.stdout.write(f"aiworker web at {_shown(host, port)}\n")
-    if not is_loopback(host):
-        sys.stdout.write(
-            "warning: listening beyond loopback; an authenticated HTTPS reverse proxy must "
-            "sit in front of this server\n"
-        )
+    shown = {"web": _shown(host, port), "runner_api": None}
     if runner_listen is not None:
-        # The runner API alone, on its own address (it may face other hosts).
-        runner_sock, runner_host, runner_port = _bind(runner_listen)
+        # The runner API alone, on its own address (it may face other hosts); bound before
+        # anything is announced, so that a refusal is the only thing said.
+        try:
+            runner_sock, runner_host, runner_port = _bind(runner_listen)
+        except BaseException:
+            sock.close()
+            raise
         servers.append((create_runner_app(environment), runner_sock))
-        sys.stdout.write(f"aiworker runner API at {_shown(runner_host, runner_port)}\n")
-    sys.stdout.flush()
+        shown["runner_api"] = _shown(runner_host, runner_port)
+    _announce(shown, remote=not is_loopback(host), json_mode=json_mode)
 
     async def run_all() -> None:
         await asyncio.gather(
