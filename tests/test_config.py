@@ -138,6 +138,16 @@ def test_a_byte_order_mark_is_named_not_taken_for_a_bad_statement(cli, tmp_path)
     assert "starts with a UTF-8 byte-order mark" in result.stderr
 
 
+def test_two_kinds_of_work_given_one_label_are_refused(cli, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[labels]\nplan = "aiworker"\napproved = "aiworker"\n')
+    result = cli("--json", "--config", str(path), "config", "validate")
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["details"] == [
+        "labels: plan and approved are both 'aiworker': name each its own"
+    ]
+
+
 def test_inline_token_is_refused_without_echo(cli, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\ntoken = "{CANARY}"\n')

@@ -232,6 +232,18 @@ class Labels(Strict):
     # A writer applies it to a plan issue to approve the posted plan.
     approved: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-approved"
 
+    @model_validator(mode="after")
+    def _distinct(self) -> Labels:
+        """Each label means one thing: a plan's label that also approved it would approve
+        every plan as it is asked for."""
+        seen: dict[str, str] = {}
+        for key in ("plan", "feature", "simple", "approved"):
+            name = getattr(self, key)
+            if name in seen:
+                raise ValueError(f"{seen[name]} and {key} are both {name!r}: name each its own")
+            seen[name] = key
+        return self
+
 
 class Planning(Strict):
     # The most milestones a plan may propose; a plan with more is not accepted.
