@@ -259,3 +259,11 @@ def test_another_repository_put_at_a_recorded_index_is_refused_not_taken_for_a_r
     assert (owner, name, json.loads(settings)["forge_id"]) == ("team", "app", app_id)
     conn.close()
     assert tasks(polled)[1][1] == "ready"
+
+
+def test_a_phase_run_on_a_task_not_claimed_says_what_the_task_is(forge, polled):
+    """An operator runs a slot phase by hand on a task the tick has not claimed yet."""
+    poll()
+    result = run_process("--json", "implement", "--task", "1", "--slot", "1")
+    assert result.exit_code == 1, result
+    assert result.json()["error"]["message"] == "task 1 is ready, not claimed on slot 1"

@@ -81,7 +81,7 @@ def _load(env: Environment, db: Database, phase: Phase, task_id: int, slot: int 
     assert repo is not None
     on_slot = phase.lock == SLOT
     if task.state not in phase.starts or (on_slot and task.claim_slot != slot):
-        where = f" on slot {task.claim_slot}" if on_slot else ""
+        where = f" on slot {task.claim_slot}" if on_slot and task.claim_slot else ""
         wanted = " or ".join(sorted(phase.starts)) + (f" on slot {slot}" if on_slot else "")
         raise Conflict(f"task {task_id} is {task.state}{where}, not {wanted}")
     if task.kind not in phase.kinds:
