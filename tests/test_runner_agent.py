@@ -457,3 +457,16 @@ def test_a_runner_host_loads_neither_the_store_nor_sqlalchemy_nor_the_phases(
             assert "aiworker.contracts.jsonshape" in loaded
             assert sorted(m for m in loaded if m.startswith("pydantic")) == []
     assert get_job(db, (1, run_job_index)).state == "succeeded"
+
+
+def test_an_attempt_root_that_is_a_file_is_named_with_exit_2(tmp_path):
+    """A runner host's operator points --attempt-root at a file: named (it was an
+    unexpected FileExistsError, exit 1), before the controller is asked for anything."""
+    file = tmp_path / "attempts"
+    file.write_text("x\n")
+    argv = runner_argv("serve", "--server", "http://127.0.0.1:9", "--worker-id", "r1", "--once")
+    done = run([*argv, "--attempt-root", str(file)])
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    message = json.loads(done.stdout)["error"]["message"]
+    assert message == f"--attempt-root {file}: exists and is not a directory"
+    assert file.read_text() == "x\n"

@@ -34,7 +34,7 @@ from aiworker.core.runner.agent import (
     select_contract,
 )
 from aiworker.core.runner.controllers import Controller
-from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, LockHeld
+from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, InvalidInput, LockHeld
 from aiworker.runtime.attempts import ensure_private_root
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import keep_memory_private
@@ -91,7 +91,12 @@ class Signals:
 
 def lock_attempt_root(root: Path) -> FileLock:
     """An exclusive lock on ROOT: one serving runner per attempt root."""
-    ensure_private_root(root)
+    try:
+        ensure_private_root(root)
+    except FileExistsError:
+        raise InvalidInput(f"--attempt-root {root}: exists and is not a directory") from None
+    except OSError as exc:  # not a directory, another user's, not creatable
+        raise InvalidInput(f"--attempt-root {root}: {exc.strerror or exc}") from None
     lock = FileLock(root / ".runner.lock", description="a runner serving this attempt root")
     if not lock.try_acquire():
         raise LockHeld(f"another runner serves the attempt root {root} (pid {lock.holder_pid()})")
