@@ -264,6 +264,8 @@ def test_a_scheduler_state_of_another_shape_stops_new_work_until_resumed(cli, up
         ("restore", "--from", "{long}"),
         ("db", "copy", "--to", "sqlite:///{long}.db"),
         ("sandbox", "seed", "--data", "{file}/data"),
+        ("sandbox", "seed", "--data", "{file}"),
+        ("sandbox", "serve", "--data", "{file}", "--port", "0"),
     ],
 )
 def test_a_path_the_file_system_cannot_hold_is_named_with_exit_2(cli, upgraded, tmp_path, args):
@@ -282,5 +284,6 @@ def test_a_path_the_file_system_cannot_hold_is_named_with_exit_2(cli, upgraded, 
         (
             "a name in it is longer than the file system allows",
             "a part of it is a file, not a directory",
+            "exists and is not a directory",
         )
     )

@@ -14,6 +14,8 @@ from aiworker.errors import InvalidInput
 def serve_forge(data: Path, host: str, port: int, announce: Callable[[str], None]) -> None:
     from aiworker.sandbox.server import make_server
 
+    if data.exists() and not data.is_dir():  # else said as a failure to listen
+        raise InvalidInput(f"--data {data}: exists and is not a directory")
     try:
         server, app = make_server(data.absolute(), host, port)
     except ValueError as exc:
