@@ -148,6 +148,15 @@ def test_two_kinds_of_work_given_one_label_are_refused(cli, tmp_path):
     ]
 
 
+@pytest.mark.parametrize("where", ["token_env", "token_file"])
+def test_an_empty_token_source_is_refused(cli, tmp_path, where):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\n{where} = " "\n')
+    result = cli("--json", "--config", str(path), "config", "validate")
+    assert result.exit_code == 2, result
+    assert f"forge.identities.worker.{where}: is empty" in result.stdout
+
+
 def test_inline_token_is_refused_without_echo(cli, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(f'[forge]\nurl = "http://f"\n[forge.identities.worker]\ntoken = "{CANARY}"\n')

@@ -44,6 +44,8 @@ class Identity(Strict):
     def _names_a_token(cls, value: str | None, info: ValidationInfo) -> str | None:
         """A name where the token is kept, not the token itself (which the error, `config
         show` and `doctor` would then print)."""
+        if value is not None and not value.strip():
+            raise ValueError("is empty: name the file or the environment variable")
         if value is not None and _A_TOKEN.fullmatch(value):
             raise ValueError(
                 "looks like a token itself, not where one is kept (the value is not shown): "
