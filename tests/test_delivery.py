@@ -387,8 +387,10 @@ def test_a_ci_run_that_cannot_finish_shows_the_forge_no_controller_path(
     shutil.rmtree(state_dir / "snapshots", ignore_errors=True)
     (state_dir / "snapshots").write_text("not a folder\n")
     failed = run_process("--json", "ci", "--task", str(task))
-    assert failed.exit_code == 1, failed
-    assert str(state_dir) in failed.json()["error"]["message"]  # the operator is told
+    assert failed.exit_code == 2, failed  # the operator's to mend
+    message = failed.json()["error"]["message"]  # the operator is told where
+    assert message.endswith("Not a directory; a part of it is a file, not a directory")
+    assert str(state_dir) in message
     [status] = forge.client("worker-bot").combined_status("team", "app", head).statuses
     assert status.status == "error"
     assert status.description.startswith("aiworker could not finish ./ci/run: "), status

@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.config.defaults import CONFIG_MAX_BYTES
-from aiworker.config.models import Config, Identity
+from aiworker.config.identities import Identity
+from aiworker.config.models import Config
 from aiworker.errors import ConfigInvalid, key_path, short_of
 from aiworker.secrets import TOKEN, register_secret, url_passwords
 

@@ -7,8 +7,8 @@ from functools import cached_property
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeError
+from aiworker.config.identities import Identity
 from aiworker.config.loader import LoadedConfig, read_token, token_source
-from aiworker.config.models import Identity
 from aiworker.errors import ConfigInvalid
 
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeError, ForgeTokenScope
+from aiworker.config.identities import Identity
 from aiworker.config.loader import read_token, token_source
-from aiworker.config.models import Identity
 from aiworker.core.context import Environment
 from aiworker.core.health import Check
 from aiworker.core.maintenance.access import BOTS, WRITE, permission_of

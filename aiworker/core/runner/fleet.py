@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.adapters import runner_api
+from aiworker.config.identities import Identity
 from aiworker.config.loader import LoadedConfig, read_token, token_path
-from aiworker.config.models import Identity
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult, RunnerError
 from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import artifact_files
