@@ -130,6 +130,48 @@ def test_a_provision_stopped_by_sigterm_stops_its_build_and_leaves_nothing(
     assert (precious / "null").read_text() == "the host's own\n"
 
 
+DETACH = """
+import os, subprocess, sys
+from pathlib import Path
+from aiworker.runtime.mounts import detach_mounts_below
+host, image = Path(sys.argv[1]), Path(sys.argv[2])
+def mount(*args):
+    subprocess.run(["mount", *args], check=True)
+mount("-t", "tmpfs", "none", str(host))
+mount("--make-shared", str(host))
+(host / "pts").mkdir()
+mount("-t", "tmpfs", "none", str(host / "pts"))
+(host / "pts" / "0").write_text("the host's own")
+dev = image / ".rootfs" / "dev"
+dev.mkdir(parents=True)
+mount("--rbind", str(host), str(dev))  # as a build binds the host's /dev or /sys
+assert os.path.ismount(dev / "pts")
+print(detach_mounts_below(image), os.path.ismount(host / "pts"), (host / "pts" / "0").exists())
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_what_a_build_left_mounted_is_detached_without_unmounting_the_hosts(tmp_path):
+    """A build's recursive bind of a shared tree of the host (its /dev with /dev/pts) is
+    detached from the image folder, and the host's own mounts stay. In a mount namespace
+    of its own."""
+    host, image = tmp_path / "host", tmp_path / "image"
+    host.mkdir()
+    image.mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", DETACH]
+        + [str(host), str(image)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "True", "True"]
+
+
 def gone(pid: int) -> bool:
     """PID has ended: no such process, or one ended and not yet reaped by its parent."""
     try:

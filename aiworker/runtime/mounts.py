@@ -33,7 +33,14 @@ def mounts_below(root: Path) -> list[Path]:
 
 def detach_mounts_below(root: Path) -> list[Path]:
     """Detach (lazily: at once, whatever still uses them) every mount at or under ROOT;
-    the mount points that stay (they could not be detached)."""
-    for point in mounts_below(root):
-        run_command(["umount", "--lazy", str(point)], timeout=30)
+    the mount points that stay (they could not be detached).
+
+    Each is made a slave first: a recursive bind of a shared tree (the host's /sys, /dev)
+    is a peer of the host's mounts, and unmounting a peer would unmount the host's too."""
+    points = mounts_below(root)
+    tops = [p for p in points if not any(q in p.parents for q in points)]
+    for top in tops:
+        run_command(["mount", "--make-rslave", str(top)], timeout=30)
+    for top in tops:
+        run_command(["umount", "--recursive", "--lazy", str(top)], timeout=30)
     return mounts_below(root)
