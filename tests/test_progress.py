@@ -160,9 +160,9 @@ def test_what_a_build_left_mounted_is_detached_without_unmounting_the_hosts(tmp_
     host, image = tmp_path / "host", tmp_path / "image"
     host.mkdir()
     image.mkdir()
+    argv = [sys.executable, "-c", DETACH, str(host), str(image)]
     done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", DETACH]
-        + [str(host), str(image)],
+        ["unshare", "--mount", "--propagation", "private", *argv],
         capture_output=True,
         text=True,
         timeout=60,
