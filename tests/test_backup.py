@@ -232,3 +232,32 @@ def test_postgresql_backup_of_a_stopped_server_fails_and_keeps_nothing(
     assert "PostgreSQL at 127.0.0.1:1/" in result.stderr
     assert "refuses connections" in result.stderr
     assert list(tmp_path.glob("*dump*")) == []
+
+
+def test_a_still_copy_during_which_the_database_changed_is_refused(upgraded, tmp_path, monkeypatch):
+    """The read-only mount a backup sees may be another mount of a disk a controller still
+    writes: a commit landing while the files are copied makes them two states, and the
+    copy is refused, leaving nothing (here the commit is made right after the database
+    file is copied, through a connection of its own)."""
+    from aiworker.errors import InvalidInput
+    from aiworker.store import backup
+
+    writer = sqlite3.connect(upgraded, isolation_level=None)
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("INSERT INTO events (kind, data, created_at) VALUES ('a', '{}', 0)")
+    copy = shutil.copyfile
+
+    def copy_then_commit(source, target):
+        copied = copy(source, target)
+        writer.execute("INSERT INTO events (kind, data, created_at) VALUES ('b', '{}', 0)")
+        return copied
+
+    monkeypatch.setattr(backup.shutil, "copyfile", copy_then_commit)
+    target = tmp_path / "out" / "backup.db"
+    target.parent.mkdir()
+    try:
+        with pytest.raises(InvalidInput, match="changed while it was copied"):
+            backup.backup_still_sqlite(upgraded, target)
+    finally:
+        writer.close()
+    assert list(target.parent.iterdir()) == []

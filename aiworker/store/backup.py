@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -66,16 +67,24 @@ def _backup_sqlite(source: Path, target: Path) -> int:
 
 def backup_still_sqlite(source: Path, target: Path) -> int:
     """Copy SOURCE, on a file system mounted read-only, to TARGET (which must not exist)
-    as one file; its size. Nothing can write the database there, so its files as they lie
-    are one consistent state: the database and its write-ahead log are copied as they are
-    and the log's commits are folded into the copy (SQLite cannot open the database in
-    place: it would make its shared-memory file beside it)."""
+    as one file; its size. Nothing can write the database through this mount, so its
+    files as they lie are one consistent state: the database and its write-ahead log are
+    copied as they are and the log's commits are folded into the copy (SQLite cannot open
+    the database in place: it would make its shared-memory file beside it). Another,
+    writable mount of the same disk may still write it: a copy during which either file
+    changed is refused."""
+    wal = Path(f"{source}-wal")
+    before = _looks(source, wal)
     with new_file(target, owned=True) as tmp:
         try:
-            shutil.copyfile(source, tmp)
-            wal = Path(f"{source}-wal")
+            shutil.copyfile(source, tmp)  # into new_file's 0600 file
             if wal.exists():
-                shutil.copyfile(wal, f"{tmp}-wal")
+                _copy_private(wal, Path(f"{tmp}-wal"))
+            if _looks(source, wal) != before:
+                raise InvalidInput(
+                    f"{source} changed while it was copied, though this mount of it is "
+                    "read-only: it is written through another; back it up there"
+                )
             dst = sqlite3.connect(tmp)
             try:
                 dst.execute("PRAGMA locking_mode = EXCLUSIVE")  # no shared-memory file
@@ -88,6 +97,26 @@ def backup_still_sqlite(source: Path, target: Path) -> int:
             for companion in COMPANIONS:
                 Path(f"{tmp}{companion}").unlink(missing_ok=True)
     return target.stat().st_size
+
+
+def _looks(*paths: Path) -> list[tuple[int, int] | None]:
+    """Each file's size and modification time (None: absent)."""
+    found: list[tuple[int, int] | None] = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            found.append(None)
+        else:
+            found.append((info.st_size, info.st_mtime_ns))
+    return found
+
+
+def _copy_private(source: Path, target: Path) -> None:
+    """SOURCE's bytes into TARGET, made 0600 (never readable by others meanwhile)."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with open(source, "rb") as reader, os.fdopen(fd, "wb") as writer:
+        shutil.copyfileobj(reader, writer)
 
 
 def snapshot_digests(snapshot: Path) -> set[str]:
