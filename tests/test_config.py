@@ -199,9 +199,8 @@ def test_a_token_pasted_where_its_source_is_named_is_refused_without_echo(cli, t
         (f"postgresql://u:{CANARY}@h:notaport/db", "not a well-formed PostgreSQL URL"),
         (f"postgresql://u:{CANARY}@[::1:5432/db", "not a well-formed PostgreSQL URL"),
         ("sqlite://relative.db", "sqlite:///PATH (three slashes)"),
-        ("sqlite:///relative.db", "by an absolute path, with no query"),
-        ("sqlite:///:memory:", "by an absolute path, with no query"),
-        ("sqlite:////var/lib/aiworker/a.db?mode=ro", "by an absolute path, with no query"),
+        ("sqlite:///relative.db", "names its file by an absolute path"),
+        ("sqlite:///:memory:", "names its file by an absolute path"),
         # The driver splits at the first '@' (half the password would be named as the
         # host); a space would end the URL where text is masked.
         (f"postgresql://u:{CANARY}@half@h/db", "percent-encode them (%40, %20)"),

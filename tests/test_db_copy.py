@@ -139,7 +139,8 @@ def test_a_sqlite_target_that_keeps_nothing_or_is_no_file_is_refused(cli, upgrad
     (folder / "notes.txt").write_text("not a database, " * 100)
     for url, said in (
         ("sqlite:///:memory:", "--to: a SQLite URL names its file by an absolute path"),
-        (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to: a SQLite URL names its file by"),
+        (f"sqlite:///{tmp_path / 'x?mode=rw'}", "--to must name a SQLite file"),
+        (f"sqlite+pysqlite:///{tmp_path / 'x?mode=rw'}", "--to must name a SQLite file"),
         (f"sqlite:///{folder}", f"--to {folder}: not a file"),
         (f"sqlite:///{folder / 'notes.txt'}", "--to is not empty (a file that is not a SQLite"),
     ):
@@ -150,6 +151,9 @@ def test_a_sqlite_target_that_keeps_nothing_or_is_no_file_is_refused(cli, upgrad
     copied = tmp_path / "new" / "copy.db"
     assert cli("db", "copy", "--to", f"sqlite:///{copied}").exit_code == 0
     assert copied.stat().st_mode & 0o777 == 0o600
+    spelled = tmp_path / "new" / "spelled.db"  # the driver named: a SQLite file all the same
+    assert cli("db", "copy", "--to", f"sqlite+pysqlite:///{spelled}").exit_code == 0
+    assert spelled.stat().st_mode & 0o777 == 0o600
 
 
 def test_a_postgresql_store_copies_back_to_sqlite_from_one_snapshot(

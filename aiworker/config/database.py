@@ -27,11 +27,11 @@ class Database(Strict):
             if not re.match(r"^sqlite(\+pysqlite)?:///.", value):
                 raise ValueError("a SQLite URL names its file: sqlite:///PATH (three slashes)")
             path = value.split(":///", 1)[1]
-            if not path.startswith("/") or "?" in path or ":memory:" in path:
+            if not path.startswith("/"):
                 # A relative path is read from wherever the command runs (a unit, cron):
                 # another file each time; one in memory keeps nothing.
                 raise ValueError(
-                    "a SQLite URL names its file by an absolute path, with no query: "
+                    "a SQLite URL names its file by an absolute path: "
                     "sqlite:////ABSOLUTE/PATH (four slashes)"
                 )
             return value

@@ -61,10 +61,11 @@ def is_postgresql(url: str) -> bool:
 
 
 def sqlite_path(url: str) -> Path | None:
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or url == prefix or ":memory:" in url:
-        return None
-    return Path(url[len(prefix) :].split("?", 1)[0])
+    """The file a SQLite URL (either spelling of its driver) names; None for another URL."""
+    for prefix in ("sqlite:///", "sqlite+pysqlite:///"):
+        if url.startswith(prefix) and url != prefix and ":memory:" not in url:
+            return Path(url[len(prefix) :].split("?", 1)[0])
+    return None
 
 
 def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:

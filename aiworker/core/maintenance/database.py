@@ -233,12 +233,14 @@ def _copy_artifacts(
 
 
 def _a_file_to_copy_to(url: str) -> None:
-    """A SQLite --to (an absolute path with no query, as its settings checked) names a
-    file that keeps what is copied, not a directory."""
+    """A SQLite --to (an absolute path, as its settings checked) names a file that keeps
+    what is copied: no query (whose `?` would cut the file's name short), not a
+    directory."""
     if not is_sqlite(url):
         return
     path = sqlite_path(url)
-    assert path is not None
+    if path is None or "?" in url:
+        raise InvalidInput("--to must name a SQLite file (sqlite:////absolute/path.db)")
     if path.exists() and not path.is_file():
         raise InvalidInput(f"--to {path}: not a file")
 
