@@ -19,6 +19,10 @@ BAD = [
     ("ftp://127.0.0.1", "must be http(s)://HOST[:PORT]"),
     ("http://127.0.0.1:8080/path", "with no path or query"),
     (f"http://runner:{CANARY}@127.0.0.1:8080", "must not carry a user name or password"),
+    (f"https://runner:{CANARY}/x@127.0.0.1", "must not carry a user name or password"),
+    (f"https://{CANARY}/x@127.0.0.1/", "must not carry a user name or password"),
+    ("http://127.0.0.1 --foo", "must be http(s)://HOST[:PORT]"),
+    ("http://127.0.0.1:", "must be http(s)://HOST[:PORT]"),
 ]
 
 

@@ -16,15 +16,17 @@ def http_origin(value: str, what: str, code: str | None = None) -> str:
     """VALUE as `scheme://host[:port]` (a trailing slash dropped); InvalidInput naming
     WHAT (with CODE, if given) for anything else: another scheme, a path, a query or a
     fragment, credentials, a port that is no number in 1..65535, or a malformed URL."""
+    if "@" in value:  # wherever a parser would put it, a credential may be in there
+        raise InvalidInput(
+            f"{what} must not carry a user name or password (the value is not shown): "
+            "name only http(s)://HOST[:PORT]",
+            code=code,
+        )
     expected = f"{what} {value!r} must be http(s)://HOST[:PORT]"
+    if any(c.isspace() for c in value) or value.rstrip("/").endswith(":"):
+        raise InvalidInput(expected, code=code)
     try:
         parts = urlsplit(value)
-        if "@" in parts.netloc:
-            raise InvalidInput(
-                f"{what} must not carry a user name or password (the value is not shown): "
-                "name only http(s)://HOST[:PORT]",
-                code=code,
-            )
         port = parts.port
     except ValueError as exc:
         raise InvalidInput(
