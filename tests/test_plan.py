@@ -259,6 +259,8 @@ def test_a_plan_whose_issue_changed_after_its_review_is_approved_again_before_it
     # the change counts, before any other step looked (they need not approve twice).
     [told] = comments(forge, "worker-bot")[said:]
     assert told.startswith("The plan is paused: the issue changed after the plan was approved.")
+    sent_back = "select actor from events where to_state = 'awaiting_plan_approval'"
+    assert query(upgraded, sent_back)[-1] == ("merge",)  # the step that saw the change
     forge.client("alice").create_comment("team", "app", 1, "/aiworker approve")
     for _ in range(3):
         if step(cli)["state"] == "implemented":

@@ -91,6 +91,7 @@ def pause(
     timeline: list[TimelineComment],
     why: str,
     report: Report,
+    actor: str = "plan",
 ) -> Outcome:
     """Back to awaiting approval for SCOPE, the issue's requirements as TIMELINE shows them
     now: nothing new starts until a writer approves again, and only an approval given
@@ -104,7 +105,7 @@ def pause(
         S.AWAITING_PLAN_APPROVAL,
         why,
         {"spec": spec},
-        actor="plan",
+        actor=actor,
         scoped=True,
         writes=lambda session: hold_milestones(session, task.id, why),
         comment=(

@@ -61,7 +61,7 @@ def _plan_approved_for(
     # Approved again only by a writer who saw the change: after the timeline as it is now.
     timeline = worker.timeline(job.repo.owner, job.repo.name, issue.number)
     why = "the issue changed after the plan was approved"
-    return pause(job.env, job.task, scope, timeline, why, report)
+    return pause(job.env, job.task, scope, timeline, why, report, actor=job.phase.command)
 
 
 def paused_if_withdrawn(decision: Decision, report: Report) -> Outcome | None:
