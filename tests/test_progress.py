@@ -73,6 +73,8 @@ def test_provision_streams_its_build_log_and_shows_its_stages(
 
 
 STOPPED_RECIPE = """#!/bin/bash
+# Stopped, it cleans up and says much while it does (more than a pipe holds).
+trap 'head -c 300000 /dev/zero | tr "\\0" x; echo; touch {cleaned}; exit 1' TERM
 mkdir -p "$OUT/.rootfs/dev"
 mount --bind {precious} "$OUT/.rootfs/dev"  # as a root-mode mmdebstrap mounts the host's
 sleep 600 &
@@ -97,7 +99,9 @@ def test_a_provision_stopped_by_sigterm_stops_its_build_and_leaves_nothing(
         folder.mkdir()
     (precious / "null").write_text("the host's own\n")
     child = tmp_path / "child.pid"
-    (recipe / "build.sh").write_text(STOPPED_RECIPE.format(precious=precious, child=child))
+    cleaned = tmp_path / "cleaned"
+    script = STOPPED_RECIPE.format(precious=precious, child=child, cleaned=cleaned)
+    (recipe / "build.sh").write_text(script)
     argv = [sys.executable, "-m", "aiworker", "--json", "qemu", "provision", "--recipe"]
     process = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", *argv, str(recipe)],
@@ -125,6 +129,7 @@ def test_a_provision_stopped_by_sigterm_stops_its_build_and_leaves_nothing(
     assert process.returncode == 143, (out, err)
     assert json.loads(out)["error"]["message"] == "stopped by SIGTERM"
     assert gone(builder)  # the build's own process is stopped too
+    assert cleaned.exists()  # its clean-up ran to its end, not cut off by a full pipe
     assert list(images.iterdir()) == []  # no image folder, no build log
     assert list(scratch.iterdir()) == []  # no keys left behind
     assert (precious / "null").read_text() == "the host's own\n"

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 TAIL_LINES = 20
 STOP_GRACE_S = 10.0  # for a stopped build to undo what it did, before it is killed
@@ -72,15 +73,24 @@ def run_logged(
         finally:
             timer.cancel()
             if process.poll() is None:  # stopped itself (a signal): the build stops too
-                _stop(process, expire)
+                _stop(process, expire, log)
             if process.stdout is not None:
                 process.stdout.close()
     return LoggedRun(None if expired.is_set() else code, "\n".join(last))
 
 
-def _stop(process: subprocess.Popen[bytes], kill: Callable[[], None]) -> None:
+def _stop(process: subprocess.Popen[bytes], kill: Callable[[], None], log: BinaryIO) -> None:
     """SIGTERM to PROCESS's group, so that what it runs can clean up after itself (undo
-    its mounts), then KILL once STOP_GRACE_S have passed."""
+    its mounts), then KILL once STOP_GRACE_S have passed. What it prints meanwhile goes
+    on to LOG: a clean-up never waits on a full pipe."""
+
+    def drain() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in process.stdout or ():
+                log.write(raw)
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
     try:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -91,3 +101,4 @@ def _stop(process: subprocess.Popen[bytes], kill: Callable[[], None]) -> None:
         if process.poll() is None:
             kill()
             process.wait()
+        drainer.join(timeout=5)  # the pipe's end, once whatever held it open ended
