@@ -655,3 +655,19 @@ def test_opening_the_store_again_keeps_its_open_connection_safe(upgraded, state_
         connection.close()
     assert rows == (51,)
     assert title == ("by the other",)
+
+
+def test_a_new_store_is_private_from_the_start(cli, state_dir, monkeypatch):
+    """Made under a umask that lets others read (022): the database and its journal files
+    are 0600 all the same, so a copy of the state directory keeps them private."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert cli("db", "upgrade").exit_code == 0
+        assert cli("status").exit_code == 0
+    finally:
+        os.umask(old)
+    made = sorted(state_dir.glob("aiworker.db*"))
+    assert made, "no database"
+    assert {p.name: p.stat().st_mode & 0o777 for p in made} == {p.name: 0o600 for p in made}

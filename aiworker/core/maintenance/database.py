@@ -52,6 +52,7 @@ def upgrade_database(env: Environment) -> RevisionReport:
     """Create the store, or migrate it: a migration holds maintenance.lock and runs only
     while no work runs (a job of the old version would write into the new schema)."""
     db = env.open_database(require_current=False)
+    _made_private(env.database_url)  # a new store: 0600 from its first byte
     with contextlib.ExitStack() as held:
         held.callback(db.dispose)
         if current_revision(db) not in (None, HEAD_REVISION):
