@@ -470,3 +470,11 @@ def test_an_attempt_root_that_is_a_file_is_named_with_exit_2(tmp_path):
     message = json.loads(done.stdout)["error"]["message"]
     assert message == f"--attempt-root {file}: exists and is not a directory"
     assert file.read_text() == "x\n"
+
+
+def test_a_source_root_that_is_no_directory_is_named_with_exit_2(tmp_path):
+    argv = runner_argv("serve", "--server", "http://127.0.0.1:9", "--worker-id", "r1", "--once")
+    done = run([*argv, "--source-root", str(tmp_path / "missing")])
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    message = json.loads(done.stdout)["error"]["message"]
+    assert message == f"--source-root {tmp_path / 'missing'}: no such directory"

@@ -78,6 +78,8 @@ def agent_options(
     refused here."""
     if not re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", worker_id):
         raise InvalidInput(f"--worker-id {worker_id!r}: up to 128 of A-Z a-z 0-9 . _ : -")
+    if not roots[0].is_dir():  # else every local job it took would fail, one by one
+        raise InvalidInput(f"--source-root {roots[0]}: no such directory")
     settings = RunnerSettings(
         source_root=roots[0].absolute(),
         attempt_root=(roots[1] or default_attempt_root()).absolute(),
