@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -215,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         # Usage errors from the vendored click: bad options, missing arguments.
         format_message = getattr(exc, "format_message", None)
         message = format_message() if format_message else str(exc)
+        if re.fullmatch(r"No such option: -[0-9][0-9.]*", message):
+            message += (
+                f" ({message.rsplit(' ', 1)[1]} is a negative number, read as an option; "
+                "a value that starts with '-' goes after `--`)"
+            )
         emit_error(json_mode, "usage", message)
         return int(getattr(exc, "exit_code", 2))
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C; SIGTERM where it unwinds

@@ -230,3 +230,12 @@ def test_operators_mistakes_are_named_with_exit_2_and_change_nothing(cli, upgrad
     assert not (tmp_path / "units").exists()
     assert cli("--json", "--version").json() == {"version": aiworker.__version__}
     assert cli("--version").stdout == f"aiworker {aiworker.__version__}\n"
+
+
+def test_a_negative_number_read_as_an_option_is_said_to_be_one(cli):
+    result = cli("--json", "task", "show", "-1")
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["message"] == (
+        "No such option: -1 (-1 is a negative number, read as an option; a value that "
+        "starts with '-' goes after `--`)"
+    )
