@@ -129,8 +129,8 @@ def backup_database(env: Environment, target: Path, artifacts: Path | None = Non
         return _dump_server(env, target, artifacts)
     if not source.is_file():
         raise InvalidInput(f"no database at {source}; run `aiworker db upgrade` first")
-    # On a file system mounted read-only nothing runs or writes, and no lock can be taken:
-    # the files as they lie are the snapshot.
+    # On a file system mounted read-only no lock can be taken and nothing writes through
+    # this mount: the files as they lie are the snapshot (refused if they change meanwhile).
     still = on_a_read_only_mount(source.parent)
     revision = None if still else database_revision(env).current
     maintenance, retention = env.locks.lock("maintenance"), env.locks.lock("retention")
