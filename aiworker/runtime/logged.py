@@ -72,7 +72,7 @@ def run_logged(
             code = process.wait()
         finally:
             timer.cancel()
-            if process.poll() is None:  # stopped itself (a signal): the build stops too
+            if process.poll() is None:  # this process was stopped (a signal): the build too
                 _stop(process, expire, log)
             if process.stdout is not None:
                 process.stdout.close()
