@@ -312,6 +312,37 @@ def test_a_base_that_moved_into_a_conflict_after_approval_is_repaired_not_retrie
     assert show_file(forge, "main", "calc.py") == resolved
 
 
+def test_a_conflict_repair_the_merge_step_asked_for_is_taken_up_at_once(
+    forge, claimed, upgraded, tmp_path
+):
+    """Started by the tick (AIWORKER_FOLLOW_UP=1), the merge step that sent the task to a
+    conflict repair asks for a check at once, as every step that made progress does: the
+    repair, and the delivery after it, follow without waiting for the timer."""
+    import time
+
+    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
+    task = claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_OK,
+            "repair": {"edits": {"calc.py": resolved}, "result": result_doc()},
+        },
+    )
+    assert run_process("--json", "implement", "--task", str(task), "--slot", "1").exit_code == 0
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "approved", reports["review"]
+    move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    merged = run_process("--json", "merge", "--task", str(task), env={"AIWORKER_FOLLOW_UP": "1"})
+    assert merged.json()["state"] == "repairing", merged
+    deadline = time.monotonic() + 300
+    while query(upgraded, "select state from tasks") != [("done",)]:
+        assert time.monotonic() < deadline, query(upgraded, "select state from tasks")
+        time.sleep(0.5)
+    assert show_file(forge, "main", "calc.py") == resolved
+
+
 def test_a_base_that_moved_cleanly_after_approval_is_merged_as_reviewed(
     forge, claimed, upgraded, tmp_path
 ):

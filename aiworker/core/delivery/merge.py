@@ -132,8 +132,7 @@ def merge(job: Job) -> Outcome:
         stopped = paused_if_withdrawn(decision, report) or answer_moved_scope(
             job, access.required("worker"), issue, report
         )
-        if stopped is not None:
-            stopped.follow_up = False
+        if stopped is not None:  # a repair is claimed at once; a pause asks for no check
             return stopped.ended("succeeded", f"not merged: {stopped.reason}")
         target, tip = _not_against_a_person(access, job, issue, pull)
         if tip != task.base_commit:
@@ -142,7 +141,6 @@ def merge(job: Job) -> Outcome:
             moved = merge_moved_base(job, access.required("worker"), tip, target, report)
             if isinstance(moved, Outcome):
                 refuse_a_broken_base(job, tip, target)
-                moved.follow_up = False
                 return moved.ended("succeeded", f"not merged: {moved.reason}")
         reasons = _refusals(db, access, job, issue)
         if reasons:
