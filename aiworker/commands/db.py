@@ -62,7 +62,7 @@ def backup(
     """Write a consistent snapshot of the live database to a new 0600 file, and with
     --with-artifacts the artifact store's payloads it names, for `aiworker restore`. On
     PostgreSQL the snapshot is pg_dump's custom format, checked with `pg_restore --list`."""
-    from aiworker.core.maintenance.database import backup_database
+    from aiworker.core.maintenance.backup import backup_database
     from aiworker.runtime.interrupts import signals_raise
 
     inv: Invocation = ctx.obj

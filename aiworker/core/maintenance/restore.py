@@ -24,7 +24,7 @@ from typing import Any
 
 from aiworker.core.context import RESTORING, Environment
 from aiworker.core.evidence.artifacts import artifact_files, copy_payloads
-from aiworker.core.maintenance.database import MANIFEST
+from aiworker.core.maintenance.backup import MANIFEST
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput
 from aiworker.runtime.artifact_files import ArtifactFiles
