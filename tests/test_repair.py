@@ -52,6 +52,37 @@ def is_ancestor(forge, ancestor, commit):
     return git("--git-dir", str(bare), "merge-base", "--is-ancestor", ancestor, commit, check=False)
 
 
+RESOLVED = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
+CONFLICTING = "def add(a, b):\n    return b + a + 0\n"  # main's calc.py, against FIX
+
+
+def resolving_a_conflict(claimed, **repair):
+    """A task whose repair episode resolves calc.py (REPAIR: more of the episode's script)."""
+    return claimed(
+        SCRIPT_ONLY,
+        edits={"calc.py": FIX},
+        result=result_doc(),
+        phases={
+            "review": REVIEW_OK,
+            "repair": {
+                "edits": {"calc.py": RESOLVED},
+                "result": result_doc(summary="Resolved the conflict in calc.py"),
+                **repair,
+            },
+        },
+    )
+
+
+def approved_then_conflicting(forge, tmp_path, task):
+    """TASK implemented, published, CI'd and approved; then a conflicting change lands on
+    main. (the implemented head, the PR, main's new head)"""
+    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
+    reports = deliver_until(task, "publish", "ci", "review")
+    assert reports["review"].json()["state"] == "approved", reports["review"]
+    base = move_main(forge, tmp_path, "calc.py", CONFLICTING)
+    return first, reports["publish"].json()["pr"], base
+
+
 def test_requested_changes_are_repaired_on_the_same_branch_then_approved_and_merged(
     forge, claimed, upgraded, cli, state_dir
 ):
@@ -221,22 +252,9 @@ def test_three_repairs_that_are_not_accepted_end_the_task_with_the_findings_comm
 def test_a_conflicting_base_move_is_repaired_and_merged(
     forge, claimed, upgraded, cli, tmp_path, state_dir
 ):
-    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
-    task = claimed(
-        SCRIPT_ONLY,
-        edits={"calc.py": FIX},
-        result=result_doc(),
-        phases={
-            "review": REVIEW_OK,
-            "repair": {
-                "edits": {"calc.py": resolved},
-                "keep_inputs": "repair-inputs",
-                "result": result_doc(summary="Resolved the conflict in calc.py"),
-            },
-        },
-    )
+    task = resolving_a_conflict(claimed, keep_inputs="repair-inputs")
     first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
-    base = move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    base = move_main(forge, tmp_path, "calc.py", CONFLICTING)
     published = run_process("--json", "publish", "--task", str(task))
     assert published.exit_code == 0, published
     assert (published.json()["pr"], published.json()["state"]) == (None, "repairing")
@@ -258,32 +276,16 @@ def test_a_conflicting_base_move_is_repaired_and_merged(
     # The earlier work and the new base are both in the merged history.
     assert is_ancestor(forge, first["head"], head).returncode == 0
     assert is_ancestor(forge, base, head).returncode == 0
-    assert show_file(forge, "main", "calc.py") == resolved
+    assert show_file(forge, "main", "calc.py") == RESOLVED
 
 
 def test_a_base_that_moved_into_a_conflict_after_approval_is_repaired_not_retried(
     forge, claimed, upgraded, cli, tmp_path
 ):
-    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
-    task = claimed(
-        SCRIPT_ONLY,
-        edits={"calc.py": FIX},
-        result=result_doc(),
-        phases={
-            "review": REVIEW_OK,
-            "repair": {
-                "edits": {"calc.py": resolved},
-                "result": result_doc(summary="Resolved the conflict in calc.py"),
-            },
-        },
-    )
-    first = run_process("--json", "implement", "--task", str(task), "--slot", "1").json()
-    reports = deliver_until(task, "publish", "ci", "review")
-    assert reports["review"].json()["state"] == "approved", reports["review"]
-    pr = reports["publish"].json()["pr"]
+    task = resolving_a_conflict(claimed)
     # Someone lands a conflicting change on main after the approval: the forge cannot
     # merge the PR, and trying again would never change that.
-    base = move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    first, pr, base = approved_then_conflicting(forge, tmp_path, task)
     refused = run_process("--json", "merge", "--task", str(task))
     assert refused.exit_code == 0, refused
     assert refused.json()["state"] == "repairing"
@@ -309,7 +311,7 @@ def test_a_base_that_moved_into_a_conflict_after_approval_is_repaired_not_retrie
     assert forge.client("worker-bot").pull("team", "app", pr).merged
     assert is_ancestor(forge, first["head"], head).returncode == 0
     assert is_ancestor(forge, base, head).returncode == 0
-    assert show_file(forge, "main", "calc.py") == resolved
+    assert show_file(forge, "main", "calc.py") == RESOLVED
 
 
 def test_a_conflict_repair_the_merge_step_asked_for_is_taken_up_at_once(
@@ -320,27 +322,15 @@ def test_a_conflict_repair_the_merge_step_asked_for_is_taken_up_at_once(
     repair, and the delivery after it, follow without waiting for the timer."""
     import time
 
-    resolved = "def add(a, b):\n    # resolved against the moved base\n    return a + b\n"
-    task = claimed(
-        SCRIPT_ONLY,
-        edits={"calc.py": FIX},
-        result=result_doc(),
-        phases={
-            "review": REVIEW_OK,
-            "repair": {"edits": {"calc.py": resolved}, "result": result_doc()},
-        },
-    )
-    assert run_process("--json", "implement", "--task", str(task), "--slot", "1").exit_code == 0
-    reports = deliver_until(task, "publish", "ci", "review")
-    assert reports["review"].json()["state"] == "approved", reports["review"]
-    move_main(forge, tmp_path, "calc.py", "def add(a, b):\n    return b + a + 0\n")
+    task = resolving_a_conflict(claimed)
+    approved_then_conflicting(forge, tmp_path, task)
     merged = run_process("--json", "merge", "--task", str(task), env={"AIWORKER_FOLLOW_UP": "1"})
     assert merged.json()["state"] == "repairing", merged
     deadline = time.monotonic() + 300
     while query(upgraded, "select state from tasks") != [("done",)]:
         assert time.monotonic() < deadline, query(upgraded, "select state from tasks")
         time.sleep(0.5)
-    assert show_file(forge, "main", "calc.py") == resolved
+    assert show_file(forge, "main", "calc.py") == RESOLVED
 
 
 def test_a_base_that_moved_cleanly_after_approval_is_merged_as_reviewed(
