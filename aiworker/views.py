@@ -43,7 +43,10 @@ def task_show(report: dict[str, Any]) -> list[str]:
             f" ({ago(r['at'])})"
             for r in report["receipts"]
         ),
-        *(f"publication: {p['state']} {p['branch']} PR #{p['pr']}" for p in report["publications"]),
+        *(
+            f"publication: {p['state']} {p['branch']} PR #{p['pr']} at {_short(p['head'])}"
+            for p in report["publications"]
+        ),
         *(f"file: {_file(f)}" for f in report["files"]),
     ]
     return [fold(line, indent="      ") for line in lines]

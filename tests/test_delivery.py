@@ -111,11 +111,11 @@ def test_issue_to_merged_pr(forge, delivered, upgraded, cli):
         ("merge", "succeeded"),
     ]
     assert shown["publications"] == [
-        {"state": "opened", "branch": f"aiworker/task-{task}", "pr": pr, "head": head}
+        {"state": "merged", "branch": f"aiworker/task-{task}", "pr": pr, "head": head}
     ]
     human = cli("task", "show", str(task)).stdout
     assert "merge.done approved -> done" in human
-    assert f"publication: opened aiworker/task-{task} PR #{pr}" in human
+    assert f"publication: merged aiworker/task-{task} PR #{pr} at {head[:12]}" in human
 
 
 def test_blocking_review_requests_changes_and_merge_refuses(forge, delivered, upgraded):

@@ -312,6 +312,9 @@ def test_a_base_that_moved_into_a_conflict_after_approval_is_repaired_not_retrie
     assert is_ancestor(forge, first["head"], head).returncode == 0
     assert is_ancestor(forge, base, head).returncode == 0
     assert show_file(forge, "main", "calc.py") == RESOLVED
+    # The one publication is recorded as merged, at the repaired head it merged.
+    [publication] = cli("--json", "task", "show", str(task)).json()["publications"]
+    assert (publication["state"], publication["pr"], publication["head"]) == ("merged", pr, head)
 
 
 def test_a_conflict_repair_the_merge_step_asked_for_is_taken_up_at_once(

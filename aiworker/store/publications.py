@@ -56,12 +56,28 @@ def save_intent(
 
 
 def advance_publication(
-    session: Session, publication_id: int, state: str, pr_number: int | None = None
+    session: Session,
+    publication_id: int,
+    state: str,
+    pr_number: int | None = None,
+    head: str | None = None,
 ) -> None:
+    """Record that publication PUBLICATION_ID is in STATE (with its pull request
+    PR_NUMBER, at HEAD, the commit its branch holds now)."""
     values: dict[str, object] = {"state": state, "updated_at": utcnow()}
     if pr_number is not None:
         values["pr_number"] = pr_number
+    if head is not None:
+        values["head_commit"] = head
     session.execute(update(Publication).where(Publication.id == publication_id).values(**values))
+
+
+def close_publication(session: Session, task_id: int, state: str, head: str) -> None:
+    """The task's open publication ended in STATE ("merged") at HEAD: no longer open,
+    so nothing reads it as the task's pull request to act on."""
+    publication = current_publication(session, task_id)
+    if publication is not None:
+        advance_publication(session, publication.id, state, head=head)
 
 
 def publications_of(session: Session, task_id: int) -> list[Publication]:
@@ -83,11 +99,3 @@ def published_heads(session: Session, task_id: int) -> set[str]:
         if isinstance(data, dict) and data.get("head"):
             heads.add(str(data["head"]))
     return heads
-
-
-def close_publication(session: Session, publication_id: int, state: str) -> None:
-    session.execute(
-        update(Publication)
-        .where(Publication.id == publication_id)
-        .values(state=state, updated_at=utcnow())
-    )

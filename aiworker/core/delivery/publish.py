@@ -248,7 +248,9 @@ def publish(job: Job) -> Outcome:
         data={"pr": pull.number, "head": task.head_commit, "created": created},
         scoped=True,
         # The PR is recorded with the move: a run that dies in between finds it again.
-        writes=lambda session: advance_publication(session, publication_id, "opened", pull.number),
+        writes=lambda session: advance_publication(
+            session, publication_id, "opened", pull.number, task.head_commit
+        ),
     )
     return landing.ended("succeeded", f"PR #{pull.number} at {task.head_commit}")
 

@@ -15,6 +15,7 @@ from aiworker.core.report import Report
 from aiworker.core.tasks.milestones import plan_milestones
 from aiworker.core.tasks.states import TaskState as S
 from aiworker.errors import NeedsPerson
+from aiworker.store.publications import close_publication
 from aiworker.store.receipts import add_receipt
 
 
@@ -80,5 +81,13 @@ def merged(job: Job, pull: PullRequest, client: ForgejoClient, *, ours: bool) ->
         )
     report = MergeReport(task.id, pull.number, head, pull.merge_commit_sha, merged_at, by)
     job.report = report
-    landing = Outcome(report, S.DONE, why, kind="merge.done", data=evidence, follow_up=False)
+    landing = Outcome(
+        report,
+        S.DONE,
+        why,
+        kind="merge.done",
+        data=evidence,
+        follow_up=False,
+        writes=lambda session: close_publication(session, task.id, "merged", head),
+    )
     return landing.ended("succeeded", why)
