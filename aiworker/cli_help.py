@@ -2,7 +2,9 @@
 
 Applied to the command tree main() runs, so `aiworker CMD -h` ends with a short
 Examples section and every option names what it takes (PATH, N, URL, ADDR:PORT)
-instead of Typer's `<str>`, `<int range>` and `{name}`.
+instead of Typer's `<str>`, `<int range>` and `{name}`. Every path it takes refuses an
+empty value there too: Path("") is the working directory, so `--dir "$UNSET"` would
+quietly write there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from typer._click.core import Context
 from typer.core import TyperArgument, TyperGroup
+from typer.models import TyperPath
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "status": ("aiworker status", "aiworker status --json"),
@@ -161,6 +164,8 @@ def describe(root: Any) -> Any:
         for param in command.params:
             if isinstance(param, TyperArgument):
                 param.__class__ = _PlainArgument
+            if isinstance(param.type, TyperPath):
+                param.type.__class__ = _GivenPath
             _name_what_it_takes(param)
     for param in root.params:
         _name_what_it_takes(param)
@@ -171,3 +176,10 @@ def _name_what_it_takes(param: Any) -> None:
     takes_value = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
     if param.metavar is None and takes_value:
         param.metavar = metavar(param)
+
+
+class _GivenPath(TyperPath):
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty (it would be the working directory)", param, ctx)
+        return super().convert(value, param, ctx)

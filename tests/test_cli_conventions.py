@@ -166,6 +166,24 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("scheduler", "install", "--dir", ""),
+        ("db", "backup", "--to", " "),
+    ],
+)
+def test_an_empty_path_given_to_a_command_is_refused(cli, tmp_path, monkeypatch, args):
+    """`--dir "$UNSET"` would have written the units into whatever directory the command
+    ran in: every path a command takes refuses an empty value, naming the option."""
+    monkeypatch.chdir(tmp_path)
+    result = cli("--json", *args)
+    assert result.exit_code == 2, result
+    message = result.json()["error"]["message"]
+    assert f"Invalid value for '{args[-2]}': must not be empty" in message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded):
     """An issue's title is anyone's text: its escape sequences (recolour, retitle the
     window) are shown as \\xNN in every human rendering, and kept as they are in JSON."""
