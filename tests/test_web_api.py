@@ -336,6 +336,20 @@ def test_a_second_tab_shares_the_token_and_a_stray_cookie_does_not_hide_it(web):
         timeout=10,
     )
     assert mutated.status_code == 200, mutated.text
+    # Another localhost page's cookie of our name, on a longer path: sent first, it must
+    # not lock the operator out of every change.
+    shadowed = requests.post(
+        f"{url}/api/v1/actions/resume",
+        headers={"X-CSRF-Token": token, "Cookie": f"aiworker_csrf=junk; aiworker_csrf={token}"},
+        timeout=10,
+    )
+    assert shadowed.status_code == 200, shadowed.text
+    forged = requests.post(
+        f"{url}/api/v1/actions/resume",
+        headers={"X-CSRF-Token": "junk", "Cookie": f"aiworker_csrf=junk; aiworker_csrf={token}"},
+        timeout=10,
+    )
+    assert forged.status_code == 403
     odd = requests.post(
         f"{url}/api/v1/actions/resume",
         headers={

@@ -92,14 +92,16 @@ async def refuse(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def cookie_value(header: str, name: str) -> str | None:
-    """NAME's value in a Cookie header, read leniently: another localhost application's
-    malformed cookie (cookies are not kept apart by port) must not hide ours."""
+def cookie_values(header: str, name: str) -> list[str]:
+    """Every value of NAME in a Cookie header, read leniently. Cookies are not kept apart
+    by port: another localhost application's malformed cookie must not hide ours, and
+    its cookie of our name (a longer path is sent first) must not shadow ours."""
+    values = []
     for part in header.split(";"):
         key, sep, value = part.strip().partition("=")
         if sep and key == name:
-            return value.strip()
-    return None
+            values.append(value.strip())
+    return values
 
 
 class Protection:
@@ -154,11 +156,13 @@ class Protection:
         origin = headers.get("origin")
         if origin is not None and origin not in self.origins:
             return "forbidden_origin", f"requests from {origin[:100]} are not accepted"
-        cookie = cookie_value(headers.get("cookie", ""), CSRF_COOKIE)
-        token = headers.get(CSRF_HEADER)
-        assert self.tokens is not None
-        issued = cookie is not None and self.tokens.valid(cookie)
-        if not issued or not token or not hmac.compare_digest(str(cookie).encode(), token.encode()):
+        cookies = cookie_values(headers.get("cookie", ""), CSRF_COOKIE)
+        token = headers.get(CSRF_HEADER, "").encode()
+        tokens = self.tokens
+        assert tokens is not None
+        if not token or not any(
+            tokens.valid(c) and hmac.compare_digest(c.encode(), token) for c in cookies
+        ):
             return "csrf", (
                 "a change needs the CSRF token this server issued at GET /api/v1/session, "
                 f"in the {CSRF_COOKIE} cookie and the X-CSRF-Token header"
