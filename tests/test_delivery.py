@@ -208,6 +208,46 @@ def test_cancelling_a_published_task_leaves_its_pr_open_with_a_comment(
     assert "cancelled, not awaiting_review" in refused.json()["error"]["message"]
 
 
+def test_a_cancel_while_the_forge_stalls_tries_its_pr_comment_once(forge, delivered, upgraded, cli):
+    """The cancel's comment on the PR is a courtesy: a forge that takes connections and
+    answers none costs it one try (one forge timeout), not five tries and their back-off
+    (three minutes an operator, or the page, waited on). The task is cancelled all the
+    same, and the failed comment is recorded."""
+    import socket
+    import threading
+
+    task, _head = delivered()
+    assert deliver_until(task, "publish", cli=cli)["publish"].exit_code == 0
+    stalled = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                taken.append(stalled.accept()[0])  # held open, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    config = Path(os.environ["AIWORKER_CONFIG"])
+    url = f"http://127.0.0.1:{stalled.getsockname()[1]}"
+    config.write_text(
+        config.read_text().replace(f'url = "{forge.url}"', f'url = "{url}"\ntimeout_seconds = 1')
+    )
+    try:
+        cancelled = cli("--json", "task", "cancel", str(task))
+    finally:
+        stalled.close()
+        for connection in taken:
+            connection.close()
+    assert cancelled.exit_code == 0, cancelled
+    assert cancelled.json()["pr_comment"] is None
+    assert len(taken) == 1
+    assert query(upgraded, "select state from tasks") == [("cancelled",)]
+    [(reason,)] = query(upgraded, "select data from events where kind = 'pr.comment_failed'")
+    assert "no answer within 1 s" in reason
+
+
 def test_a_base_that_moved_after_implementation_still_ends_in_a_merged_pr(
     forge, delivered, upgraded, cli, tmp_path
 ):

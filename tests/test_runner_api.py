@@ -327,3 +327,50 @@ def test_an_idle_connection_outlives_a_heartbeat_interval(fleet):
                 for line in iter(answers.readline, b"\r\n")
             )
             assert b'"ok":true' in answers.read(int(headers["content-length"]))
+
+
+def test_requests_waiting_on_a_stalled_forge_leave_the_page_and_the_runners_answered(
+    upgraded, tmp_path, monkeypatch
+):
+    """Forty-odd access checks from the page while the forge takes connections and answers
+    none: the page's status and the runners' API still answer, each before the forge's
+    timeout. Before, every request waited on the forge's threads, runners' heartbeats
+    included, until their leases ran out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.test_web_api import session
+
+    stalled = socket.create_server(("127.0.0.1", 0), backlog=128)  # takes, answers nothing
+    port = stalled.getsockname()[1]
+    monkeypatch.setenv("AIWORKER_TEST_TOKEN", "f" * 40)
+    roles = "".join(
+        f'[forge.identities.{role}]\ntoken_env = "AIWORKER_TEST_TOKEN"\n'
+        for role in ("planner", "worker", "reviewer")
+    )
+    extra = f'[forge]\nurl = "http://127.0.0.1:{port}"\ntimeout_seconds = 300\n{roles}'
+    extra += '[[repositories]]\nindex = 1\nowner = "team"\nname = "app"\n'
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path, extra=extra)))
+    # The server ends before the pool: the checks it leaves waiting fail then.
+    with ThreadPoolExecutor(48) as pool, runner_listener() as listener:
+        client = session(listener.operator)
+        check = f"{listener.operator}/api/v1/access/check"
+        waiting = [pool.submit(client.post, check, timeout=600) for _ in range(48)]
+        deadline = time.monotonic() + 60
+        while _connections_to(port) < 1:  # the checks reached the forge
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(3)  # and the rest of them are taken up
+        status = requests.get(f"{listener.operator}/api/v1/status", timeout=60)
+        assert status.status_code == 200, status.text
+        assert call(listener.url, "/health").json()["ok"] is True
+        listener.process.kill()  # the checks wait on: the server has no time for them
+        stalled.close()
+        for check in waiting:
+            with pytest.raises(requests.ConnectionError):
+                check.result()
+
+
+def _connections_to(port: int) -> int:
+    """Connections made to PORT on loopback (accepted by the kernel or not)."""
+    table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for row in table if row.split()[2] == f"0100007F:{port:04X}")

@@ -15,6 +15,9 @@ from aiworker.errors import ConfigInvalid
 @dataclass
 class ForgeAccess:
     loaded: LoadedConfig
+    # Tries of each request; None: the transport's own (retried with back-off). One for
+    # what an operator waits on and can do without: a stalled forge then costs one timeout.
+    attempts: int | None = None
 
     def _client(self, role: str, identity: Identity | None) -> ForgejoClient | None:
         forge = self.loaded.config.forge
@@ -23,6 +26,10 @@ class ForgeAccess:
         token = read_token(identity, self.loaded.path.parent)
         if token is None:
             raise ConfigInvalid(f"forge.identities.{role}: no token readable from its source")
+        if self.attempts is not None:
+            return ForgejoClient(
+                forge.url, token, timeout=forge.timeout_seconds, attempts=self.attempts
+            )
         return ForgejoClient(forge.url, token, timeout=forge.timeout_seconds)
 
     def required(self, role: str) -> ForgejoClient:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from aiworker.core.context import Environment
 from aiworker.core.scheduler_state import PAUSE_REASON_MAX
 from aiworker.errors import InvalidInput
+from aiworker.web.forge_calls import ForgeCalls
 from aiworker.web.protection import CSRF_COOKIE, CsrfTokens
 from aiworker.web.task_api import TaskId, add_task_routes
 
@@ -79,6 +80,7 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
     shows at once)."""
     router = APIRouter(prefix="/api/v1", responses=REFUSALS)
     Env = Annotated[Environment, Depends(environment)]
+    forge = ForgeCalls()
 
     @router.get("/session", response_model=Session)
     def session(
@@ -108,7 +110,7 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
             "check_requested": state.check_requested,
         }
 
-    add_task_routes(router, Env)
+    add_task_routes(router, Env, forge)
 
     @router.get("/tasks/{task_id}/logs")
     def logs(
@@ -135,11 +137,11 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
 
         return recent(env, limit, before)
 
-    _changes(router, Env)
+    _changes(router, Env, forge)
     return router
 
 
-def _changes(router: APIRouter, Env: Any) -> None:
+def _changes(router: APIRouter, Env: Any, forge: ForgeCalls) -> None:
     """Settings and the scheduler's controls."""
 
     @router.get("/settings")
@@ -157,16 +159,17 @@ def _changes(router: APIRouter, Env: Any) -> None:
         return {"revision": revision, "added_repositories": added}
 
     @router.post("/access/check")
-    def check_access(env: Env) -> dict[str, Any]:
+    async def check_access(env: Env) -> dict[str, Any]:
         from aiworker.core.maintenance.access import check_access as check
 
-        return check(env).to_json()
+        return (await forge.run(check, env)).to_json()
 
     @router.post("/access/repair")
-    def repair_access(env: Env, request: AccessRepair) -> dict[str, Any]:
+    async def repair_access(env: Env, request: AccessRepair) -> dict[str, Any]:
         from aiworker.core.maintenance.access import repair_access as repair
 
-        return repair(env, request.revision, request.admin_token, request.repositories).to_json()
+        asked = (env, request.revision, request.admin_token, request.repositories)
+        return (await forge.run(repair, *asked)).to_json()
 
     @router.get("/capabilities")
     def capabilities() -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from aiworker.core.context import Environment
 from aiworker.errors import InvalidInput
+from aiworker.web.forge_calls import ForgeCalls
 
 # Ids are SQLite integers: anything beyond is refused as input, not failed on.
 TaskId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -33,7 +34,7 @@ def forge_link(env: Environment, repository: str, kind: str, number: int | None)
     return f"{str(forge.url).rstrip('/')}/{repository}/{kind}/{number}"
 
 
-def add_task_routes(router: APIRouter, Env: Any) -> None:
+def add_task_routes(router: APIRouter, Env: Any, forge: ForgeCalls) -> None:
     @router.get("/tasks")
     def tasks(
         env: Env,
@@ -76,9 +77,10 @@ def add_task_routes(router: APIRouter, Env: Any) -> None:
         return resume_task(env, task_id).to_json()
 
     @router.post("/tasks/{task_id}/cancel")
-    def cancel(env: Env, task_id: TaskId, request: CancelRequest) -> dict[str, Any]:
+    async def cancel(env: Env, task_id: TaskId, request: CancelRequest) -> dict[str, Any]:
         if not request.confirm:
             raise InvalidInput("cancelling a task needs confirm: true")
         from aiworker.core.tasks.operator import cancel_task
 
-        return cancel_task(env, task_id).to_json()
+        # It comments on the task's pull request, if it has one.
+        return (await forge.run(cancel_task, env, task_id)).to_json()

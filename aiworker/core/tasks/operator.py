@@ -181,7 +181,9 @@ def _comment_on_pull(env: Environment, db: Database, task: Task) -> int | None:
         repo = session.get(Repository, task.repository_id)
     assert repo is not None
     try:
-        worker = ForgeAccess(env.loaded).required("worker")
+        # A courtesy the cancel can do without: a stalled forge costs one timeout, not
+        # the retries' minutes.
+        worker = ForgeAccess(env.loaded, attempts=1).required("worker")
         posted = worker.create_comment(
             repo.owner,
             repo.name,
