@@ -213,22 +213,30 @@ def main(argv: list[str] | None = None) -> int:
         emit_error(json_mode, "aborted", "aborted")
         return EXIT_FAILED
     except typer.TyperException as exc:
-        # Usage errors from the vendored click: bad options, missing arguments.
-        format_message = getattr(exc, "format_message", None)
-        message = format_message() if format_message else str(exc)
-        if re.fullmatch(r"No such option: -[0-9][0-9.]*", message):
-            message += (
-                f" ({message.rsplit(' ', 1)[1]} is a negative number, read as an option; "
-                "a value that starts with '-' goes after `--`)"
-            )
-        emit_error(json_mode, "usage", message)
-        return int(getattr(exc, "exit_code", 2))
+        return _usage(json_mode, exc)
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C; SIGTERM where it unwinds
         emit_error(json_mode, "interrupted", str(exc) or "interrupted")
         return 128 + getattr(exc, "signum", 2)  # 130 for Ctrl-C (SIGINT), 143 for SIGTERM
     except Exception as exc:
         return _unexpected(json_mode, verbose, exc)
     return result if isinstance(result, int) else 0
+
+
+def _usage(json_mode: bool, exc: typer.TyperException) -> int:
+    """A usage error of the vendored click (a bad option, a missing argument), said."""
+    format_message = getattr(exc, "format_message", None)
+    message = format_message() if format_message else str(exc)
+    if type(exc).__name__ == "NoArgsIsHelpError" and not json_mode:
+        # A group named without its command: its help, as written (exit 2).
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        return 2
+    if re.fullmatch(r"No such option: -[0-9][0-9.]*", message):
+        message += (
+            f" ({message.rsplit(' ', 1)[1]} is a negative number, read as an option; "
+            "a value that starts with '-' goes after `--`)"
+        )
+    emit_error(json_mode, "usage", message)
+    return int(getattr(exc, "exit_code", 2))
 
 
 # A state directory or file the file system refuses: named, with what to do.

@@ -236,7 +236,7 @@ def main() -> None:
         else:
             restore_round_trip()
     finally:
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)  # SIGINT is ignored where make ran in the background
     say(
         f"\nDone. State is in {DEMO / 'state'}, the forge in {DEMO / 'forge'}; rerun "
         "`make demo` to start afresh; `aiworker task show 1` (with the demo's --config and "

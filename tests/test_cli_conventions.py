@@ -57,6 +57,12 @@ def test_global_options_work_after_the_subcommand_and_h_is_help(upgraded, cli, s
     assert shown.json()["error"]["message"] == "no task 1"
     assert cli("-h").stdout == cli("--help").stdout
     assert "Usage: aiworker status" in cli("status", "-h").stdout
+    # A group without its command prints its help as written, not one escaped line.
+    bare = cli("task")
+    assert bare.exit_code == 2
+    assert bare.stderr.startswith("Usage: aiworker task [OPTIONS] COMMAND")
+    assert "\n  show " in bare.stderr
+    assert "\\x0a" not in bare.stderr
     # What follows `--` belongs to the command run in a guest (qemu ssh), not to aiworker.
     passed = ["qemu", "ssh", "g", "--", "-v", "--json"]
     assert normalized(passed) == passed
