@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from aiworker.contracts.runner import JobResult
+from aiworker.core.runner.fleet import RunnerService
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import get_job
 from aiworker.store.worker_jobs import enqueue
@@ -174,6 +175,13 @@ def test_a_token_file_caught_mid_rewrite_keeps_its_token_and_a_removed_one_revok
     assert call(runner, "/health").status_code == 200
     token_file.write_text("half-writ")  # truncated, not yet the whole new token
     time.sleep(1.2)  # past the service's re-read interval
+    assert call(runner, "/health").status_code == 200
+    # A file that stays without a whole token (emptied to revoke it, or overwritten with
+    # a token too short to accept) is no rewrite: its old token is refused.
+    time.sleep(RunnerService.REWRITE_S)
+    assert call(runner, "/health").status_code == 401
+    token_file.write_text(TOKEN + "\n")
+    time.sleep(1.2)
     assert call(runner, "/health").status_code == 200
     token_file.unlink()
     time.sleep(1.2)

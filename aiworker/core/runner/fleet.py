@@ -99,6 +99,7 @@ class RunnerService:
     within that), and one database for the process, opened (and checked) once."""
 
     REFRESH_S = 1.0
+    REWRITE_S = 5.0  # how long a token file without a whole token may be mid-rewrite
 
     def __init__(self, environment: Callable[[], Environment]) -> None:
         self._environment = environment
@@ -106,6 +107,7 @@ class RunnerService:
         self._read_at = -self.REFRESH_S
         self._env: Environment | None = None
         self._digests: list[bytes | None] = []  # one per configured source, in order
+        self._unusable_since: dict[int, float] = {}  # source -> first seen without a token
         self._db: Database | None = None
 
     def env(self) -> Environment:
@@ -118,17 +120,29 @@ class RunnerService:
 
     def _read_digests(self, loaded: LoadedConfig) -> list[bytes | None]:
         """Each source's token digest. A token file caught half rewritten (there, but not
-        yet one whole token) keeps the digest it had; a removed file revokes its token."""
-        base = loaded.path.parent
+        yet one whole token) keeps the digest it had for REWRITE_S; one that stays so
+        (emptied, or overwritten with what is no token) revokes it, as a removed file
+        does at once."""
+        base, now = loaded.path.parent, time.monotonic()
         digests: list[bytes | None] = []
         for n, identity in enumerate(loaded.config.runners.tokens):
             token = usable_token(identity, base)
             if token is not None:
+                self._unusable_since.pop(n, None)
                 digests.append(_digest(token))
-            elif identity.token_file and token_path(identity, base).exists():
-                digests.append(self._digests[n] if n < len(self._digests) else None)
-            else:
-                digests.append(None)
+                continue
+            kept = self._digests[n] if n < len(self._digests) else None
+            if identity.token_file and token_path(identity, base).exists() and kept:
+                since = self._unusable_since.setdefault(n, now)
+                if now - since < self.REWRITE_S:
+                    digests.append(kept)
+                    continue
+                log.warning(
+                    "runners.tokens[%d]: %s holds no whole token: its old token is refused",
+                    n,
+                    identity.token_file,
+                )
+            digests.append(None)
         return digests
 
     def db(self) -> Database:
