@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from aiworker.contracts.runner import JobResult
-from aiworker.core.runner.fleet import RunnerService
+from aiworker.core.runner.runner_tokens import AcceptedTokens
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import get_job
 from aiworker.store.worker_jobs import enqueue
@@ -178,7 +178,7 @@ def test_a_token_file_caught_mid_rewrite_keeps_its_token_and_a_removed_one_revok
     assert call(runner, "/health").status_code == 200
     # A file that stays without a whole token (emptied to revoke it, or overwritten with
     # a token too short to accept) is no rewrite: its old token is refused.
-    time.sleep(RunnerService.REWRITE_S)
+    time.sleep(AcceptedTokens.REWRITE_S)
     assert call(runner, "/health").status_code == 401
     token_file.write_text(TOKEN + "\n")
     time.sleep(1.2)

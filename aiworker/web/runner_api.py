@@ -72,6 +72,7 @@ class Failure(LeaseProof):
 
 def create_runner_app(environment: Callable[[], Environment]) -> Protection:
     from aiworker.core.runner import fleet
+    from aiworker.core.runner.runner_tokens import holder_of
 
     app = api_app("aiworker runner API", "/api/runner/v1/openapi.json")
 
@@ -79,11 +80,11 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
 
     def runner_holder(authorization: Annotated[str | None, Header()] = None) -> str:
         """The calling runner's token, checked; a lease answers only the token that
-        claimed it (fleet.holder_of)."""
+        claimed it (runner_tokens.holder_of)."""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not service.authorized(token.strip()):
             raise _Unauthorized
-        return fleet.holder_of(token.strip())
+        return holder_of(token.strip())
 
     def runner_env(_holder: Annotated[str, Depends(runner_holder)]) -> Environment:
         return service.env()

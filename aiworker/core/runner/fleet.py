@@ -1,15 +1,12 @@
 """The server side of the runner fleet: who may call (bearer tokens from the
-configuration's `runners.tokens`), and claims, heartbeats and finishes of worker jobs
-over their leases (store/worker_jobs.py). The controller alone decides whether a
-transition is still admissible: a stale proof is refused, a finished job stays
-finished. A claim may wait (long-poll) so a waiting runner picks a job up as soon as it
-is queued, not at its next poll."""
+configuration's `runners.tokens`, runner_tokens.py), and claims, heartbeats and
+finishes of worker jobs over their leases (store/worker_jobs.py). The controller alone
+decides whether a transition is still admissible: a stale proof is refused, a finished
+job stays finished. A claim may wait (long-poll) so a waiting runner picks a job up as
+soon as it is queued, not at its next poll."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import logging
 import re
 import threading
 import time
@@ -21,11 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiworker.adapters import runner_api
-from aiworker.config.identities import Identity
-from aiworker.config.loader import LoadedConfig, read_token, token_path
 from aiworker.contracts.runner import REQUEST_CONTRACT, Delivery, JobResult, RunnerError
 from aiworker.core.context import Environment
 from aiworker.core.evidence.artifacts import artifact_files
+from aiworker.core.runner.runner_tokens import AcceptedTokens
 from aiworker.core.runner.snapshots import snapshot_dir
 from aiworker.core.runner.transfers import (
     lease_holds,
@@ -33,7 +29,7 @@ from aiworker.core.runner.transfers import (
     result_artifacts,
     transfer_state,
 )
-from aiworker.errors import ConfigInvalid, InvalidInput
+from aiworker.errors import InvalidInput
 from aiworker.runtime.artifact_files import ArtifactFiles
 from aiworker.store.engine import Database
 from aiworker.store.worker_job_records import get_job, leased_snapshot, release
@@ -49,23 +45,8 @@ from aiworker.store.worker_jobs import (
     heartbeat,
 )
 
-log = logging.getLogger(__name__)
 LEASE_HEADER = runner_api.LEASE_HEADER  # the lease a snapshot download is for
 CONTRACTS = (REQUEST_CONTRACT,)
-
-
-MIN_TOKEN_LENGTH = 32
-
-
-def usable_token(identity: Identity, base: Path) -> str | None:
-    """The runner token a source holds; None when it is missing, malformed or shorter
-    than MIN_TOKEN_LENGTH (and `doctor` names it)."""
-    try:
-        token = read_token(identity, base)
-    except ConfigInvalid as exc:
-        log.warning("a runner token source is skipped: %s", exc.message)
-        return None
-    return token if token is not None and len(token) >= MIN_TOKEN_LENGTH else None
 
 
 def lease_document(lease: Lease, lease_seconds: int) -> dict[str, Any]:
@@ -83,67 +64,28 @@ def lease_document(lease: Lease, lease_seconds: int) -> dict[str, Any]:
     }
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
-def holder_of(token: str) -> str:
-    """Who holds a lease, as the runner API records it: a prefix of the runner token's
-    digest (never the token), so a lease answers only the token that claimed it."""
-    return _digest(token).hex()[:16]
-
-
 class RunnerService:
     """What the runner API serves from: the configuration and the accepted tokens'
     digests, read again at most every REFRESH_S (a removed token file stops working
     within that), and one database for the process, opened (and checked) once."""
 
     REFRESH_S = 1.0
-    REWRITE_S = 5.0  # how long a token file without a whole token may be mid-rewrite
 
     def __init__(self, environment: Callable[[], Environment]) -> None:
         self._environment = environment
         self._lock = threading.Lock()
         self._read_at = -self.REFRESH_S
         self._env: Environment | None = None
-        self._digests: list[bytes | None] = []  # one per configured source, in order
-        self._unusable_since: dict[int, float] = {}  # source -> first seen without a token
+        self._tokens = AcceptedTokens()
         self._db: Database | None = None
 
     def env(self) -> Environment:
         with self._lock:
             if self._env is None or time.monotonic() - self._read_at >= self.REFRESH_S:
                 env = self._environment()
-                self._digests = self._read_digests(env.loaded)
+                self._tokens.read(env.loaded)
                 self._env, self._read_at = env, time.monotonic()
             return self._env
-
-    def _read_digests(self, loaded: LoadedConfig) -> list[bytes | None]:
-        """Each source's token digest. A token file caught half rewritten (there, but not
-        yet one whole token) keeps the digest it had for REWRITE_S; one that stays so
-        (emptied, or overwritten with what is no token) revokes it, as a removed file
-        does at once."""
-        base, now = loaded.path.parent, time.monotonic()
-        digests: list[bytes | None] = []
-        for n, identity in enumerate(loaded.config.runners.tokens):
-            token = usable_token(identity, base)
-            if token is not None:
-                self._unusable_since.pop(n, None)
-                digests.append(_digest(token))
-                continue
-            kept = self._digests[n] if n < len(self._digests) else None
-            if identity.token_file and token_path(identity, base).exists() and kept:
-                since = self._unusable_since.setdefault(n, now)
-                if now - since < self.REWRITE_S:
-                    digests.append(kept)
-                    continue
-                log.warning(
-                    "runners.tokens[%d]: %s holds no whole token: its old token is refused",
-                    n,
-                    identity.token_file,
-                )
-            digests.append(None)
-        return digests
 
     def db(self) -> Database:
         env = self.env()
@@ -153,16 +95,9 @@ class RunnerService:
             return self._db
 
     def authorized(self, presented: str | None) -> bool:
-        """Whether PRESENTED is an accepted token; every token is compared, by digest, so
-        the time taken says nothing of which matched or how long they are."""
+        """Whether PRESENTED is an accepted runner token, as the configuration is now."""
         self.env()
-        if not presented:
-            return False
-        given = _digest(presented)
-        found = False
-        for digest in self._digests:
-            found |= digest is not None and hmac.compare_digest(given, digest)
-        return found
+        return self._tokens.accepts(presented)
 
     def claim_once(
         self,
