@@ -179,6 +179,48 @@ def test_pause_resume_and_the_maintenance_gate(scheduled, state_dir):
         holder.stdout.close()
 
 
+def test_a_pause_is_acknowledged_once_no_claim_of_a_running_tick_can_follow_it(
+    scheduled, state_dir
+):
+    """A tick that reached its claims when the operator paused: the pause is said only
+    once that claim is over, and the tick claims nothing after it. Before, the pause was
+    acknowledged at once and the tick went on to claim and start jobs."""
+    holder = subprocess.Popen(  # a claim under way: discovery.lock held
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from pathlib import Path; from aiworker.runtime.locks import LockDir;"
+            "l=LockDir(Path(sys.argv[1])).lock('discovery'); l.try_acquire();"
+            "print('held', flush=True); time.sleep(60)",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    argv = [sys.executable, "-m", "aiworker", "--json", "scheduler"]
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tick = subprocess.Popen([*argv, "tick"], stdout=subprocess.PIPE, text=True)
+        time.sleep(2)  # it waits for the lock at its first claim
+        pause = subprocess.Popen([*argv, "pause"], stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            pause.wait(timeout=3)  # not acknowledged while the claim is under way
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    paused, _ = pause.communicate(timeout=60)
+    ticked, _ = tick.communicate(timeout=60)
+    assert (pause.returncode, json.loads(paused)["paused"]) == (0, True)
+    assert tick.returncode == 0, ticked
+    assert (json.loads(ticked)["status"], json.loads(ticked)["started"]) == ("paused", [])
+    db = Database(f"sqlite:///{scheduled[0]}")
+    with db.read() as session:
+        claimed = session.scalars(select(Event).where(Event.kind == "task.claimed")).all()
+    db.dispose()
+    assert claimed == []
+
+
 def test_every_kind_of_work_has_its_phase(tmp_path):
     from aiworker.config.loader import load_config
     from aiworker.core.context import Environment

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiworker.core.report import Report
-from aiworker.errors import InvalidInput
+from aiworker.errors import InvalidInput, LockHeld
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.clocks import mark
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 MAX_STATE_BYTES = 64 * 1024
 PAUSE_REASON_MAX = 500  # characters; the web's pause takes as many
+DISCOVERY_WAIT_SECONDS = 30.0  # for discovery.lock, which a claim holds a moment
 POLL_ERROR_MAX = 2000  # characters kept of a poll's error: the state stays far below its size
 
 
@@ -128,6 +129,10 @@ def pause(env: Environment, reason: str, by: str) -> PauseReport:
         if not already:
             state.paused, state.paused_reason = True, reason
             state.paused_by, state.paused_at = by, _stamp()
+    # Said once no tick's claim is under way: a tick claims under discovery.lock and reads
+    # the pause there, so that no job starts after the pause is acknowledged.
+    with contextlib.suppress(LockHeld), env.locks.held("discovery", DISCOVERY_WAIT_SECONDS):
+        pass
     return PauseReport(True, state.paused_reason, state.paused_by, state.paused_at, already)
 
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 from aiworker.core.context import Environment
 from aiworker.core.report import Report
+from aiworker.core.scheduler_state import DISCOVERY_WAIT_SECONDS, SchedulerState
 from aiworker.errors import EXIT_OK, EXIT_UNAVAILABLE, InvalidInput
 from aiworker.store.claims import claim_next
 from aiworker.store.engine import Database
-
-DISCOVERY_WAIT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -44,10 +43,16 @@ class ClaimReport(Report):
 NO_FREE_SLOT = "no free slot"
 
 
-def claim_for_slot(env: Environment, db: Database, slot: int, kinds: Sequence[str]) -> Claim | None:
-    """Under discovery.lock, claim the next eligible task for SLOT (whose lock we hold)."""
+def claim_for_slot(
+    env: Environment, db: Database, slot: int, kinds: Sequence[str], *, unless_paused: bool = False
+) -> Claim | None:
+    """Under discovery.lock, claim the next eligible task for SLOT (whose lock we hold);
+    UNLESS_PAUSED (the tick's claims): none once a pause was acknowledged, which waits
+    for the claim under way (scheduler_state.pause)."""
     holder = f"{slot}-{secrets.token_hex(6)}"
     with env.locks.held("discovery", timeout=DISCOVERY_WAIT_SECONDS):
+        if unless_paused and SchedulerState.load(env.state_dir).paused:
+            return None
         task_id = claim_next(db, slot, holder, kinds)
     return None if task_id is None else Claim(task_id, slot, holder)
 

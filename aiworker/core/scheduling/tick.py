@@ -95,13 +95,15 @@ def _tick(env: Environment, db: Database, paused: bool, poll_forge: bool) -> Tic
                 with db.read_connection() as connection:
                     if claimed_on(connection, slot, db.host) is not None:
                         continue  # a fresh claim made by hand keeps its slot
-                claim = claim_for_slot(env, db, slot, kinds)
+                claim = claim_for_slot(env, db, slot, kinds, unless_paused=True)
                 if claim is None:
-                    break  # nothing eligible: the other slots would find nothing either
+                    break  # nothing eligible (or paused): so for the other slots too
                 report.started.append(launch(env, db, slot, lock, claim.task_id))
     finally:
         for _, lock in own:
             lock.release()
+    if starting and SchedulerState.load(env.state_dir).paused:
+        starting, report.status = False, "paused"  # paused while this tick ran
     if starting:
         report.delivering = start_delivery_steps(env, db)
     report.cleaned = _keep_house(env, db)
