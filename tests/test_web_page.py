@@ -27,7 +27,7 @@ pytestmark = [
 
 def seed_tasks(db_path: Path) -> None:
     """A task that failed after its provider gave up (its output kept), one that waits
-    for input, and one held for the operator."""
+    for input, one held for the operator, and one whose title no page should trust."""
     from aiworker.core.tasks.hold import hold_task
     from aiworker.core.tasks.lifecycle import advance
     from aiworker.store.attempts import finish_attempt, set_attempt_files, start_attempt
@@ -51,6 +51,9 @@ def seed_tasks(db_path: Path) -> None:
         advance(session, waiting.id, "ready", waiting.version, "needs_input", "no ci/run")
         held = create_task(session, repo.id, "issue", issue_number=6, title="Dark mode")
         held_at = (held.id, held.state, held.version)
+        # Anyone's text from the forge: a direction override and one unbroken long word.
+        title = "RTL \u202eevil\u202c " + "x" * 3000
+        create_task(session, repo.id, "issue", issue_number=7, title=title)
     db.dispose()
     hold_task(Database(f"sqlite:///{db_path}"), *held_at, "team/app is archived", "publish")
 
@@ -86,6 +89,9 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
             page.wait_for_selector("#tasks tbody tr.task")
             tasks = page.inner_text("#tasks")
             assert "Crash on start" in tasks
+            assert "RTL \\u202eevil\\u202c xxx" in tasks  # not read as "RTL live"
+            table = page.evaluate("document.querySelector('#tasks').scrollWidth")
+            assert table <= 1280, f"a long title makes the tasks table {table} px wide"
             assert page.locator("#tasks .state-failed").inner_text() == "failed"
             assert page.locator("#tasks .state-needs_input").inner_text() == "needs_input"
             updated = page.locator("#tasks time").first
@@ -119,9 +125,14 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
             assert interval.get_attribute("min") == "10"
             assert page.locator("input[name='providers']").get_attribute("type") == "text"
             interval.fill("240")
+            page.fill("input[name='providers']", "script")
             page.click("#save-settings")
             # The page's CSP allows no eval: wait on the message's text, not on a script.
             page.locator("#message", has_text="saved (revision").wait_for()
+            # A provider's setting no phase sets is shown as it applies: enabled.
+            enabled = "input[name='phases.implementation.providers.script.enabled']"
+            page.locator(enabled).wait_for()
+            assert page.is_checked(enabled)
             page.fill("#pause-reason", "forge upgrade tonight")
             page.click("#pause")
             page.locator("#scheduler", has_text="PAUSED by the web control plane").wait_for()

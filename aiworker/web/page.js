@@ -2,6 +2,12 @@
 let csrf = null, revision = null, after = 0, pages = [0], selected = null, fields = {};
 const $ = (id) => document.getElementById(id);
 
+// Forge text as it is, its direction overrides shown as \u202e (as the CLI shows them):
+// "RTL \u202eevil" must not read as "RTL live" on the page.
+function plain(text) {
+  return String(text).replace(/[\u202a-\u202e\u2066-\u2069]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+}
+
 function say(text, bad) { $("message").textContent = text; $("message").className = bad ? "alert" : ""; }
 
 async function api(method, path, body, retried) {
@@ -12,7 +18,9 @@ async function api(method, path, body, retried) {
     headers["Content-Type"] = "application/json";
   }
   const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), credentials: "same-origin" });
-  const document = await response.json();
+  let document;
+  try { document = await response.json(); }
+  catch (e) { throw new Error(method + " " + path + ": HTTP " + response.status + " with no JSON answer (" + (response.statusText || "no reason") + ")"); }
   if (response.status === 403 && document.error && document.error.code === "csrf" && !retried) {
     csrf = null;  // the cookie changed (another tab, a restart): take the current token once
     return api(method, path, body, true);
@@ -46,8 +54,8 @@ function state(name) {
   return node;
 }
 function link(text, url) {
-  if (!url) return document.createTextNode(text);
-  const a = document.createElement("a"); a.href = url; a.textContent = text; a.rel = "noopener noreferrer";
+  if (!url) return document.createTextNode(plain(text));
+  const a = document.createElement("a"); a.href = url; a.textContent = plain(text); a.rel = "noopener noreferrer";
   return a;
 }
 
@@ -57,7 +65,7 @@ function row(cells, cls) {
   for (const cell of cells) {
     const td = document.createElement("td");
     if (cell instanceof Node) td.appendChild(cell);
-    else td.textContent = cell === null || cell === undefined ? "-" : String(cell);
+    else td.textContent = cell === null || cell === undefined ? "-" : plain(cell);
     tr.appendChild(td);
   }
   return tr;
@@ -69,19 +77,19 @@ async function refreshStatus() {
   const top = $("scheduler"); top.replaceChildren();
   if (sch.paused) {
     top.className = "alert";
-    top.append("PAUSED" + (sch.paused_by ? " by " + sch.paused_by : "") + (sch.paused_at ? " since " : ""), sch.paused_at ? when(sch.paused_at) : "", ": " + (sch.paused_reason || "no reason given"));
+    top.append("PAUSED" + (sch.paused_by ? " by " + sch.paused_by : "") + (sch.paused_at ? " since " : ""), sch.paused_at ? when(sch.paused_at) : "", ": " + plain(sch.paused_reason || "no reason given"));
   } else { top.className = ""; top.append("running"); }
   const checks = $("checks"); checks.replaceChildren("Last check ", when(sch.last_check));
   if (sch.overdue) { const flag = document.createElement("strong"); flag.className = "alert"; flag.textContent = " OVERDUE (interval " + sch.check_interval_s + " s): is the timer running?"; checks.append(flag); }
   if (sch.next_check) checks.append("; next ", sch.check_requested ? "asked for" : when(sch.next_check));
   const polls = $("polls"); polls.replaceChildren();
-  if (sch.poll_error) { polls.className = "alert"; polls.append("Polls failing: " + sch.poll_failures + " in a row, the last ", when(sch.poll_error_at), ": " + sch.poll_error); }
+  if (sch.poll_error) { polls.className = "alert"; polls.append("Polls failing: " + sch.poll_failures + " in a row, the last ", when(sch.poll_error_at), ": " + plain(sch.poll_error)); }
   const held = $("held"); held.replaceChildren();
   for (const h of s.held) {
     const item = document.createElement("li"), open = document.createElement("button");
     item.className = "alert"; open.textContent = "#" + h.task; open.setAttribute("aria-label", "show held task " + h.task);
     open.addEventListener("click", () => select(h.task));
-    item.append("Held for you: task ", open, " since ", when(h.since), ": " + h.reason); held.appendChild(item);
+    item.append("Held for you: task ", open, " since ", when(h.since), ": " + plain(h.reason)); held.appendChild(item);
   }
   const body = $("slots").tBodies[0]; body.replaceChildren();
   for (const slot of s.slots) body.appendChild(row([slot.slot, slot.busy ? "yes" : "no", slot.holder_pid, slot.task_id, slot.task_state ? state(slot.task_state) : null]));
@@ -123,7 +131,7 @@ async function refreshTask() {
   for (const e of t.history) body.appendChild(row([when(e.at), e.kind, e.from ? e.from + " -> " + e.to : (e.to || ""), e.data && e.data.reason]));
   const tried = $("attempts").tBodies[0]; tried.replaceChildren();
   for (const a of t.attempts) tried.appendChild(row([a.id, a.phase, a.provider || "host", a.outcome, a.reason, a.output_tail]));
-  $("log").textContent = (await api("GET", "/api/v1/tasks/" + selected + "/logs?limit=8192")).tail;
+  $("log").textContent = plain((await api("GET", "/api/v1/tasks/" + selected + "/logs?limit=8192")).tail);
 }
 
 async function refreshProviders() {
@@ -147,6 +155,7 @@ async function refreshEvents() {
 // Settings: one control a key, of the type the configuration's schema gives it.
 function control(key, field, value) {
   let input;
+  if (value === undefined) value = field.default; // unset: what the configuration applies
   const items = field.items || {};
   if (field.type === "boolean") {
     input = document.createElement("input"); input.type = "checkbox"; input.checked = value === true;

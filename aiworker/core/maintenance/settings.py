@@ -80,7 +80,16 @@ def capabilities() -> Capabilities:
     )
 
 
-FIELD_FACTS = ("type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum")
+# What a form needs of each field; its default is what an unset field is shown as.
+FIELD_FACTS = (
+    "type",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "enum",
+    "default",
+)
 
 
 def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
