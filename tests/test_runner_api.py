@@ -382,3 +382,21 @@ def _connections_to(port: int) -> int:
     """Connections made to PORT on loopback (accepted by the kernel or not)."""
     table = Path("/proc/net/tcp").read_text().splitlines()[1:]
     return sum(1 for row in table if row.split()[2] == f"0100007F:{port:04X}")
+
+
+def test_a_controller_on_an_older_schema_answers_unavailable_not_bad_request(fleet, upgraded):
+    """Between installing a new version and `db upgrade`, the runner API and the page
+    are answered 503, naming the upgrade: a runner waits and tries again (a 400 told it
+    its own request was wrong, and it gave up), and monitoring sees a server problem."""
+    import sqlite3
+
+    operator, runner, _ = fleet
+    with sqlite3.connect(upgraded) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '0008_authorized_scope'")
+    claim = call(runner, "/claim", {"worker_id": "r1", "request_key": "k-1"})
+    status = requests.get(f"{operator}/api/v1/status", timeout=40)
+    for answer in (claim, status):
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "schema_mismatch"
+        assert "run `aiworker db upgrade`" in error["message"]

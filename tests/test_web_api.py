@@ -176,6 +176,13 @@ def test_reads_match_the_cli_and_never_show_a_secret(web, state_dir):
     tail = client.get(f"{url}/api/v1/tasks/7/logs", timeout=10).json()
     assert "ended" in tail["tail"]
     assert CANARY not in tail["tail"]
+    # What no handler expects is answered in the error shape too, not a text page.
+    (logs / "task-7.log").unlink()
+    (logs / "task-7.log").mkdir()
+    broken = client.get(f"{url}/api/v1/tasks/7/logs", timeout=10)
+    assert broken.status_code == 500
+    assert broken.json()["error"]["code"] == "internal"
+    assert "IsADirectoryError" in broken.json()["error"]["message"]
     missing = client.get(f"{url}/api/v1/tasks/999", timeout=10)
     assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no task 999")
     no_log = client.get(f"{url}/api/v1/tasks/999/logs", timeout=10)

@@ -13,12 +13,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Conflict, InvalidInput, LockHeld, NotFound, Unavailable
-from aiworker.web.errors import api_app, error_response
+from aiworker.web.errors import SERVER_STATE, api_app, error_response
 from aiworker.web.operator_api import build_router
 from aiworker.web.protection import CsrfTokens, Protection
 from aiworker.web.receipt_page import add_receipt_routes
 
 STATUS_OF = (
+    (SERVER_STATE, 503),
     (NotFound, 404),
     (InvalidInput, 400),
     (Conflict, 409),

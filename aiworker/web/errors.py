@@ -10,8 +10,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from aiworker.errors import short_of
+from aiworker.errors import ControllerIdInUse, SchemaMismatch, StateUnusable, short_of
 from aiworker.secrets import redact
+
+# The server's own state, not the request: a database of another schema (mid-upgrade),
+# a state directory it cannot use, another controller on its id. Answered 503, so that a
+# runner or a proxy waits and tries again instead of giving up on a request that was right.
+SERVER_STATE = (SchemaMismatch, StateUnusable, ControllerIdInUse)
 
 
 def api_app(title: str, openapi_url: str) -> FastAPI:
@@ -35,6 +40,14 @@ def api_app(title: str, openapi_url: str) -> FastAPI:
         if found is None:
             raise exc  # a failure no handler expects: 500, as before
         return error_response(503, found.code, found.message)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # The caller gets the error shape, not a text page. The server still logs it with
+        # its traceback and closes the connection, so the answer says so.
+        answer = error_response(500, "internal", f"unexpected {type(exc).__name__}: {exc}")
+        answer.headers["connection"] = "close"
+        return answer
 
     return app
 

@@ -19,7 +19,7 @@ from aiworker.core.context import Environment
 from aiworker.errors import AiworkerError, Unavailable
 from aiworker.runtime.failpoints import failpoint
 from aiworker.store.worker_jobs import LeaseLost
-from aiworker.web.errors import api_app, error_response
+from aiworker.web.errors import SERVER_STATE, api_app, error_response
 from aiworker.web.protection import Protection
 
 Index = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -224,7 +224,8 @@ def _transfer_routes(app: FastAPI, service: Any, Holder: Any) -> None:
 def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(AiworkerError)
     async def failed(_request: Request, exc: AiworkerError) -> JSONResponse:
-        status = 503 if isinstance(exc, Unavailable) else 404 if exc.code == "not_found" else 400
+        unavailable = isinstance(exc, (Unavailable, *SERVER_STATE))
+        status = 503 if unavailable else 404 if exc.code == "not_found" else 400
         return error_response(status, exc.code, exc.message)
 
     @app.exception_handler(_Unauthorized)
