@@ -336,3 +336,35 @@ def test_cancel_stops_the_running_job_and_leaves_nothing_alive(claimed, upgraded
     assert outcome in ("interrupted", "cancelled")
     assert not Path(workspace).exists()
     assert run_process("--json", "task", "cancel", str(task)).exit_code == 1
+
+
+def test_a_job_an_operator_stops_from_the_page_is_recorded_and_not_charged(
+    forge, claimed, upgraded, state_dir
+):
+    """The page's "stop the slot's job": the stop is recorded as the operator's, its
+    attempt closed as stopped with the budget charge given back, and the task waits for
+    a slot again. Before, only the SIGTERM showed in its history, and three stops failed
+    the task as "budget spent"."""
+    from tests.test_web_api import serving, session
+
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": FIX}, result=result_doc(), sleep_s=60)
+    phase = start_implement(task)
+    try:
+        _, attempt = wait_for(upgraded, "select workspace_path, id from attempts")
+        wait_for_provider(attempt_tag(state_dir, attempt))
+        with serving() as url:
+            stop = {"slot": 1, "confirm": True}
+            stopped = session(url).post(f"{url}/api/v1/actions/stop-slot", json=stop)
+            assert stopped.status_code == 200, stopped.text
+        phase.communicate(timeout=120)  # stopped, not left to sleep out its 60 s
+    finally:
+        if phase.poll() is None:
+            phase.kill()
+            phase.wait()
+    assert query(upgraded, "select state, claim_slot from tasks") == [("ready", None)]
+    assert query(upgraded, "select outcome, refunded from attempts") == [("stopped", 1)]
+    [(actor, data)] = query(upgraded, "select actor, data from events where kind = 'slot.stopped'")
+    assert actor == "the web control plane"
+    assert json.loads(data)["attempts"] == [attempt]
+    [(retried,)] = query(upgraded, "select data from events where kind = 'task.retry_scheduled'")
+    assert json.loads(retried)["used"] == 0

@@ -206,4 +206,4 @@ def _changes(router: APIRouter, Env: Any, forge: ForgeCalls) -> None:
             raise InvalidInput(f"slot must be between 1 and shares ({env.loaded.config.shares})")
         from aiworker.core.scheduling.controls import stop_slot_job
 
-        return stop_slot_job(env, request.slot)
+        return stop_slot_job(env, request.slot, "the web control plane")

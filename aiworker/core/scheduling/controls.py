@@ -3,7 +3,9 @@
 A tick holds every free slot's lock under its own pid while it claims, so the lock's
 holder is not necessarily a job. The job to stop is the one the claim names (the tick or
 the phase records its pid in the claim token), and only while that process still runs a
-phase of that task. SIGTERM lets the phase guard close its attempt and land the task.
+phase of that task. Its open attempt is closed first as `stopped` by the operator, with
+its budget charge given back (the stop is no failure of the work), and the stop is
+recorded; SIGTERM then lets the phase guard land the task where it retries.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from typing import Any
 from aiworker.core.context import Environment
 from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.errors import Conflict, InvalidInput
+from aiworker.store.attempts import finish_attempt, open_attempts
 from aiworker.store.task_records import claims_by_slot
+from aiworker.store.tasks import append_event
 
 
-def stop_slot_job(env: Environment, slot: int) -> dict[str, Any]:
+def stop_slot_job(env: Environment, slot: int, by: str) -> dict[str, Any]:
+    """Stop the job running on SLOT, as BY asked."""
     shares = env.loaded.config.shares
     if not 1 <= slot <= shares:
         raise InvalidInput(f"slot must be between 1 and shares ({shares})")
@@ -35,6 +40,19 @@ def stop_slot_job(env: Environment, slot: int) -> dict[str, Any]:
     pid = launched_pid(token)
     if pid is None or not job_alive(pid, task_id):
         raise Conflict(f"slot {slot} has task {task_id} claimed, but no running job of it")
+    why = f"stopped by an operator ({by}) on slot {slot}"
+    db = env.open_database()
+    try:
+        with db.write() as session:
+            closed = [
+                attempt.id
+                for attempt in open_attempts(session, task_id)
+                if finish_attempt(session, attempt.id, "stopped", reason=why, refunded=True)
+            ]
+            data = {"slot": slot, "pid": pid, "attempts": closed, "reason": why}
+            append_event(session, "slot.stopped", task_id=task_id, actor=by, data=data)
+    finally:
+        db.dispose()
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
