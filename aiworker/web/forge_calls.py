@@ -1,6 +1,6 @@
-"""Requests that wait on the forge (an access check or repair, a cancel that comments on
-the pull request) run on a few threads of their own. Every other request runs on the
-event loop's shared pool: were the forge to stall, forty such requests held there
+"""Requests that wait on the forge for long (an access check or repair: a read of every
+bot on every repository) run on a few threads of their own. Every other request runs on
+the event loop's shared pool: were the forge to stall, forty such requests held there
 would leave no thread for the page, its status, or anything else, until it answered."""
 
 from __future__ import annotations

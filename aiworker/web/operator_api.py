@@ -110,7 +110,7 @@ def build_router(environment: Callable[[], Environment], tokens: CsrfTokens) -> 
             "check_requested": state.check_requested,
         }
 
-    add_task_routes(router, Env, forge)
+    add_task_routes(router, Env)
 
     @router.get("/tasks/{task_id}/logs")
     def logs(

@@ -71,7 +71,9 @@ def _read(access: ForgeAccess, repos: Iterable[Repository]) -> list[dict[str, An
 
 
 def check_access(env: Environment) -> AccessReport:
-    access = ForgeAccess(env.loaded)
+    # A check the operator asked for and can ask again: a stalled forge costs each read
+    # one timeout, not its retries.
+    access = ForgeAccess(env.loaded, attempts=1)
     return AccessReport(env.loaded.revision, _read(access, env.loaded.config.repositories))
 
 

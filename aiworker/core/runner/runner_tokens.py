@@ -38,38 +38,40 @@ def holder_of(token: str) -> str:
     return _digest(token).hex()[:16]
 
 
+def _changed_within(path: Path, seconds: float) -> bool:
+    """Whether PATH exists and was written less than SECONDS ago."""
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
 class AcceptedTokens:
     REWRITE_S = 5.0  # how long a token file without a whole token may be mid-rewrite
 
     def __init__(self) -> None:
         self._digests: list[bytes | None] = []  # one per configured source, in order
-        self._unusable_since: dict[int, float] = {}  # source -> first seen without a token
 
     def read(self, loaded: LoadedConfig) -> None:
         """Each source's token digest, read again. A token file caught half rewritten
-        (there, but not yet one whole token) keeps the digest it had for REWRITE_S; one
-        that stays so (emptied, or overwritten with what is no token) revokes it, as a
-        removed file does at once."""
-        base, now = loaded.path.parent, time.monotonic()
+        (there, changed less than REWRITE_S ago, not yet one whole token) keeps the
+        digest it had; one that stays so (emptied, or overwritten with what is no token)
+        revokes it, as a removed file does."""
+        base = loaded.path.parent
         digests: list[bytes | None] = []
         for n, identity in enumerate(loaded.config.runners.tokens):
             token = usable_token(identity, base)
-            if token is not None:
-                self._unusable_since.pop(n, None)
-                digests.append(_digest(token))
-                continue
             kept = self._digests[n] if n < len(self._digests) else None
-            if identity.token_file and token_path(identity, base).exists() and kept:
-                since = self._unusable_since.setdefault(n, now)
-                if now - since < self.REWRITE_S:
+            if token is None and identity.token_file and kept is not None:
+                if _changed_within(token_path(identity, base), self.REWRITE_S):
                     digests.append(kept)
                     continue
                 log.warning(
-                    "runners.tokens[%d]: %s holds no whole token: its old token is refused",
+                    "runners.tokens[%d]: %s has no whole token: its old token is refused",
                     n,
                     identity.token_file,
                 )
-            digests.append(None)
+            digests.append(_digest(token) if token is not None else None)
         self._digests = digests
 
     def accepts(self, presented: str | None) -> bool:
