@@ -363,8 +363,11 @@ def test_a_job_an_operator_stops_from_the_page_is_recorded_and_not_charged(
             phase.wait()
     assert query(upgraded, "select state, claim_slot from tasks") == [("ready", None)]
     assert query(upgraded, "select outcome, refunded from attempts") == [("stopped", 1)]
-    [(actor, data)] = query(upgraded, "select actor, data from events where kind = 'slot.stopped'")
+    asked = "select actor, data from events where kind = 'slot.stop_requested'"
+    [(actor, data)] = query(upgraded, asked)
     assert actor == "the web control plane"
-    assert json.loads(data)["attempts"] == [attempt]
+    assert json.loads(data)["slot"] == 1
+    [(reason,)] = query(upgraded, "select reason from attempts")
+    assert reason == "stopped by an operator (the web control plane) on slot 1"
     [(retried,)] = query(upgraded, "select data from events where kind = 'task.retry_scheduled'")
     assert json.loads(retried)["used"] == 0

@@ -183,6 +183,7 @@ def test_reads_match_the_cli_and_never_show_a_secret(web, state_dir):
     assert broken.status_code == 500
     assert broken.json()["error"]["code"] == "internal"
     assert "IsADirectoryError" in broken.json()["error"]["message"]
+    assert str(logs) not in broken.text  # its details are for the server's log
     missing = client.get(f"{url}/api/v1/tasks/999", timeout=10)
     assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no task 999")
     no_log = client.get(f"{url}/api/v1/tasks/999/logs", timeout=10)

@@ -130,7 +130,7 @@ def pause(env: Environment, reason: str, by: str) -> PauseReport:
             state.paused, state.paused_reason = True, reason
             state.paused_by, state.paused_at = by, _stamp()
     # Said once no tick's claim is under way: a tick claims under discovery.lock and reads
-    # the pause there, so that no job starts after the pause is acknowledged.
+    # the pause there, so that nothing is claimed after the pause is acknowledged.
     with contextlib.suppress(LockHeld), env.locks.held("discovery", DISCOVERY_WAIT_SECONDS):
         pass
     return PauseReport(True, state.paused_reason, state.paused_by, state.paused_at, already)

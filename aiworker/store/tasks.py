@@ -78,6 +78,18 @@ def _driver(target: Writer) -> DriverConnection:
     return target if isinstance(target, DriverConnection) else driver_of(connection_of(target))
 
 
+STOP_REQUESTED = "slot.stop_requested"
+
+
+def stop_requested(session: Session, task_id: int, pid: int) -> str | None:
+    """Why an operator asked for process PID, a job of TASK_ID, to stop; None if none did."""
+    rows = session.execute(
+        select(events.c.data).where(events.c.task_id == task_id, events.c.kind == STOP_REQUESTED)
+    )
+    asked = [data for (data,) in rows if isinstance(data, dict) and data.get("pid") == pid]
+    return str(asked[-1].get("reason", "stopped by an operator")) if asked else None
+
+
 def append_event(
     session: Writer,
     kind: str,

@@ -43,9 +43,11 @@ def api_app(title: str, openapi_url: str) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        # The caller gets the error shape, not a text page. The server still logs it with
-        # its traceback and closes the connection, so the answer says so.
-        answer = error_response(500, "internal", f"unexpected {type(exc).__name__}: {exc}")
+        # The caller gets the error shape, not a text page, and only the failure's kind:
+        # its text (paths, SQL and its parameters) is for the server's log, which gets it
+        # with the traceback. The server closes the connection, so the answer says so.
+        message = f"unexpected {type(exc).__name__}; the server's log has its details"
+        answer = error_response(500, "internal", message)
         answer.headers["connection"] = "close"
         return answer
 

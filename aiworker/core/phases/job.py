@@ -30,7 +30,7 @@ from aiworker.store.attempts import finish_attempt, set_workspace, start_attempt
 from aiworker.store.controllers import Heartbeat
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
-from aiworker.store.tasks import Writer, append_event
+from aiworker.store.tasks import Writer, append_event, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,12 @@ class Job:
         outside = getattr(exc, "exit_code", None) == EXIT_UNAVAILABLE or full
         installation = getattr(exc, "installation", False) and not self.spent
         held = installation or (full and self.spent) or getattr(exc, "holds_task", False)
-        transient = (outside and not self.spent) or held
+        # An operator's stop is no failure of the work: given back, whatever it spent.
+        stop = self._stop_requested() if isinstance(exc, Interrupted) else None
+        transient = (outside and not self.spent) or held or stop is not None
         outcome = "interrupted" if isinstance(exc, Interrupted) else "error"
-        outcome = "unavailable" if transient else outcome
+        outcome = "stopped" if stop else "unavailable" if transient else outcome
+        reason = stop or reason
         if self.attempt is None:
             # Failed before its attempt was recorded (reading the issue, fetching): it is
             # recorded now, so that a failure that repeats spends the budget and ends.
@@ -206,6 +209,15 @@ class Job:
         for step in (self.failure_hook, self._hold if held else self.land):
             if step is not None:
                 self._settle(functools.partial(step, reason))
+
+    def _stop_requested(self) -> str | None:
+        """Why an operator asked this job to stop (stop-slot), if one did."""
+        try:
+            with self.db.read() as session:
+                return stop_requested(session, self.task.id, os.getpid())
+        except Exception:  # unreadable now: the stop is taken for any other signal
+            log.exception("task %d: whether an operator stopped it is unknown", self.task.id)
+            return None
 
     def _hold(self, reason: str) -> None:
         task = self.task

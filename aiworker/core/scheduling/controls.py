@@ -3,9 +3,10 @@
 A tick holds every free slot's lock under its own pid while it claims, so the lock's
 holder is not necessarily a job. The job to stop is the one the claim names (the tick or
 the phase records its pid in the claim token), and only while that process still runs a
-phase of that task. Its open attempt is closed first as `stopped` by the operator, with
-its budget charge given back (the stop is no failure of the work), and the stop is
-recorded; SIGTERM then lets the phase guard land the task where it retries.
+phase of that task. The request is recorded first (`slot.stop_requested`, naming the
+pid); SIGTERM then lets the phase guard close its attempt as `stopped`, its budget
+charge given back (the stop is no failure of the work), and land the task where it
+retries.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Any
 from aiworker.core.context import Environment
 from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.errors import Conflict, InvalidInput
-from aiworker.store.attempts import finish_attempt, open_attempts
 from aiworker.store.task_records import claims_by_slot
-from aiworker.store.tasks import append_event
+from aiworker.store.tasks import STOP_REQUESTED, append_event
 
 
 def stop_slot_job(env: Environment, slot: int, by: str) -> dict[str, Any]:
@@ -43,14 +43,9 @@ def stop_slot_job(env: Environment, slot: int, by: str) -> dict[str, Any]:
     why = f"stopped by an operator ({by}) on slot {slot}"
     db = env.open_database()
     try:
-        with db.write() as session:
-            closed = [
-                attempt.id
-                for attempt in open_attempts(session, task_id)
-                if finish_attempt(session, attempt.id, "stopped", reason=why, refunded=True)
-            ]
-            data = {"slot": slot, "pid": pid, "attempts": closed, "reason": why}
-            append_event(session, "slot.stopped", task_id=task_id, actor=by, data=data)
+        with db.write() as session:  # before the signal: the job's guard reads it
+            data = {"slot": slot, "pid": pid, "reason": why}
+            append_event(session, STOP_REQUESTED, task_id=task_id, actor=by, data=data)
     finally:
         db.dispose()
     try:
