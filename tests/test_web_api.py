@@ -67,6 +67,7 @@ def test_request_protection_refuses_and_changes_nothing(web):
     client = session(url)
     forged = client.post(f"{url}/api/v1/actions/pause", headers={"Host": "evil.example"})
     assert (forged.status_code, forged.json()["error"]["code"]) == (421, "forbidden_host")
+    assert "--public-origin" in forged.json()["error"]["message"]
     read = requests.get(f"{url}/api/v1/status", headers={"Host": "attacker:80"}, timeout=10)
     assert read.status_code == 421
     foreign = client.post(f"{url}/api/v1/actions/pause", headers={"Origin": "http://evil.example"})
@@ -102,7 +103,15 @@ def test_actions_go_through_the_scheduler_controls(web):
     url, _ = web
     client = session(url)
     result = client.post(f"{url}/api/v1/actions/pause", json={"reason": "maintenance window"})
-    assert result.json() == {"paused": True, "reason": "maintenance window"}
+    assert result.json() == {
+        "paused": True,
+        "reason": "maintenance window",
+        "already": False,
+        "paused_by": "the web control plane",
+    }
+    # A second pause says the first stands, as the CLI's does.
+    again = client.post(f"{url}/api/v1/actions/pause", json={"reason": "another"}).json()
+    assert (again["already"], again["reason"]) == (True, "maintenance window")
     status = client.get(f"{url}/api/v1/status").json()
     assert (status["paused"], status["paused_reason"]) == (True, "maintenance window")
     assert client.post(f"{url}/api/v1/actions/resume").json() == {"paused": False}

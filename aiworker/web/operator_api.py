@@ -189,7 +189,13 @@ def _changes(router: APIRouter, Env: Any, forge: ForgeCalls) -> None:
 
         reason = request.reason if request is not None else ""
         paused = pause_scheduler(env, reason, "the web control plane")
-        return {"paused": True, "reason": paused.reason}
+        # Already paused: the first pause stands (its reason, who and since when).
+        return {
+            "paused": True,
+            "reason": paused.reason,
+            "already": paused.already,
+            "paused_by": paused.paused_by,
+        }
 
     @router.post("/actions/resume")
     def resume(env: Env) -> dict[str, Any]:

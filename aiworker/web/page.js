@@ -256,7 +256,13 @@ async function taskAction(action, body) {
 }
 
 $("start-now").addEventListener("click", () => act("start-now"));
-$("pause").addEventListener("click", () => act("pause", { reason: $("pause-reason").value }));
+$("pause").addEventListener("click", async () => {
+  try {
+    const paused = await api("POST", "/api/v1/actions/pause", { reason: $("pause-reason").value });
+    say(paused.already ? "already paused by " + paused.paused_by + ": " + plain(paused.reason) + " (that pause stands)" : "pause done");
+    await refreshStatus();
+  } catch (e) { say(e.message, true); }
+});
 $("resume").addEventListener("click", () => act("resume"));
 $("stop-slot").addEventListener("click", () => {
   const slot = Number($("stop-slot-number").value);

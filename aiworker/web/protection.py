@@ -135,7 +135,14 @@ class Protection:
         for key, value in scope["headers"]:
             headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
         if self.check_host and headers.get("host", "") not in self.hosts:
-            await refuse(send, 421, "forbidden_host", "this server answers only to its own address")
+            await refuse(
+                send,
+                421,
+                "forbidden_host",
+                "this server answers only to its own address; behind a reverse proxy, or "
+                "bound to a wildcard address, name the address clients use with "
+                "--public-origin",
+            )
             return
         if scope["method"] not in SAFE_METHODS:
             why = self._mutation_refused(headers) if self.tokens is not None else None
