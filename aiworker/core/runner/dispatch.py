@@ -25,7 +25,14 @@ from aiworker.core.runner.execute import DEFAULT_LOG_BYTES, RunnerSettings
 from aiworker.core.runner.local_controller import LocalController
 from aiworker.core.runner.requests import RequestRejected
 from aiworker.core.runner.snapshots import publish, published, remove_snapshot
-from aiworker.errors import SHORT_ADVICE, SHORT_WORDS, AiworkerError, ShortOfResources, Unavailable
+from aiworker.errors import (
+    SHORT_ADVICE,
+    SHORT_WORDS,
+    AiworkerError,
+    ShortOfResources,
+    Unavailable,
+    failure_reason,
+)
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.runtime.gitcache import GitCache
 from aiworker.runtime.locks import LockDir
@@ -104,7 +111,11 @@ class Dispatch:
             if self.runners.mode == "embedded":
                 self._run_here(pair)
             else:
-                self._wait(pair, timeout_ms)
+                try:
+                    self._wait(pair, timeout_ms)
+                except BaseException as exc:  # a stop of this process too
+                    self._give_up(pair, exc)
+                    raise
             return self.delivered(pair)
         finally:
             with locks.held("snapshots", timeout=300):
@@ -151,6 +162,15 @@ class Dispatch:
                 if abandon(self.db, pair, {"error": why}):
                     raise Unavailable(f"worker job {pair[0]}/{pair[1]}: {why}")
             time.sleep(WAIT_STEP_S)
+
+    def _give_up(self, pair: tuple[int, int], exc: BaseException) -> None:
+        """Nobody will read the delivery of a job this process stopped waiting for: it
+        ends now, so that no runner takes it up (one running it loses its lease)."""
+        why = f"the controller stopped waiting for it: {failure_reason(exc)}"
+        try:
+            abandon(self.db, pair, {"error": why})
+        except Exception:  # the wait's own failure is the one to report
+            log.exception("worker job %d/%d could not be ended", *pair)
 
     def delivered(self, pair: tuple[int, int]) -> Delivery:
         stored = get_job(self.db, pair).result or {}
