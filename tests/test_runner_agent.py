@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -478,3 +479,70 @@ def test_a_source_root_that_is_no_directory_is_named_with_exit_2(tmp_path):
     assert done.returncode == 2, (done.stdout, done.stderr)
     message = json.loads(done.stdout)["error"]["message"]
     assert message == f"--source-root {tmp_path / 'missing'}: no such directory"
+
+
+def test_a_runner_started_before_its_controller_says_why_it_waits_and_when_it_connects(
+    upgraded, tmp_path, monkeypatch, state_dir
+):
+    """Started first (a fleet host booting before the controller's): the runner says in
+    an operator's words why it waits, connects once the listener is up and says so, and
+    runs the job; pointed at another service it says that is not the runner API."""
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path, lease_seconds=30)))
+    repo = tmp_path / "repo"
+    commit_tree(repo, {"ci/run": RUN})
+    db = Database(f"sqlite:///{upgraded}")
+    index = queue_job(db, state_dir, repo, 1, ("./ci/run", "late"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = f"127.0.0.1:{probe.getsockname()[1]}"
+    argv = runner_argv("serve", "--server", f"http://{listen}", "--worker-id", "r1")
+    argv[argv.index("--json")] = "--verbose"
+    argv += ["--attempt-root", str(tmp_path / "a")]
+    runner = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=runner_env()
+    )
+    try:
+        first = runner.stderr.readline()
+        assert "health: connection refused (nothing listens there)" in first, first
+        with runner_listener(listen) as listener:
+            while "controller reachable after" not in (line := runner.stderr.readline()):
+                assert line, "the runner ended before it connected"
+            wait_for(lambda: get_job(db, (1, index)).state == "succeeded", 120)
+            # The operator's listener is not the runner API, and the runner says so.
+            wrong = run(runner_argv("doctor", "--server", listener.operator), timeout=60)
+        runner.send_signal(signal.SIGTERM)
+        runner.communicate(timeout=60)
+    finally:
+        runner.kill()
+    assert runner.returncode == 0
+    [check] = [c for c in json.loads(wrong.stdout)["checks"] if c["name"] == "controller"]
+    assert (check["status"], check["detail"]) == (
+        "fail",
+        "this is the operator's listener; a runner's is `web serve --runner-listen`",
+    )
+    # Some other service (here Python's file server) answers 404 its own way.
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", listen.split(":")[1]],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: b"200" in _get(f"http://{listen}/"), 30)
+        foreign = run(runner_argv("doctor", "--server", f"http://{listen}"), timeout=60)
+    finally:
+        other.kill()
+        other.wait()
+    [check] = [c for c in json.loads(foreign.stdout)["checks"] if c["name"] == "controller"]
+    assert check["detail"] == (
+        f"http://{listen}/api/runner/v1/health: HTTP 404 that is not from aiworker's runner "
+        "API (is --server the address `web serve --runner-listen` gives?)"
+    )
+    db.dispose()
+
+
+def _get(url: str) -> bytes:
+    try:
+        return f"{requests.get(url, timeout=5).status_code}".encode()
+    except requests.RequestException:
+        return b""

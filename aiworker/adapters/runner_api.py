@@ -15,6 +15,7 @@ from typing import Any
 
 import requests
 
+from aiworker.adapters.causes import connection_cause
 from aiworker.errors import AiworkerError, InvalidInput, Refused, Unavailable
 
 API = "/api/runner/v1"
@@ -70,13 +71,13 @@ class RunnerApi:
                 method, self.base + path, json=body, timeout=timeout_s or self.timeout_s, **more
             )
         except requests.RequestException as exc:
-            raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
+            raise self._unreachable(self.base + path, exc, timeout_s) from None
         if response.status_code >= 500:
             raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
         if response.status_code == 401:
             raise Unauthorized(f"{self.base}: the runner token is not accepted")
         if response.status_code in (400, 404, 409, 413, 422):
-            error = _error_of(response)
+            error = _error_of(response, self.base + path)
             kind = LeaseGone if response.status_code == 409 else Rejected
             raise kind(error["message"], code=error["code"])
         if response.status_code >= 400:
@@ -144,7 +145,7 @@ class RunnerApi:
                 self.base + path, stream=True, timeout=self.timeout_s, headers=headers
             )
         except requests.RequestException as exc:
-            raise ServerUnavailable(f"{self.base}: {type(exc).__name__}") from None
+            raise self._unreachable(self.base + path, exc) from None
         with response:
             if response.status_code != 200:
                 self._raise_for(response, path)
@@ -161,18 +162,25 @@ class RunnerApi:
                     else:
                         chunks.append(chunk)
             except requests.RequestException as exc:
-                raise ServerUnavailable(f"{self.base}{path}: {type(exc).__name__}") from None
+                raise self._unreachable(self.base + path, exc) from None
             finally:
                 if handle is not None:
                     handle.close()
         return b"".join(chunks)
+
+    def _unreachable(
+        self, url: str, exc: requests.RequestException, timeout_s: float | None = None
+    ) -> ServerUnavailable:
+        """The call to URL failed on its way: why, in an operator's words."""
+        why, _ = connection_cause(exc, timeout_s or self.timeout_s)
+        return ServerUnavailable(f"{url}: {why}")
 
     def _raise_for(self, response: requests.Response, path: str) -> None:
         if response.status_code >= 500:
             raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
         if response.status_code == 401:
             raise Unauthorized(f"{self.base}: the runner token is not accepted")
-        error = _error_of(response)
+        error = _error_of(response, self.base + path)
         raise Rejected(error["message"], code=error["code"])
 
 
@@ -181,9 +189,15 @@ def _create_new(path: Path) -> Any:
     return os.fdopen(os.open(path, flags, 0o600), "wb")
 
 
-def _error_of(response: requests.Response) -> dict[str, str]:
+def _error_of(response: requests.Response, url: str) -> dict[str, str]:
+    """The runner API's error document in RESPONSE; an answer of another shape is from
+    something else at URL (the operator's listener, the forge, a proxy), and says so."""
     try:
         error = response.json()["error"]
         return {"code": str(error["code"])[:80], "message": str(error["message"])[:500]}
     except (ValueError, KeyError, TypeError):
-        return {"code": "http_error", "message": f"HTTP {response.status_code}"}
+        message = (
+            f"{url}: HTTP {response.status_code} that is not from aiworker's runner API "
+            "(is --server the address `web serve --runner-listen` gives?)"
+        )
+        return {"code": "http_error", "message": message}

@@ -70,6 +70,14 @@ def create_app(
             headers={"content-security-policy": policy, "cache-control": "no-cache"},
         )
 
+    @app.api_route(
+        "/api/runner/{_rest:path}", methods=["GET", "POST", "PUT"], include_in_schema=False
+    )
+    def not_here(_rest: str) -> JSONResponse:
+        # A runner pointed at this listener: it is told where its API is served.
+        why = "this is the operator's listener; a runner's is `web serve --runner-listen`"
+        return error_response(404, "not_found", why)
+
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
         return Response(status_code=204)  # no icon; answered so a browser logs no error

@@ -26,7 +26,7 @@ import requests
 import urllib3
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
-from aiworker.adapters.forgejo.causes import before_sending, connection_cause, retry_after_seconds
+from aiworker.adapters.causes import before_sending, connection_cause, retry_after_seconds
 from aiworker.adapters.forgejo.errors import (
     BY_STATUS,
     SCOPE_REFUSAL,

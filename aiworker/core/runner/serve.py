@@ -110,8 +110,11 @@ def serve(
     lock = lock_attempt_root(options.settings.attempt_root)
     try:
         contract = _connect(controller, once, signals)
-        log.info("runner %s: serving, contract %s", options.worker_id, contract or "(none)")
         report = ServeReport(options.worker_id, contract)
+        if not contract:
+            log.info("runner %s: stopped before the controller answered", options.worker_id)
+            return report
+        log.info("runner %s: serving, contract %s", options.worker_id, contract)
         failures = 0
         key = new_key()
         while not signals.stop.is_set():
@@ -130,7 +133,9 @@ def serve(
                     raise
                 failures = _back_off(signals, failures, exc)
                 continue  # the same key: a claim whose answer was lost is answered again
-            failures = 0
+            if failures:
+                log.info("controller reachable again after %d failed tries", failures)
+                failures = 0
             if claimed is None:
                 waited = time.monotonic() - asked
                 if options.long_poll_ms == 0 or waited < options.long_poll_ms / 2000:
@@ -175,7 +180,10 @@ def _connect(controller: Controller, once: bool, signals: Signals) -> str:
     failures = 0
     while not signals.stop.is_set():
         try:
-            return select_contract(controller)
+            contract = select_contract(controller)
+            if failures:
+                log.info("controller reachable after %d failed tries", failures)
+            return contract
         except ServerUnavailable as exc:
             if once:
                 raise

@@ -1,5 +1,6 @@
-"""Why a forge request failed, in an operator's words: a connection's failure and
-whether waiting may cure it, and how long a Retry-After asks to wait."""
+"""Why an HTTP request (to the forge, to the controller's runner API) failed, in an
+operator's words: a connection's failure and whether waiting may cure it, and how long a
+Retry-After asks to wait."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def connection_cause(exc: requests.RequestException, timeout: float) -> tuple[st
 
 
 def before_sending(exc: requests.RequestException) -> bool:
-    """Whether EXC ended the call before its request could reach the forge: no connection
+    """Whether EXC ended the call before its request could reach the server: no connection
     was made (refused, a name that does not resolve, a connect timeout, a failed TLS
-    handshake). Any other failure may come after the forge took the request."""
+    handshake). Any other failure may come after the server took the request."""
     if isinstance(exc, requests.exceptions.ConnectTimeout | requests.exceptions.SSLError):
         return True
     seen: BaseException | None = exc
