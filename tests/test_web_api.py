@@ -92,11 +92,22 @@ def test_request_protection_refuses_and_changes_nothing(web):
         assert (forged.status_code, forged.json()["error"]["code"]) == (403, "csrf"), made_up
     huge = client.post(f"{url}/api/v1/actions/pause", data=b"{" + b" " * 70_000 + b"}")
     assert (huge.status_code, huge.json()["error"]["code"]) == (413, "too_large")
+    # Sent in chunks, with no length to judge it by: refused the same way once past 64 KiB.
+    chunked = client.post(
+        f"{url}/api/v1/actions/pause",
+        data=(b"{" if n == 0 else b" " * 8192 for n in range(10)),
+        headers={"Content-Type": "application/json"},
+    )
+    assert (chunked.status_code, chunked.json()["error"]["code"]) == (413, "too_large")
     assert paused() is False
-    # The page's own origin is accepted.
-    own = client.post(f"{url}/api/v1/actions/pause", headers={"Origin": url}, json={})
+    # The page's own origin is accepted; a small body in chunks is read whole.
+    own = client.post(
+        f"{url}/api/v1/actions/pause",
+        headers={"Origin": url, "Content-Type": "application/json"},
+        data=iter([b'{"reason": ', b'"sent in', b' chunks"}']),
+    )
     assert own.status_code == 200, own.text
-    assert paused() is True
+    assert (own.json()["reason"], paused()) == ("sent in chunks", True)
 
 
 def test_actions_go_through_the_scheduler_controls(web):

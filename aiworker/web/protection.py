@@ -153,10 +153,11 @@ class Protection:
                 length = int(headers.get("content-length", "0"))
             except ValueError:
                 length = self.max_body + 1
-            if length > self.max_body:
+            bounded = None if length > self.max_body else await self._bounded(receive)
+            if bounded is None:
                 await refuse(send, 413, "too_large", f"bodies are at most {self.max_body} bytes")
                 return
-            receive = self._bounded(receive)
+            receive = bounded
         await self.app(scope, receive, _nosniff(send))
 
     def _mutation_refused(self, headers: dict[str, str]) -> tuple[str, str] | None:
@@ -176,19 +177,25 @@ class Protection:
             )
         return None
 
-    def _bounded(self, receive: Receive) -> Receive:
-        """A body sent without a truthful length is cut off at the bound."""
-        seen = 0
-
-        async def bounded() -> Message:
-            nonlocal seen
+    async def _bounded(self, receive: Receive) -> Receive | None:
+        """The body read whole (a body sent in chunks, or with an untruthful length, is
+        bounded as it comes), replayed to the app; None when it is past the bound."""
+        body, message = b"", await receive()
+        while message["type"] == "http.request":
+            body += message.get("body", b"")
+            if len(body) > self.max_body:
+                return None
+            if not message.get("more_body", False):
+                break
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body:
-                return {"type": "http.disconnect"}
-            return message
+        whole: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+        if message["type"] != "http.request":  # the client went away meanwhile
+            whole = [message]
 
-        return bounded
+        async def replay() -> Message:
+            return whole.pop() if whole else await receive()
+
+        return replay
 
 
 def _nosniff(send: Send) -> Send:
