@@ -83,7 +83,7 @@ KEYS: dict[str, frozenset[str] | str] = {
         {"state_dir", "restored_from", "revision", "artifacts", "recovered", "tasks"}
     ),
     "task cancel": frozenset(
-        {"task", "state", "was", "stopped", "attempts_closed", "removed", "pr_comment"}
+        {"task", "state", "was", "stopped", "attempts_closed", "removed", "pr_comment", "pr_merged"}
     ),
 }
 

@@ -208,6 +208,81 @@ def test_cancelling_a_published_task_leaves_its_pr_open_with_a_comment(
     assert "cancelled, not awaiting_review" in refused.json()["error"]["message"]
 
 
+def hung_step(step: str, task: int, failpoint: str):
+    """STEP for TASK as a separate process, hanging at FAILPOINT (a forge reply slow to
+    come back: its request reached the forge)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiworker", step, "--task", str(task)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "AIWORKER_FAILPOINT": f"{failpoint}:hang"},
+    )
+
+
+def until(check, what: str, timeout: float = 120):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return found
+
+
+def test_a_cancel_that_meets_a_publish_in_flight_finds_its_pr_and_comments_on_it(
+    forge, delivered, upgraded, cli
+):
+    """The publish opened the PR on the forge but had not recorded it when the cancel
+    stopped it: the cancel finds the PR by the publication's marker, records it and
+    leaves it open with the comment."""
+    task, _head = delivered()
+    worker = forge.client("worker-bot")
+    step = hung_step("publish", task, "publish.after_request")
+    try:
+        [pull] = until(lambda: worker.pulls("team", "app"), "the PR to be opened")
+        cancelled = cli("--json", "task", "cancel", str(task))
+    finally:
+        step.kill()
+        step.wait()
+    assert cancelled.exit_code == 0, cancelled
+    report = cancelled.json()
+    assert (report["was"], report["pr_merged"]) == ("implemented", None)
+    [comment] = worker.comments("team", "app", pull.number)
+    assert comment.id == report["pr_comment"]
+    assert "left open for a person to decide" in comment.body
+    assert query(upgraded, "select state, pr_number from publications") == [("opened", pull.number)]
+
+
+def test_a_cancel_that_meets_a_merge_in_flight_records_the_merge_it_could_not_stop(
+    forge, delivered, upgraded, cli
+):
+    """The merge request reached the forge before the cancel: the PR is merged, so the
+    cancel says so, records the publication as merged and posts no "left open" comment."""
+    task, head = delivered()
+    reports = deliver_until(task, "publish", "ci", "review", cli=cli)
+    assert [r.exit_code for r in reports.values()] == [0, 0, 0], reports
+    pr = reports["publish"].json()["pr"]
+    worker = forge.client("worker-bot")
+    step = hung_step("merge", task, "merge.after_request")
+    try:
+        until(lambda: worker.pull("team", "app", pr).merged, "the merge")
+        cancelled = cli("task", "cancel", str(task))
+    finally:
+        step.kill()
+        step.wait()
+    assert cancelled.exit_code == 0, cancelled
+    assert f"PR #{pr} had merged before the cancel took effect" in cancelled.stdout
+    assert [c for c in worker.comments("team", "app", pr) if c.user.login == "worker-bot"] == []
+    assert query(upgraded, "select state, head_commit from publications") == [("merged", head)]
+    shown = cli("--json", "task", "show", str(task)).json()
+    assert shown["state"] == "cancelled"
+    [merged] = [e for e in shown["history"] if e["kind"] == "pr.merged_before_cancel"]
+    assert merged["data"]["merge_commit"] == worker.pull("team", "app", pr).merge_commit_sha
+
+
 def test_a_cancel_while_the_forge_stalls_tries_its_pr_comment_once(forge, delivered, upgraded, cli):
     """The cancel's comment on the PR is a courtesy: a forge that takes connections and
     answers none costs it one try (one forge timeout), not five tries and their back-off

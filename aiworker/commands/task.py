@@ -97,12 +97,10 @@ def cancel(
 
     inv: Invocation = ctx.obj
     report = cancel_task(inv.environment(), task).to_json()
-    emit(
-        inv.json,
-        report,
-        lambda c: c.print(
-            f"task {task}: cancelled (was {report['was']}); stopped {len(report['stopped'])} "
-            f"processes, closed {len(report['attempts_closed'])} attempts",
-            markup=False,
-        ),
+    line = (
+        f"task {task}: cancelled (was {report['was']}); stopped {len(report['stopped'])} "
+        f"processes, closed {len(report['attempts_closed'])} attempts"
     )
+    if report["pr_merged"]:
+        line += f"; PR #{report['pr_merged']} had merged before the cancel took effect"
+    emit(inv.json, report, lambda c: c.print(line, markup=False))

@@ -5,7 +5,8 @@ move refused), then stops that job: SIGTERM to its process tree, which its phase
 turns into a closed attempt, and SIGKILL after a grace period to whatever is left,
 including the provider's processes found by their attempt tag. Open attempts are closed
 as cancelled, workspaces removed with an inventory, and an open PR is left open with a
-comment. A plan's unfinished milestones are cancelled with it, their jobs stopped alike.
+comment (one that merged before the cancel took effect is recorded as merged). A plan's
+unfinished milestones are cancelled with it, their jobs stopped alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiworker.core.context import Environment, task_artifacts
 from aiworker.core.report import Report
@@ -30,10 +32,13 @@ from aiworker.runtime.reaper import process_tree, signal_all, tagged_processes
 from aiworker.store.attempts import finish_attempt, open_attempts
 from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
-from aiworker.store.models import Task
-from aiworker.store.publications import publications_of
+from aiworker.store.models import Repository, Task
+from aiworker.store.publications import advance_publication, close_publication, publications_of
 from aiworker.store.task_records import children_of, existing_task
 from aiworker.store.tasks import append_event
+
+if TYPE_CHECKING:
+    from aiworker.adapters.forgejo.models import PullRequest
 
 STOP_GRACE_S = 10.0
 
@@ -47,6 +52,7 @@ class CancelReport(Report):
     attempts_closed: list[int] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     pr_comment: int | None = None
+    pr_merged: int | None = None  # the PR had merged before the cancel took effect
 
 
 def _task(db: Database, task_id: int) -> Task:
@@ -69,7 +75,7 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
                     ):
                         report.attempts_closed.append(attempt.id)
             report.removed += _remove_workspaces(env, db, one.id)
-        report.pr_comment = _comment_on_pull(env, db, task)
+        _settle_pull(env, db, task, report)
         return report
     finally:
         db.dispose()
@@ -169,25 +175,43 @@ def _unlink(path: Path) -> bool:
     return not path.exists()
 
 
-def _comment_on_pull(env: Environment, db: Database, task: Task) -> int | None:
-    with db.read() as session:
-        pulls = [p.pr_number for p in publications_of(session, task.id) if p.pr_number]
-    if not pulls:
-        return None
+def _settle_pull(env: Environment, db: Database, task: Task, report: CancelReport) -> None:
+    """The task's pull request as the forge has it now (a publish or merge the cancel
+    stopped may have reached the forge first, unrecorded): one that merged is recorded
+    as merged, one still open gets the comment (its number recorded when the publish
+    that opened it could not record it)."""
     from aiworker.core.forge_access import ForgeAccess
-    from aiworker.store.models import Repository
 
     with db.read() as session:
+        publications = publications_of(session, task.id)
         repo = session.get(Repository, task.repository_id)
+    if not publications:
+        return
     assert repo is not None
+    recorded = [p.pr_number for p in publications if p.pr_number]
     try:
         # A courtesy the cancel can do without: a stalled forge costs one timeout, not
         # the retries' minutes.
         worker = ForgeAccess(env.loaded, attempts=1).required("worker")
+        if recorded:
+            pull: PullRequest | None = worker.pull(repo.owner, repo.name, recorded[-1])
+        else:
+            markers = [p.ownership_marker for p in publications]
+            found = worker.pulls(repo.owner, repo.name, state="all")
+            pull = next((f for f in found if any(m in f.body for m in markers)), None)
+        if pull is None or (pull.state != "open" and not pull.merged):
+            return
+        if pull.merged:
+            _merged_before(db, task, pull)
+            report.pr_merged = pull.number
+            return
+        if not recorded:
+            with db.write() as session:
+                advance_publication(session, publications[-1].id, "opened", pr_number=pull.number)
         posted = worker.create_comment(
             repo.owner,
             repo.name,
-            pulls[-1],
+            pull.number,
             "An operator cancelled this task in aiworker: it will not update, review or "
             "merge this pull request. It is left open for a person to decide.",
         )
@@ -196,5 +220,15 @@ def _comment_on_pull(env: Environment, db: Database, task: Task) -> int | None:
             append_event(
                 session, "pr.comment_failed", task_id=task.id, data={"reason": exc.message}
             )
-        return None
-    return posted.id
+        return
+    report.pr_comment = posted.id
+    return
+
+
+def _merged_before(db: Database, task: Task, pull: PullRequest) -> None:
+    """PULL merged before the cancel took effect (its merge request was on its way): the
+    publication is recorded as merged, and the task's history says so."""
+    data = {"pr": pull.number, "head": pull.head.sha, "merge_commit": pull.merge_commit_sha}
+    with db.write() as session:
+        close_publication(session, task.id, "merged", pull.head.sha)
+        append_event(session, "pr.merged_before_cancel", task_id=task.id, data=data)
