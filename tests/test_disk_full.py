@@ -99,6 +99,48 @@ def test_a_phase_whose_disk_fills_after_its_run_is_held_and_runs_again_once_resu
     _payloads_named_exist(database, small_disk)
 
 
+def test_a_cancel_on_a_full_disk_still_stops_the_job_and_says_its_record_waits(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """The disk is full while a job runs: the cancel cannot be recorded, but the job is
+    stopped all the same, and the refusal (exit 75) says so and what to run once there
+    is space; run then, the cancel is recorded and nothing of the job is left open."""
+    _configured(forge, tmp_path, monkeypatch, cli)
+    database = small_disk / "aiworker.db"
+    assert cli("--json", "claim", "--slot", "1").json()["claimed"]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "implement", "--task", "1", "--slot", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "AIWORKER_FAILPOINT": "implementation.after_run:hang"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _committed(database):  # the provider ran; the job hangs after it
+            assert time.monotonic() < deadline
+            assert job.poll() is None
+            time.sleep(0.05)
+        filler = _fill(small_disk)
+        refused = run_process("--json", "task", "cancel", "1")
+        assert refused.exit_code == 75, refused
+        message = refused.json()["error"]["message"]
+        assert f"task 1's job was stopped (pids {job.pid}" in message, message
+        assert "run `aiworker task cancel 1` again once there is space" in message
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+        job.wait()
+    filler.unlink()
+    cancelled = run_process("--json", "task", "cancel", "1")
+    assert cancelled.exit_code == 0, cancelled
+    assert query(database, "select state from tasks") == [("cancelled",)]
+    assert query(database, "select count(*) from attempts where finished_at is null") == [(0,)]
+
+
 def _committed(database: Path) -> bool:
     """The attempt's workspace holds the provider's commit."""
     rows = query(database, "select workspace_path from attempts where workspace_path is not null")

@@ -25,7 +25,7 @@ from aiworker.core.tasks.budgets import RELEASE
 from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.recovery import job_alive, launched_pid
 from aiworker.core.tasks.states import TERMINAL, TaskState
-from aiworker.errors import AiworkerError, Conflict
+from aiworker.errors import AiworkerError, Conflict, disk_full
 from aiworker.runtime.attempts import remove_attempt
 from aiworker.runtime.processes import process_alive
 from aiworker.runtime.reaper import process_tree, signal_all, tagged_processes
@@ -63,7 +63,12 @@ def _task(db: Database, task_id: int) -> Task:
 def cancel_task(env: Environment, task_id: int) -> CancelReport:
     db = env.open_database()
     try:
-        task = _cancel_record(db, task_id)
+        try:
+            task = _cancel_record(db, task_id)
+        except AiworkerError as exc:
+            if disk_full(exc):
+                _stop_unrecorded(env, db, task_id, exc)
+            raise
         report = CancelReport(task.id, TaskState.CANCELLED, task.state)
         # A plan's unfinished milestones go with it: nothing of a cancelled plan runs on.
         for one in (task, *_milestones_cancelled(db, task)):
@@ -79,6 +84,22 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
         return report
     finally:
         db.dispose()
+
+
+def _stop_unrecorded(env: Environment, db: Database, task_id: int, exc: AiworkerError) -> None:
+    """The disk is too full to record the cancel: the job is stopped all the same (a job
+    filling the disk must not be beyond the operator's reach), and EXC says so."""
+    try:
+        stopped = stop_jobs(env, db, _task(db, task_id), record=False)
+    except AiworkerError as unreadable:
+        exc.message += f"; task {task_id}'s job could not be found to stop it: {unreadable}"
+        return
+    if stopped:
+        exc.message += (
+            f"; task {task_id}'s job was stopped (pids {', '.join(map(str, stopped))}), but "
+            f"its cancel is not recorded: run `aiworker task cancel {task_id}` again once "
+            "there is space"
+        )
 
 
 def _milestones_cancelled(db: Database, task: Task) -> list[Task]:
@@ -118,9 +139,15 @@ def _cancel_record(db: Database, task_id: int) -> Task:
 
 
 def stop_jobs(
-    env: Environment, db: Database, task: Task, why: str = "cancelled by an operator"
+    env: Environment,
+    db: Database,
+    task: Task,
+    why: str = "cancelled by an operator",
+    *,
+    record: bool = True,
 ) -> list[int]:
-    """Stop every process working on TASK, because WHY; return the pids that were running."""
+    """Stop every process working on TASK, because WHY; return the pids that were running
+    (RECORD: in the task's history too)."""
     # The job's own records name it: the pid in its claim and in its open attempts (never a
     # lock's holder, which may be a tick that holds every free slot for a moment).
     holders = {launched_pid(task.claim_token)}
@@ -150,7 +177,7 @@ def stop_jobs(
             break
         signal_all(left, signal.SIGKILL)
         time.sleep(0.05)
-    if tree:  # none: nothing ran, and nothing was stopped
+    if tree and record:  # none: nothing ran, and nothing was stopped
         with db.write() as session:
             data = {"pids": sorted(tree), "reason": why}
             append_event(session, "task.jobs_stopped", task_id=task.id, data=data)
