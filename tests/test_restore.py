@@ -185,6 +185,19 @@ def test_what_cannot_be_restored_is_refused_and_nothing_is_written(upgraded, tmp
         in (refused.json()["error"]["message"])
     )
     assert not target.exists()
+    # Another backup's payload folder (taken after a change) is not this snapshot's.
+    with sqlite3.connect(upgraded) as changed:
+        changed.execute("create table scratch (x)")  # the store changed since
+    later = tmp_path / "later.db"
+    made = run_process("db", "backup", "--to", str(later), "--with-artifacts", str(tmp_path / "l"))
+    assert made.exit_code == 0, made
+    refused = _restore(target, snapshot, tmp_path / "l")
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["message"] == (
+        f"--artifacts {tmp_path / 'l'} holds the payloads of another snapshot ({later}), not "
+        f"of --from {snapshot}: give the folder that backup filled"
+    )
+    assert not target.exists()
     full = run_process(
         "--json", "db", "backup", "--to", str(tmp_path / "b2.db"), "--with-artifacts", str(busy)
     )

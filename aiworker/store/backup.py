@@ -139,6 +139,15 @@ class NotASnapshot(Exception):
     """A file that is no intact aiworker database snapshot (the message says why)."""
 
 
+def snapshot_sha256(snapshot: Path) -> str:
+    """The SHA-256 of the snapshot file's bytes: what a backup's payload folder names as
+    the snapshot it belongs with."""
+    import hashlib
+
+    with snapshot.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def snapshot_revision(snapshot: Path) -> str | None:
     """The schema revision of an intact SQLite snapshot (None: never migrated); raises
     NotASnapshot for a file that is not SQLite or fails SQLite's integrity check."""

@@ -21,6 +21,7 @@ from aiworker.store.backup import (
     dump_server,
     snapshot_digests,
     snapshot_revision,
+    snapshot_sha256,
 )
 from aiworker.store.engine import sqlite_path
 
@@ -179,6 +180,11 @@ def _copy_artifacts(
             len(copied.damaged),
         )
     summary = {"dir": str(folder), **vars(copied)}
-    manifest = {"snapshot": str(snapshot), "revision": snapshot_revision(snapshot), **summary}
+    manifest = {
+        "snapshot": str(snapshot),
+        "snapshot_sha256": snapshot_sha256(snapshot),
+        "revision": snapshot_revision(snapshot),
+        **summary,
+    }
     write_private_file(folder / MANIFEST, json.dumps(manifest, indent=2).encode())
     return summary

@@ -14,6 +14,7 @@ held, paused with the reason, until an operator resumes it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -31,7 +32,12 @@ from aiworker.runtime.artifact_files import ArtifactFiles
 from aiworker.runtime.atomic import fsync_directory, write_private_file
 from aiworker.runtime.interrupts import ignore_signals
 from aiworker.store.artifacts import live_digests, mark_removed
-from aiworker.store.backup import NotASnapshot, backup_sqlite, snapshot_revision
+from aiworker.store.backup import (
+    NotASnapshot,
+    backup_sqlite,
+    snapshot_revision,
+    snapshot_sha256,
+)
 from aiworker.store.engine import Database, default_url, sqlite_path
 from aiworker.store.schema import ensure_not_newer, upgrade
 
@@ -70,6 +76,26 @@ def _refuse_unless_restorable(env: Environment, backup: Path, artifacts: Path | 
         )
 
 
+def _refuse_another_snapshot_s(artifacts: Path, backup: Path) -> None:
+    """ARTIFACTS must hold the payloads of BACKUP itself: another backup's folder would
+    leave the records it lacks marked removed, its evidence dropped for good."""
+    try:
+        manifest = json.loads((artifacts / MANIFEST).read_bytes())
+        paired = manifest.get("snapshot_sha256")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"--artifacts {artifacts}: {MANIFEST} is unreadable: {exc}") from None
+    try:
+        own = snapshot_sha256(backup)
+    except OSError as exc:
+        raise InvalidInput(f"--from {backup}: {exc.strerror}") from None
+    if paired is not None and paired != own:
+        raise InvalidInput(
+            f"--artifacts {artifacts} holds the payloads of another snapshot "
+            f"({str(manifest.get('snapshot'))[:200]}), not of --from {backup}: give the "
+            "folder that backup filled"
+        )
+
+
 def _refuse_unless_empty(state_dir: Path) -> None:
     """Only its lock files (a refused or failed restore's) may be there."""
     present = sorted(set(os.listdir(state_dir)) - {LOCKS})
@@ -89,6 +115,8 @@ def restore(env: Environment, backup: Path, artifacts: Path | None) -> RestoreRe
     if revision is None:  # another application's database, or an empty one
         raise InvalidInput(f"--from {backup}: not a snapshot of an aiworker store")
     ensure_not_newer(revision)
+    if artifacts is not None:
+        _refuse_another_snapshot_s(artifacts, backup)
     env.ensure_state_dir()
     # Taken before anything is written and held to the end: a second restore into the
     # same directory is refused having touched nothing.
