@@ -146,6 +146,35 @@ def test_a_state_directory_of_another_user_is_refused_and_nothing_is_written(
     assert [p for p in state_dir.rglob("*") if p.stat().st_uid != 65534] == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="provisioning runs as root")
+def test_root_provisioning_for_the_service_s_state_directory_hands_what_it_made_back(
+    upgraded, state_dir, tmp_path
+):
+    """Provisioning needs root, and the service user owns the state directory (`nobody`
+    here): the locks and guests it made there, even for a build that failed, are the
+    owner's afterwards, so the service's ticks, `qemu list` and doctor can use them."""
+    for path in (state_dir, *state_dir.rglob("*")):
+        os.chown(path, 65534, 65534)
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    (recipe / "build.sh").write_text("#!/bin/sh\necho no network for the mirror >&2\nexit 1\n")
+    argv = [sys.executable, "-m", "aiworker", "--json", "--state-dir", str(state_dir)]
+    done = subprocess.run(
+        [*argv, "qemu", "provision", "--recipe", str(recipe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "build" in json.loads(done.stdout)["error"]["message"]
+    made = {p.relative_to(state_dir).parts[0] for p in state_dir.rglob("*")}
+    assert {"locks", "guests"} <= made
+    assert [
+        p for p in state_dir.rglob("*") if (p.lstat().st_uid, p.lstat().st_gid) != (65534,) * 2
+    ] == []
+
+
 def test_a_database_missing_from_a_used_state_directory_points_to_a_restore(
     cli, upgraded, state_dir
 ):

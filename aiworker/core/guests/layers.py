@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import accel_of, require_image
+from aiworker.core.guests.paths import for_the_owner
 from aiworker.core.guests.provision import boot_and_save, sha256_of, wait_for_jobs
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
@@ -47,6 +48,19 @@ def provision_layer(
         raise InvalidInput(f"--script {script}: no such file")
     store, image = require_image(env, layered=False)
     layer = image.with_layer(name)
+    with for_the_owner(env):
+        return _under_the_gate(env, store, layer, name, script, wait_s, stages)
+
+
+def _under_the_gate(
+    env: Environment,
+    store: ImageStore,
+    layer: Image,
+    name: str,
+    script: Path,
+    wait_s: float,
+    stages: Stages,
+) -> LayerReport:
     maintenance = env.locks.maintenance()
     try:
         wait_for_jobs(env, store, wait_s)

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import guest_store, missing_tools
+from aiworker.core.guests.paths import for_the_owner
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, Interrupted, InvalidInput, Unavailable
@@ -82,12 +83,13 @@ def provision(
         raise Unavailable(f"provisioning needs {', '.join(missing)}: install them first")
     if os.geteuid() != 0:
         raise InvalidInput("provisioning builds the root filesystem as root; run it as root")
-    maintenance = env.locks.maintenance()
-    try:
-        wait_for_jobs(env, guest_store(env), wait_s)
-        return _provision(env, recipe, save_state, stages)
-    finally:
-        maintenance.release()
+    with for_the_owner(env):
+        maintenance = env.locks.maintenance()
+        try:
+            wait_for_jobs(env, guest_store(env), wait_s)
+            return _provision(env, recipe, save_state, stages)
+        finally:
+            maintenance.release()
 
 
 def running_jobs(env: Environment, store: ImageStore) -> list[str]:
