@@ -95,6 +95,20 @@ def test_open_state_dir_is_a_warning(cli, upgraded, state_dir):
     assert "0755" in checks_by_name(result)["state-dir"]["detail"]
 
 
+def test_doctor_as_the_first_command_makes_the_state_directory_private(cli, tmp_path):
+    """Run first, with providers whose homes it makes (codex, claude), doctor makes the
+    state directory and every folder above those homes 0700, as every command does."""
+    path = tmp_path / "c.toml"
+    path.write_text('providers = ["codex", "claude"]\n')
+    fresh = tmp_path / "fresh" / "state"
+    cli("--json", "--config", str(path), "--state-dir", str(fresh), "doctor")
+    modes = {p.relative_to(tmp_path): p.stat().st_mode & 0o777 for p in (fresh, *fresh.rglob("*"))}
+    assert modes[fresh.relative_to(tmp_path)] == 0o700
+    assert set(modes.values()) == {0o700}, modes
+    again = cli("--json", "--config", str(path), "--state-dir", str(fresh), "doctor")
+    assert checks_by_name(again)["state-dir"]["status"] == "ok"
+
+
 def test_human_output_has_one_entry_per_check_its_detail_folded_under_it(
     cli, upgraded, minimal_config
 ):

@@ -109,8 +109,11 @@ def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> None
 
 def private_directory(path: Path) -> Path:
     """PATH as a directory only its owner may enter (made if missing, narrowed if wider):
-    a provider's home holds its credentials."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    a provider's home holds its credentials. Each missing folder above it is made 0700
+    too (the state directory itself, when a provider's home is the first thing in it)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
