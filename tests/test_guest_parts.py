@@ -366,3 +366,17 @@ def test_a_qemu_backend_with_no_image_refunds_the_attempt_and_says_why(claimed, 
         )
     ]
     assert _query(upgraded, "select state from tasks") == [("ready",)]
+
+
+def test_booting_or_layering_with_no_image_asks_the_operator_to_provision(cli, tmp_path):
+    """No image is provisioned: `qemu boot` and `qemu layer` say what to run, and exit 2
+    (the operator's to act on), not 75, which a unit would take as a wait that passes."""
+    script = tmp_path / "layer.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    for argv in (("qemu", "boot"), ("qemu", "layer", "deps", "--script", str(script))):
+        refused = cli("--json", *argv)
+        assert refused.exit_code == 2, refused
+        assert refused.json()["error"] == {
+            "code": "not_provisioned",
+            "message": "no guest image is provisioned: run `aiworker qemu provision`",
+        }

@@ -132,6 +132,9 @@ def ssh(
     """A root shell in guest NAME, or `-- CMD...` run there with its exit code."""
     from aiworker.core.guests.operator import ssh as run
 
+    if name == "-h":  # --help, as everywhere; after NAME, -h is the guest command's own
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
     inv: Invocation = ctx.obj
     raise typer.Exit(run(inv.environment(), name, list(ctx.args)))
 

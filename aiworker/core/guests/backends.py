@@ -13,7 +13,7 @@ from typing import Any
 from aiworker.config.loader import token_path
 from aiworker.core.context import Environment
 from aiworker.core.guests.paths import guests_root
-from aiworker.errors import Unavailable
+from aiworker.errors import InvalidInput
 from aiworker.runtime.guests.images import Image, ImageStore
 from aiworker.runtime.processes import which
 from aiworker.runtime.workspace import ExecutionBackend, LocalBackend
@@ -202,7 +202,8 @@ def why_unavailable(image: Image | None) -> str | None:
 
 
 def require_image(env: Environment, *, layered: bool = True) -> tuple[ImageStore, Image]:
-    """The current image (with the configured cache layer, when LAYERED), or Unavailable."""
+    """The current image (with the configured cache layer, when LAYERED); without one
+    (or QEMU), the operator's to act on: InvalidInput, not a wait that cures itself."""
     store = guest_store(env)
     image = store.current()
     layer = env.loaded.config.execution.cache_layer if layered else None
@@ -210,5 +211,6 @@ def require_image(env: Environment, *, layered: bool = True) -> tuple[ImageStore
         image = image.with_layer(layer)
     reason = why_unavailable(image)
     if reason is not None or image is None:
-        raise Unavailable((reason or "").replace("execution.backend is qemu, but ", ""))
+        why = (reason or "").replace("execution.backend is qemu, but ", "")
+        raise InvalidInput(why, code="not_provisioned")
     return store, image
