@@ -468,3 +468,32 @@ def test_the_ci_identity_is_one_of_the_token_sources(cli, tmp_path, monkeypatch)
 
     env = Environment(tmp_path / "state", load_config(path, required=True))
     assert token in host_secrets(env)
+
+
+def test_concurrent_sets_of_different_keys_without_a_revision_all_land(tmp_path):
+    """Without --if-revision each `config set` edits the file as it is when its turn comes
+    (under the save lock), so sets of different keys racing each other all land."""
+    path = tmp_path / "config.toml"
+    path.write_text("# the operator's note\nshares = 1\n")
+    values = {
+        "shares": "2",
+        "retention.artifact_days": "9",
+        "runners.lease_seconds": "45",
+        "runners.max_attempts": "4",
+        "runners.queue_seconds": "900",
+        "execution.memory_mib": "2048",
+        "execution.cpus": "3",
+        "storage.reserve_gib": "2.5",
+    }
+    argv = [sys.executable, "-m", "aiworker", "--config", str(path), "config", "set"]
+    procs = [
+        subprocess.Popen([*argv, key, value], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for key, value in values.items()
+    ]
+    failed = [(p.args[-2:], p.communicate(timeout=120)) for p in procs]
+    assert [f for f, p in zip(failed, procs, strict=True) if p.returncode != 0] == []
+    shown = run_process("--json", "--config", str(path), "config", "show").json()["config"]
+    for key, value in values.items():
+        table, _, name = key.rpartition(".")
+        assert str((shown[table] if table else shown)[name]) == value, key
+    assert path.read_text().startswith("# the operator's note\n")

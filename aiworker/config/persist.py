@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,17 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
     Invalid DATA raises ConfigInvalid and nothing is written; a concurrent change
     raises Conflict and nothing is written.
     """
-    parse_config(data, str(path))
+    parse_config(data, str(path))  # refused before any lock is waited for
+    return save_edit(path, lambda _now: data, expected_revision)[1]
+
+
+def save_edit(
+    path: Path, make: Callable[[bytes | None], bytes], expected_revision: str | None = None
+) -> tuple[str, str]:
+    """Replace PATH with MAKE(its content as it is under the save lock): an edit made to
+    the file as it is, so that edits of other keys saved meanwhile stay. With
+    EXPECTED_REVISION, only if the content is still that (else Conflict). Returns (the
+    revision before, the new one); nothing is written when MAKE's file is invalid."""
     path = saved_at(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = FileLock(path.with_name(f".{path.name}.lock"), description=f"{path} (being saved)")
@@ -51,16 +62,19 @@ def save_config_bytes(path: Path, data: bytes, expected_revision: str) -> str:
     # then meets the revision check, rather than failing on the lock.
     lock.acquire(timeout=SAVE_WAIT_SECONDS)
     try:
-        current = revision_of(current_config_bytes(path))
-        if current != expected_revision:
+        now = current_config_bytes(path)
+        current = revision_of(now)
+        if expected_revision is not None and current != expected_revision:
             raise Conflict(
                 f"{path} changed since revision {expected_revision[:12]} "
                 f"(now {current[:12]}); re-read it and try again"
             )
+        data = make(now)
+        parse_config(data, str(path))
         write_private_file(path, data)
     finally:
         lock.release()
-    return revision_of(data)
+    return current, revision_of(data)
 
 
 def parse_value(raw: str) -> Any:
@@ -111,7 +125,5 @@ def set_config_value(
             f"--if-revision {expected_revision[:80]!r} is not a revision: give the 64 hex "
             "digits `aiworker config show` prints as its revision"
         )
-    data = current_config_bytes(path)
-    revision = revision_of(data)
-    new = edited(data, path, {key: parse_value(raw_value)})
-    return revision, save_config_bytes(path, new, expected_revision or revision)
+    value = parse_value(raw_value)
+    return save_edit(path, lambda now: edited(now, path, {key: value}), expected_revision)
