@@ -109,9 +109,14 @@ def test_validate_accepts_good_file(cli, config_file):
 
 
 def test_missing_explicit_config_is_an_error(cli, tmp_path):
-    result = cli("--config", str(tmp_path / "nope.toml"), "config", "show")
-    assert result.exit_code == 2, result
-    assert "does not exist" in result.stderr
+    missing = tmp_path / "nope.toml"
+    for argv in (("config", "show"), ("status",), ("task", "list"), ("poll",)):
+        result = cli("--config", str(missing), *argv)
+        assert result.exit_code == 2, result
+        assert f"no configuration file at {missing}: write one with `aiworker --config " in (
+            result.stderr
+        )  # each says what to run, as doctor does
+        assert f"{missing} config set forge.url URL`" in result.stderr
 
 
 def test_missing_default_config_uses_embedded_defaults(cli):

@@ -155,6 +155,16 @@ def test_the_printed_next_steps_are_exact_and_the_first_runs_as_printed(tmp_path
     done = subprocess.run(shlex.split(steps[0]), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert 'launcher = "systemd"' in config.read_text()
+    # No database yet: a note says how to make it, and that runs as printed too.
+    [note] = [n for n in report["notes"] if n.startswith("no database yet: run `")]
+    assert note.endswith("` before enabling the timer")
+    upgrade = shlex.split(note.split("`")[1])
+    done = subprocess.run(upgrade, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (state / "aiworker.db").is_file()
+    again = run_process("--json", "--state-dir", str(state), "scheduler", "install",
+                        "--dir", str(target))  # fmt: skip
+    assert not any(n.startswith("no database yet") for n in again.json()["notes"])
     units = (target / "aiworker-scheduler.service").read_text()
     assert f'Environment="AIWORKER_CONFIG={config}"' in units
 

@@ -53,6 +53,7 @@ def install(
     from aiworker.core.guests.backends import provider_homes, written_places
     from aiworker.core.scheduling.units import install_units, next_steps, user_unit_dir
     from aiworker.errors import InvalidInput
+    from aiworker.store.engine import sqlite_path
 
     inv: Invocation = ctx.obj
     if user == (directory is not None):
@@ -70,7 +71,10 @@ def install(
         for name, identity in identities_of(env.loaded.config)
         if identity.token_env and not name.startswith("runner-")
     ]
-    report = next_steps(config, state_dir, written, target == user_unit_dir().absolute(), from_env)
+    database = sqlite_path(env.database_url)
+    made = database is None or database.exists()  # a server's: its own to make
+    at_home = target == user_unit_dir().absolute()
+    report = next_steps(config, state_dir, written, at_home, from_env, database_made=made)
     lines = [*(f"wrote {p}" for p in report.written), "then run:"]
     lines += [f"  {step}" for step in report.next_steps] + [f"note: {n}" for n in report.notes]
     emit(inv.json, report.to_json(), lambda console: console.print("\n".join(lines), markup=False))

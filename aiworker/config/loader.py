@@ -88,7 +88,10 @@ def load_config(path: Path, *, required: bool) -> LoadedConfig:
         data = read_config_bytes(path)
     except FileNotFoundError:
         if required:
-            raise ConfigInvalid(f"{path}: configuration file does not exist") from None
+            raise ConfigInvalid(
+                f"no configuration file at {path}: write one with `aiworker --config {path} "
+                "config set forge.url URL` and the keys in the README's Configuration section"
+            ) from None
         return LoadedConfig(Config(), path, exists=False, revision=revision_of(None))
     except OSError as exc:
         raise short_of(exc, f"{path}: cannot read") or ConfigInvalid(

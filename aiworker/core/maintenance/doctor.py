@@ -20,7 +20,7 @@ from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.health import Check, HealthReport
 from aiworker.core.maintenance.storage import storage_check
 from aiworker.core.tasks.hosts import clock_skew_problem
-from aiworker.errors import AiworkerError, ConfigInvalid
+from aiworker.errors import AiworkerError
 from aiworker.runtime.processes import run_command, which
 from aiworker.store.engine import sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, schema_drift
@@ -33,12 +33,6 @@ def run_doctor(state_dir: Path, config_path: Path) -> HealthReport:
 def _checks(state_dir: Path, config_path: Path) -> list[Check]:
     checks: list[Check] = []
     try:
-        if not config_path.exists():
-            raise ConfigInvalid(
-                f"no configuration file at {config_path}: write one with `aiworker --config "
-                f"{config_path} config set forge.url URL` and the keys in the README's "
-                "Configuration section"
-            )
         loaded = load_config(config_path, required=True)
     except AiworkerError as exc:
         checks.append(Check("config", "fail", exc.message))

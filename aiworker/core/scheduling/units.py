@@ -152,10 +152,12 @@ def next_steps(
     written: list[Path],
     user_dir: bool,
     token_env: list[tuple[str, str]] | None = None,
+    *,
+    database_made: bool = True,
 ) -> InstallReport:
     """What to run after install, as commands that run as printed: the launcher set in the
     configuration the units read, linger so the timer runs without a login, the units
-    enabled, and how to see them work."""
+    enabled, and how to see them work (DATABASE_MADE: else `db upgrade` comes first)."""
     aiworker = [sys.executable, "-m", "aiworker", "--config", str(config_path)]
     aiworker += ["--state-dir", str(state_dir)]
     user = getpass.getuser()
@@ -177,6 +179,9 @@ def next_steps(
         f"0600 file instead (config set forge.identities.{name}.token_file PATH)"
         for name, variable in token_env or []
     ]
+    if not database_made:
+        upgrade = shlex.join([*aiworker, "db", "upgrade"])
+        notes.append(f"no database yet: run `{upgrade}` before enabling the timer")
     if RUNNER_UNIT in names:
         env_file = config_path.parent / "runner.env"
         notes.append(
