@@ -518,7 +518,7 @@ def test_a_slot_unit_that_dies_before_its_phase_counts_against_the_budget(
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
 
 
-def test_a_token_read_from_the_environment_is_named_in_the_install_notes(tmp_path, state_dir):
+def test_a_token_read_from_the_environment_is_named_in_the_install_notes(tmp_path, upgraded):
     """The units get none of the installing shell's environment: a token read from a
     variable would be missing in every job, and Environment= would show it to anyone."""
     config = tmp_path / "config.toml"
