@@ -143,3 +143,36 @@ def test_ordinary_git_with_many_refs_and_a_large_push(forge, tmp_path):
     assert fetched.returncode == 0, fetched.stderr
     refs = git("ls-remote", "--heads", "origin", cwd=mirror).stdout.splitlines()
     assert len(refs) == 51
+
+
+def test_serving_an_unseeded_folder_says_so_and_serves_what_a_seed_makes_later(tmp_path):
+    """A mistyped --data would serve an empty forge, and every token would look refused:
+    the forge says the folder holds nothing yet, and serves the users a seed makes."""
+    data = tmp_path / "not-seeded"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "aiworker", "sandbox", "serve", "--data", str(data), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = server.stderr.readline().strip().rsplit(" ", 1)[1]
+        assert server.stderr.readline() == (
+            f"note: {data} holds no users or repositories yet; `aiworker sandbox seed --data "
+            f"{data}` makes them, and this forge serves them once made\n"
+        )
+        seeded = subprocess.run(
+            [sys.executable, "-m", "aiworker", "--json", "sandbox", "seed", "--data", str(data)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        token = next(
+            u["token"] for u in json.loads(seeded.stdout)["users"] if u["login"] == "worker-bot"
+        )
+        from aiworker.adapters.forgejo import ForgejoClient
+
+        assert ForgejoClient(url, token).current_user().login == "worker-bot"
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=10)
+        server.stderr.close()

@@ -31,6 +31,11 @@ def serve(
 
     def announce(url: str) -> None:
         sys.stderr.write(f"sandbox forge at {url}\n")
+        if not (data / "state.json").exists():  # a mistyped --data looks like refused tokens
+            sys.stderr.write(
+                f"note: {data} holds no users or repositories yet; `aiworker sandbox seed "
+                f"--data {data}` makes them, and this forge serves them once made\n"
+            )
         sys.stderr.flush()
 
     serve_forge(data, host, port, announce)
