@@ -60,6 +60,8 @@ def main() -> int:
     if edits:
         identity = ["-c", "user.name=aiworker script", "-c", "user.email=script@aiworker.invalid"]
         subprocess.run(["git", "add", "-A", "--", *edits], check=True)
+    # Edits that change nothing commit nothing, as an agent that changed nothing does.
+    if edits and subprocess.run(["git", "diff", "--cached", "--quiet"], check=False).returncode:
         subprocess.run(
             [
                 "git",

@@ -62,6 +62,20 @@ def test_implements_with_receipts_bound_to_the_head(claimed, upgraded, state_dir
     assert list((state_dir / "workspaces").iterdir()) == []
 
 
+def test_an_agent_whose_edits_change_nothing_is_said_to_have_made_no_commits(claimed, upgraded):
+    """Edits that leave every file as it was commit nothing (the script provider plays an
+    agent that changed nothing): the attempt says so, not a crash of the agent."""
+    unchanged = "def add(a, b):\n    return a - b\n"  # the seeded file, as it is
+    task = claimed(SCRIPT_ONLY, edits={"calc.py": unchanged}, result=result_doc())
+    result = run_process("--json", "implement", "--task", str(task), "--slot", "1")
+    assert result.exit_code == 1, result
+    assert result.json()["reason"] == "the agent made no commits"
+    assert "Traceback" not in result.stderr
+    assert query(upgraded, "select outcome, reason from attempts") == [
+        ("failed", "the agent made no commits")
+    ]
+
+
 def test_picks_the_second_provider_when_the_first_is_below_reserve(claimed, tmp_path):
     write_scenario(tmp_path / "codex.json", windows=[{"name": "5h", "used_percent": 95}])
     task = claimed(

@@ -116,15 +116,11 @@ def boot(ctx: typer.Context, cold: Cold = False) -> None:
     emit(inv.json, report, lambda c: c.print(report["name"], markup=False))
 
 
-# -h is the guest command's (`df -h`), not a request for this command's help.
-@app.command(
-    "ssh",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": ["--help"],
-    },
-)
+# After NAME, -h is the guest command's (`df -h`); in NAME's place it is help.
+SSH_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command("ssh", context_settings={**SSH_ARGS, "help_option_names": ["--help"]})
 def ssh(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The guest's NAME (qemu list).")],
@@ -132,7 +128,7 @@ def ssh(
     """A root shell in guest NAME, or `-- CMD...` run there with its exit code."""
     from aiworker.core.guests.operator import ssh as run
 
-    if name == "-h":  # --help, as everywhere; after NAME, -h is the guest command's own
+    if name == "-h":
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     inv: Invocation = ctx.obj
