@@ -154,6 +154,7 @@ def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_pa
         "contract",
         "clock",
         "attempt_root",
+        "containment",
     }
     assert get_job(db, (1, index)).state == "queued"
     wrong = run(argv, token="x")
@@ -180,6 +181,37 @@ def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_pa
     assert stuck.returncode == 1
     [controller] = [c for c in json.loads(stuck.stdout)["checks"] if c["name"] == "controller"]
     assert controller["status"] == "fail"
+
+
+def test_doctor_warns_where_a_job_cannot_get_a_cgroup_of_its_own(controller, tmp_path):
+    """Where no cgroup can be made for a job (here the cgroup2 hierarchy mounted
+    read-only, as in a container that delegates none), doctor warns that a process a job
+    detaches may outlive it; as root on this host, each job gets one."""
+    import shlex
+    import shutil
+
+    from aiworker.runtime.cgroups import cgroup2_mount
+
+    mount = cgroup2_mount()
+    if os.geteuid() != 0 or mount is None or shutil.which("unshare") is None:
+        pytest.skip("needs root, a cgroup2 hierarchy and unshare")
+    _, url, _ = controller
+    argv = runner_argv("doctor", "--server", url, "--attempt-root", str(tmp_path / "a"))
+
+    def containment(done):
+        assert done.returncode == 0, done.stdout + done.stderr  # a warning fails nothing
+        [check] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "containment"]
+        return check["status"], check["detail"]
+
+    assert containment(run(argv)) == (
+        "ok",
+        "each job runs in a cgroup of its own, killed whole",
+    )
+    read_only = f"mount -o remount,bind,ro {shlex.quote(str(mount))} && exec {shlex.join(argv)}"
+    status, detail = containment(run(["unshare", "-m", "sh", "-c", read_only]))
+    assert status == "warn"
+    assert detail.startswith("no cgroup can be made for a job here (cgroup2 is not mounted")
+    assert "a process a job detaches (setsid, a double fork) may outlive it" in detail
 
 
 def test_serve_refuses_a_wrong_token_without_retrying(controller, tmp_path):

@@ -36,6 +36,7 @@ from aiworker.core.runner.agent import (
 from aiworker.core.runner.controllers import Controller
 from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, InvalidInput, LockHeld
 from aiworker.runtime.attempts import ensure_private_root
+from aiworker.runtime.cgroups import AttemptCgroup
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.processes import keep_memory_private
 
@@ -257,7 +258,24 @@ def doctor(controller: Controller, attempt_root: Path) -> HealthReport:
     except (ValueError, KeyError, TypeError, AttributeError):
         check("controller", False, "the answer is not the runner API's health document")
     check(*_attempt_root_check(attempt_root))
+    checks.append(_containment_check())
     return HealthReport.of(checks)
+
+
+def _containment_check() -> Check:
+    """Whether a job can get a cgroup of its own here: without one, a process it detached
+    (setsid, a double fork) may outlive it (the subreaper catches only what stays below)."""
+    made = AttemptCgroup.create()
+    if made is None:
+        return Check(
+            "containment",
+            "warn",
+            "no cgroup can be made for a job here (cgroup2 is not mounted writable, or not "
+            "delegated to this user): a process a job detaches (setsid, a double fork) may "
+            "outlive it; run the runner as root, or in its unit (Delegate=yes)",
+        )
+    made.remove()
+    return Check("containment", "ok", "each job runs in a cgroup of its own, killed whole")
 
 
 def _attempt_root_check(root: Path) -> tuple[str, bool, str]:
