@@ -44,7 +44,7 @@ KEYS: dict[str, frozenset[str] | str] = {
     ),
     "scheduler pause": frozenset({"paused", "reason", "paused_by", "paused_at", "already"}),
     "scheduler resume": frozenset({"paused"}),
-    "scheduler start-now": frozenset({"requested", "via", "pid"}),
+    "scheduler start-now": frozenset({"requested", "via", "pid", "paused"}),
     "scheduler status": frozenset(
         {"paused", "paused_reason", "last_check", "next_deadline", "check_requested", "slots"}
         | {"poll_error", "poll_failures"}

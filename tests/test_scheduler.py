@@ -231,6 +231,16 @@ def test_every_kind_of_work_has_its_phase(tmp_path):
     assert (sorted(kinds), skipped) == (["feature", "issue", "milestone", "plan"], {})
 
 
+def test_start_now_while_paused_says_the_check_starts_no_work(upgraded, state_dir):
+    assert run_process("scheduler", "pause", "--reason", "forge upgrade").exit_code == 0
+    asked = run_process("scheduler", "start-now")
+    assert asked.exit_code == 0, asked
+    assert "; the scheduler is paused: forge upgrade (by " in asked.stdout
+    assert asked.stdout.rstrip().endswith("; no work starts until resumed")
+    assert run_process("scheduler", "resume").exit_code == 0
+    assert run_process("--json", "scheduler", "start-now").json()["paused"] is None
+
+
 def test_start_now_runs_a_check_through_the_tick(scheduled, monkeypatch):
     _db_path, log = scheduled
     monkeypatch.setenv("PHASE_SECONDS", "0.2")

@@ -137,6 +137,14 @@ def test_the_page_shows_steers_and_passes_axe_at_both_widths(web, upgraded):  # 
             page.click("#pause")
             page.locator("#scheduler", has_text="PAUSED by the web control plane").wait_for()
             assert "forge upgrade tonight" in page.inner_text("#scheduler")
+            # Start now while paused: the check is asked for, and the page says it starts
+            # no work until the scheduler is resumed (not "done").
+            page.click("#start-now")
+            page.locator(
+                "#message",
+                has_text="check requested; the scheduler is paused: forge upgrade tonight "
+                "(by the web control plane); no work starts until it is resumed",
+            ).wait_for()
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "web-page-1280.png"), full_page=True)
             wide = accessibility_findings(page)

@@ -93,7 +93,10 @@ def start_now(ctx: typer.Context) -> None:
 
     inv: Invocation = ctx.obj
     result = request_follow_up(inv.environment()).to_json()
-    emit(inv.json, result, lambda c: c.print(f"check requested via {result['via']}", markup=False))
+    line = f"check requested via {result['via']}"
+    if result["paused"]:
+        line += f"; the scheduler is paused: {result['paused']}; no work starts until resumed"
+    emit(inv.json, result, lambda c: c.print(line, markup=False))
 
 
 @app.command("status")

@@ -255,7 +255,13 @@ async function taskAction(action, body) {
   catch (e) { say(e.message, true); }
 }
 
-$("start-now").addEventListener("click", () => act("start-now"));
+$("start-now").addEventListener("click", async () => {
+  try {
+    const asked = await api("POST", "/api/v1/actions/start-now");
+    say(asked.paused ? "check requested; the scheduler is paused: " + plain(asked.paused) + "; no work starts until it is resumed" : "start-now done");
+    await refreshStatus();
+  } catch (e) { say(e.message, true); }
+});
 $("pause").addEventListener("click", async () => {
   try {
     const paused = await api("POST", "/api/v1/actions/pause", { reason: $("pause-reason").value });

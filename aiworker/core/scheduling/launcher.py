@@ -82,6 +82,7 @@ class FollowUpReport(Report):
     requested: bool
     via: str  # tick | aiworker-scheduler.service
     pid: int | None  # the tick's process, when it was started directly
+    paused: str | None = None  # the scheduler is paused, so the check starts nothing: why
 
 
 def request_follow_up(env: Environment) -> FollowUpReport:
@@ -89,15 +90,16 @@ def request_follow_up(env: Environment) -> FollowUpReport:
     uses starts the tick. Requests while a tick this process started for one still runs
     join it: the request stays recorded past that tick's start, so the next tick (the
     timer's) answers it; a hundred clicks started a hundred ticks, 4.6 GiB at once."""
-    request_check(env)
+    state = request_check(env)
+    paused = f"{state.paused_reason} (by {state.paused_by})" if state.paused else None
     if env.loaded.config.scheduler.launcher == "systemd":
         _systemctl_start("aiworker-scheduler.service")  # systemd starts it once
-        return FollowUpReport(True, "aiworker-scheduler.service", None)
+        return FollowUpReport(True, "aiworker-scheduler.service", None, paused)
     with _FOLLOWING_UP:  # the web plane answers clicks on several threads
         if not (_FOLLOW_UPS and still_running(_FOLLOW_UPS[-1])):
             argv = [*aiworker_argv(env), "scheduler", "tick"]
             _FOLLOW_UPS[:] = [_detached(env, argv, env.state_dir / "logs" / "scheduler.log")]
-        return FollowUpReport(True, "tick", _FOLLOW_UPS[-1])
+        return FollowUpReport(True, "tick", _FOLLOW_UPS[-1], paused)
 
 
 def follow_up_if_asked(env: Environment) -> None:
