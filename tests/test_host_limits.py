@@ -45,6 +45,39 @@ def _kill_when_running(marker: str, stop: threading.Event, killed: list[int]) ->
         time.sleep(0.1)
 
 
+def test_a_kill_from_outside_is_told_from_aiworker_s_kill_of_what_it_left(tmp_path):
+    """The out-of-memory killer takes the provider while a child of it (a `git` it runs)
+    still holds its output: aiworker kills that child after the drain, and that kill is
+    not taken for why the provider ended (it was: "other", a failure never tried again)."""
+    import os as _os
+
+    from aiworker.core.phases.run import _killed
+    from aiworker.runtime.execution import Limits, run_job
+
+    tag = "AIWORKER_ATTEMPT_ID=killed-from-outside"
+    env = {**_os.environ, "AIWORKER_ATTEMPT_ID": "killed-from-outside"}
+    outcome = run_job(
+        ["sh", "-c", "sleep 30 & kill -KILL $$"],
+        cwd=tmp_path,
+        env=env,
+        limits=Limits(timeout_s=60, drain_timeout_s=0.5),
+        tag=tag,
+    )
+    assert (outcome.signal, outcome.signals_sent) == ("SIGKILL", ["SIGKILL"])  # the child's
+    assert outcome.signalled_running is False
+    assert _killed(outcome)
+    # One aiworker itself stopped (its timeout) is no kill from outside.
+    timed_out = run_job(
+        ["sleep", "30"],
+        cwd=tmp_path,
+        env=env,
+        limits=Limits(timeout_s=0.5, kill_grace_s=0.5),
+        tag=tag,
+    )
+    assert timed_out.signalled_running is True
+    assert not _killed(timed_out)
+
+
 def test_a_provider_killed_from_outside_is_tried_again_with_the_reason(
     forge, upgraded, tmp_path, monkeypatch, cli
 ):
@@ -73,7 +106,7 @@ def test_a_provider_killed_from_outside_is_tried_again_with_the_reason(
     )
     # Before: "script provider exited 137", classed as the provider's own failure, and
     # the task failed for good with two of its three tries unused.
-    assert outcome == "transient"
+    assert outcome == "transient", reason
     assert "killed by SIGKILL from outside aiworker" in reason
     assert "out-of-memory" in reason
     assert refunded == 0  # inference ran: the try counts against the budget

@@ -226,3 +226,42 @@ def test_a_receipt_page_shows_the_check_escaped_and_passes_axe(web, upgraded):  
             browser.close()
     assert errors == []
     assert findings == []
+
+
+def test_a_page_whose_server_stops_marks_what_it_shows_as_old(upgraded, tmp_path, monkeypatch):
+    """The server goes away (a restart, a crash): the page keeps what it showed, marked
+    as read at its time and dimmed, so that it is not taken for the state now; once the
+    server answers again, it says so and shows the state now."""
+    import os
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_web_api import serving
+
+    config = tmp_path / "config.toml"
+    config.write_text("shares = 1\n")
+    os.chmod(config, 0o600)
+    monkeypatch.setenv("AIWORKER_CONFIG", str(config))
+    seed_tasks(upgraded)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = f"127.0.0.1:{probe.getsockname()[1]}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            with serving("--listen", listen) as url:
+                page.goto(url + "/")
+                page.wait_for_selector("#tasks tbody tr.task")
+            page.locator("#message", has_text="refresh failed at ").wait_for(timeout=30_000)
+            assert "; what is shown was read at " in page.inner_text("#message")
+            assert page.get_attribute("main", "class") == "stale"
+            assert "Crash on start" in page.inner_text("#tasks")  # kept, marked
+            with serving("--listen", listen):
+                page.locator("#message", has_text="the server answers again").wait_for(
+                    timeout=30_000
+                )
+                assert page.get_attribute("main", "class") == ""
+        finally:
+            browser.close()

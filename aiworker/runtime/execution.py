@@ -62,6 +62,9 @@ class Outcome:
     finished_at: datetime
     duration_ms: int
     signals_sent: list[str] = field(default_factory=list)
+    # A signal was sent while the process still ran (its timeout, a cancel); one sent only
+    # to what it left holding its output, after it ended, is not why it ended.
+    signalled_running: bool = False
     drain_timed_out: bool = False
     leftover_processes_killed: int = 0
 
@@ -155,6 +158,7 @@ def _run(
     on_event("finished", {"exit_code": code, "signal": sig, "timed_out": loop.timed_out})
     outcome = _outcome(code, sig, loop.timed_out, None, out, err, secrets, started_at, started)
     outcome.signals_sent = loop.signals_sent
+    outcome.signalled_running = loop.signalled_running
     outcome.drain_timed_out = loop.drain_timed_out
     outcome.leftover_processes_killed = loop.leftovers
     return outcome
@@ -212,6 +216,7 @@ class _Loop:
         self.timed_out = False
         self.drain_timed_out = False
         self.signals_sent: list[str] = []
+        self.signalled_running = False
         self.leftovers = 0
         self.exited = False
         self.deadline = 0.0
@@ -288,11 +293,13 @@ class _Loop:
             os.killpg(self.pid, signal.SIGTERM)
         signal_all(attempt_processes(os.getpid(), self.pid, self.pid, self.tag), signal.SIGTERM)
         self.signals_sent.append("SIGTERM")
+        self.signalled_running = self.signalled_running or not self.exited
 
     def _kill(self, reason: str) -> None:
         self.on_event("kill", {"reason": reason})
         self.leftovers += kill_attempt(self.pid, self.pid, self.tag)
         self.signals_sent.append("SIGKILL")
+        self.signalled_running = self.signalled_running or not self.exited
 
 
 def _pidfd(pid: int) -> int | None:

@@ -292,9 +292,18 @@ $("first-page").addEventListener("click", () => { after = 0; pages = [0]; refres
 $("save-settings").addEventListener("click", (event) => { event.preventDefault(); saveSettings(); });
 $("settings").addEventListener("submit", (event) => { event.preventDefault(); saveSettings(); });
 
+let shownAt = null, stale = false;  // when what the page shows was read; whether a refresh failed since
 async function refresh() {
-  try { await refreshStatus(); await refreshTasks(); await refreshTask(); await refreshProviders(); await refreshEvents(); }
-  catch (e) { say("refresh failed: " + e.message, true); }
+  try {
+    await refreshStatus(); await refreshTasks(); await refreshTask(); await refreshProviders(); await refreshEvents();
+    shownAt = new Date();
+    if (stale) { stale = false; document.querySelector("main").classList.remove("stale"); say("the server answers again"); }
+  } catch (e) {
+    // What is shown is kept, marked as old: an operator must not take it for the state now.
+    stale = true; document.querySelector("main").classList.add("stale");
+    const since = shownAt ? "; what is shown was read at " + shownAt.toLocaleTimeString() : "";
+    say("refresh failed at " + new Date().toLocaleTimeString() + ": " + e.message + since, true);
+  }
 }
 refresh(); loadSettings().catch((e) => say(e.message, true));
 setInterval(refresh, 5000);

@@ -128,6 +128,7 @@ def run_provider(
 
 def _killed(outcome: Outcome) -> bool:
     """Whether the run was killed by a SIGKILL aiworker did not send: the process itself,
-    or (137, as a shell or bubblewrap reports it) the one it ran."""
-    by_us = bool(outcome.signals_sent)
+    or (137, as a shell or bubblewrap reports it) the one it ran. What aiworker killed
+    after it ended (a child left holding its output) is not why it ended."""
+    by_us = outcome.signalled_running
     return not by_us and (outcome.signal == "SIGKILL" or outcome.exit_code == 128 + signal.SIGKILL)
