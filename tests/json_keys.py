@@ -42,7 +42,9 @@ KEYS: dict[str, frozenset[str] | str] = {
         | {"skipped", "cleaned", "guests_swept", "next_deadline", "low_space"}
         | {"expired", "stuck", "retention"}
     ),
-    "scheduler pause": frozenset({"paused", "reason", "paused_by", "paused_at", "already"}),
+    "scheduler pause": frozenset(
+        {"paused", "reason", "paused_by", "paused_at", "already", "pending"}
+    ),
     "scheduler resume": frozenset({"paused"}),
     "scheduler start-now": frozenset({"requested", "via", "pid", "paused"}),
     "scheduler status": frozenset(

@@ -221,6 +221,41 @@ def test_a_pause_is_acknowledged_once_no_claim_of_a_running_tick_can_follow_it(
     assert claimed == []
 
 
+def test_a_pause_that_outwaits_a_long_claim_says_one_more_job_may_start(
+    upgraded, state_dir, cli, monkeypatch
+):
+    """A tick polling a slow forge holds discovery.lock past the pause's wait: the pause
+    is acknowledged (it stands), and says that this tick may still start one job."""
+    from aiworker.core import scheduler_state
+
+    monkeypatch.setattr(scheduler_state, "DISCOVERY_WAIT_SECONDS", 1.0)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from pathlib import Path; from aiworker.runtime.locks import LockDir;"
+            "l=LockDir(Path(sys.argv[1])).lock('discovery'); l.try_acquire();"
+            "print('held', flush=True); time.sleep(60)",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        paused = cli("scheduler", "pause", "--reason", "forge upgrade")
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert paused.exit_code == 0, paused
+    assert paused.stdout.strip() == (
+        "scheduler paused; a tick has claimed for over 1 s (a slow forge?): it may start one "
+        "more job before it reads the pause"
+    )
+    assert cli("--json", "scheduler", "pause").json()["pending"] is None  # nothing holds it
+
+
 def test_every_kind_of_work_has_its_phase(tmp_path):
     from aiworker.config.loader import load_config
     from aiworker.core.context import Environment

@@ -119,6 +119,7 @@ def test_actions_go_through_the_scheduler_controls(web):
         "reason": "maintenance window",
         "already": False,
         "paused_by": "the web control plane",
+        "pending": None,
     }
     # A second pause says the first stands, as the CLI's does.
     again = client.post(f"{url}/api/v1/actions/pause", json={"reason": "another"}).json()

@@ -105,12 +105,16 @@ class PauseReport(Report):
     paused_by: str
     paused_at: str | None
     already: bool  # paused before: that pause stands
+    # A tick's claim outlasted the wait: it may claim once more before it reads the pause.
+    pending: str | None = None
 
     def said(self) -> str:
+        pending = f"; {self.pending}" if self.pending else ""
         if not self.already:
-            return "scheduler paused"
+            return f"scheduler paused{pending}"
         why = f" ({self.reason})" if self.reason else ""
-        return f"already paused by {self.paused_by} since {self.paused_at}{why}; that pause stands"
+        stands = f"already paused by {self.paused_by} since {self.paused_at}{why}"
+        return f"{stands}; that pause stands{pending}"
 
 
 def pause(env: Environment, reason: str, by: str) -> PauseReport:
@@ -131,9 +135,18 @@ def pause(env: Environment, reason: str, by: str) -> PauseReport:
             state.paused_by, state.paused_at = by, _stamp()
     # Said once no tick's claim is under way: a tick claims under discovery.lock and reads
     # the pause there, so that nothing is claimed after the pause is acknowledged.
-    with contextlib.suppress(LockHeld), env.locks.held("discovery", DISCOVERY_WAIT_SECONDS):
-        pass
-    return PauseReport(True, state.paused_reason, state.paused_by, state.paused_at, already)
+    pending = None
+    try:
+        with env.locks.held("discovery", DISCOVERY_WAIT_SECONDS):
+            pass
+    except LockHeld:
+        pending = (
+            f"a tick has claimed for over {DISCOVERY_WAIT_SECONDS:g} s (a slow forge?): it "
+            "may start one more job before it reads the pause"
+        )
+    report = PauseReport(True, state.paused_reason, state.paused_by, state.paused_at, already)
+    report.pending = pending
+    return report
 
 
 def resume(env: Environment) -> SchedulerState:

@@ -195,6 +195,7 @@ def _changes(router: APIRouter, Env: Any, forge: ForgeCalls) -> None:
             "reason": paused.reason,
             "already": paused.already,
             "paused_by": paused.paused_by,
+            "pending": paused.pending,
         }
 
     @router.post("/actions/resume")

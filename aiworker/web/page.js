@@ -265,7 +265,7 @@ $("start-now").addEventListener("click", async () => {
 $("pause").addEventListener("click", async () => {
   try {
     const paused = await api("POST", "/api/v1/actions/pause", { reason: $("pause-reason").value });
-    say(paused.already ? "already paused by " + paused.paused_by + ": " + plain(paused.reason) + " (that pause stands)" : "pause done");
+    say((paused.already ? "already paused by " + paused.paused_by + ": " + plain(paused.reason) + " (that pause stands)" : "pause done") + (paused.pending ? "; " + paused.pending : ""), Boolean(paused.pending));
     await refreshStatus();
   } catch (e) { say(e.message, true); }
 });
