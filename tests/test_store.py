@@ -143,19 +143,41 @@ def test_a_migration_waits_for_running_work_to_end(cli, upgraded):
     refused = cli("--json", "db", "upgrade")
     assert refused.exit_code == 75, refused
     assert refused.json()["error"]["message"] == (
-        "work is running (open attempts): pause the scheduler, let the jobs finish, then migrate"
+        f"work is running (attempt {attempt} of task {task.id}): pause the scheduler, let "
+        "the jobs finish, then migrate"
     )
     assert sqlite_cli(upgraded, "select version_num from alembic_version") == (
         "0008_authorized_scope"
     )
+    # Its job runs (a process of this host with its task's arguments): still refused.
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "--task", str(task.id)]
+    )
+    try:
+        _set_pid(db, attempt, job.pid)
+        assert cli("db", "upgrade").exit_code == 75
+    finally:
+        job.kill()
+        job.wait()
+    # Its job died (killed, a reboot): nothing holds the work, and the old version's tick
+    # that would have recovered it is gone, so the migration goes ahead; the new tick
+    # recovers the attempt as any dead job's.
+    _set_pid(db, attempt, job.pid)
+    db.dispose()
+    migrated = cli("db", "upgrade")
+    assert migrated.exit_code == 0, migrated
+    assert sqlite_cli(upgraded, "select version_num from alembic_version") == HEAD_REVISION
+    assert cli("scheduler", "tick").exit_code in (0, 2)  # no forge here: its poll fails
+    assert sqlite_cli(upgraded, f"select outcome from attempts where id = {attempt}") == (
+        "abandoned"
+    )
+
+
+def _set_pid(db, attempt, pid):
     with db.transaction() as connection:
         connection.execute(
-            text("UPDATE attempts SET finished_at = CURRENT_TIMESTAMP WHERE id = :id"),
-            {"id": attempt},
+            text("UPDATE attempts SET pid = :pid WHERE id = :id"), {"pid": pid, "id": attempt}
         )
-    db.dispose()
-    assert cli("db", "upgrade").exit_code == 0
-    assert sqlite_cli(upgraded, "select version_num from alembic_version") == HEAD_REVISION
 
 
 def test_every_connection_gets_the_pragmas(upgraded):

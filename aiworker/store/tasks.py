@@ -264,6 +264,21 @@ def has_open_attempts(session: Executor) -> bool:
     return found is not None
 
 
+def open_attempt_jobs(session: Executor) -> list[tuple[int, int, int | None, str | None]]:
+    """Each open attempt as (its id, its task, its job's pid, its controller), read on
+    the schema of any version a migration starts from (one older than an attempt's pid
+    or controller gives None for it)."""
+    from sqlalchemy import inspect, null
+
+    connection = connection_of(session)
+    have = {column["name"] for column in inspect(connection).get_columns("attempts")}
+    pid, host = (attempts.c[n] if n in have else null() for n in ("pid", "host"))
+    rows = connection.execute(
+        select(attempts.c.id, attempts.c.task_id, pid, host).where(attempts.c.finished_at.is_(None))
+    ).all()
+    return [(int(r[0]), int(r[1]), r[2], r[3]) for r in rows]
+
+
 def kind_and_state(session: Executor, task_id: int) -> tuple[str, str] | None:
     row = (
         connection_of(session)

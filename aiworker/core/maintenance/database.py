@@ -16,7 +16,7 @@ from aiworker.runtime.atomic import write_private_file
 from aiworker.secrets import redact_url_password
 from aiworker.store.engine import is_sqlite, sqlite_path
 from aiworker.store.schema import HEAD_REVISION, current_revision, ensure_not_newer, upgrade
-from aiworker.store.tasks import has_open_attempts
+from aiworker.store.tasks import open_attempt_jobs
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,23 @@ def copy_database(env: Environment, to_url: str) -> CopyReport:
 
 
 def _no_work_running(env: Environment, db: Any, doing: str) -> None:
-    """LockHeld while an attempt is open, or a job started has not recorded its own yet."""
+    """LockHeld while an attempt is open, or a job started has not recorded its own yet.
+    An attempt whose job died on this host (its process gone: killed, a reboot) holds
+    nothing: the first tick after recovers it, as any dead job's, so it must not stop the
+    migration that tick needs (the old version's tick is gone with the old version)."""
+    from aiworker.core.tasks.recovery import job_alive
+
     with db.read_connection() as connection:
-        running = has_open_attempts(connection)
+        found = open_attempt_jobs(connection)
+    dead = {a for a in found if a[3] in (None, db.host) and a[2] and not job_alive(a[2], a[1])}
+    running = [a for a in found if a not in dead]
     working = env.locks.working()
     if running or working:
-        what = ", ".join(working) if working else "open attempts"
+        other = {
+            a: f" on controller {a[3]}" if a[3] not in (None, db.host) else "" for a in running
+        }
+        named = [f"attempt {a[0]} of task {a[1]}{other[a]}" for a in running]
+        what = ", ".join(working or named[:5])
         raise LockHeld(
             f"work is running ({what}): pause the scheduler, let the jobs finish, then {doing}"
         )
