@@ -173,6 +173,21 @@ def test_root_provisioning_for_the_service_s_state_directory_hands_what_it_made_
     assert [
         p for p in state_dir.rglob("*") if (p.lstat().st_uid, p.lstat().st_gid) != (65534,) * 2
     ] == []
+    # The service user puts a link where its locks were, to a folder root owns: root's
+    # next provisioning hands nothing through it.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret").write_text("root's\n")
+    shutil.rmtree(state_dir / "locks")
+    (state_dir / "locks").symlink_to(victim)
+    os.lchown(state_dir / "locks", 65534, 65534)
+    subprocess.run(
+        [*argv, "qemu", "provision", "--recipe", str(recipe)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert {p.stat().st_uid for p in (victim, *victim.iterdir())} == {0}
 
 
 def test_a_database_missing_from_a_used_state_directory_points_to_a_restore(

@@ -4,11 +4,15 @@ and handing what root made there to the service that owns the state directory.""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from aiworker.core.context import Environment
+
+log = logging.getLogger(__name__)
 
 
 def guests_root(env: Environment) -> Path:
@@ -33,14 +37,30 @@ def for_the_owner(env: Environment) -> Iterator[None]:
 
 def _hand_back(env: Environment) -> None:
     try:
-        owner = env.state_dir.stat()
-    except FileNotFoundError:
+        owner = os.stat(env.state_dir, follow_symlinks=False)
+    except OSError:
         return
-    if os.geteuid() != 0 or owner.st_uid == 0:
+    if os.geteuid() != 0 or owner.st_uid == 0 or not stat.S_ISDIR(owner.st_mode):
         return
-    for top in (env.state_dir / "locks", guests_root(env)):
-        for folder, dirs, files in os.walk(top):  # symbolic links are not followed
-            for name in (".", *dirs, *files):
-                path = os.path.join(folder, name)
-                if os.lstat(path).st_uid == 0:  # made by this run, not another user's
-                    os.lchown(path, owner.st_uid, owner.st_gid)
+    tops = [env.state_dir / "locks", guests_root(env)]
+    for top in tops:
+        if top.parent != env.state_dir:
+            continue  # a guests_dir elsewhere is the operator's to own as they chose
+        # Walked by open directories, never through a link: the service user may have
+        # put one in place of any folder here, and root must not hand over its target.
+        for _path, dirs, files, folder in os.fwalk(top, follow_symlinks=False):
+            _give(folder, None, owner)
+            for name in (*dirs, *files):
+                _give(folder, name, owner)
+
+
+def _give(folder: int, name: str | None, owner: os.stat_result) -> None:
+    """Hand NAME in the open FOLDER (the folder itself: None) to OWNER, when root made it."""
+    try:
+        if name is None:
+            if os.fstat(folder).st_uid == 0:
+                os.fchown(folder, owner.st_uid, owner.st_gid)
+        elif os.stat(name, dir_fd=folder, follow_symlinks=False).st_uid == 0:
+            os.chown(name, owner.st_uid, owner.st_gid, dir_fd=folder, follow_symlinks=False)
+    except OSError as exc:  # gone meanwhile (a guest's folder), or refused: the rest goes on
+        log.warning("could not hand %s to the state directory's owner: %s", name, exc.strerror)
