@@ -284,6 +284,36 @@ def test_a_lost_lease_ends_the_job_and_nothing_is_delivered(controller, state_di
     assert get_job(db, (1, index)).result == {"error": "cancelled by the operator"}
 
 
+def test_a_runner_frozen_past_its_lease_with_nobody_taking_over_delivers_its_job(
+    controller, state_dir, tmp_path
+):
+    """The runner's host freezes (SIGSTOP here; a hypervisor's pause, a starved machine)
+    for longer than the lease while its job runs to the end, and no runner takes the job
+    over meanwhile: on waking, the controller still holds the lease for it, so the job's
+    result is delivered, not thrown away as lease_lost (in the embedded runner that loss
+    ran the model again)."""
+    db, url, _ = controller  # lease_seconds = 5
+    repo = tmp_path / "frozen"
+    commit_tree(repo, {"ci/run": "#!/bin/sh\nsleep 2\necho finished while frozen\n"})
+    index = queue_job(db, state_dir, repo, 1)
+    runner = start_serve(url, tmp_path / "a", "--once")
+    try:
+        wait_for(lambda: get_job(db, (1, index)).state == "leased")
+        time.sleep(0.5)
+        runner.send_signal(signal.SIGSTOP)
+        time.sleep(9)  # the lease (5 s) runs out on both clocks; the job's child finishes
+        runner.send_signal(signal.SIGCONT)
+        out, err = runner.communicate(timeout=60)
+    finally:
+        runner.kill()
+    assert json.loads(out)["jobs"][0]["delivered"] == "complete", err
+    assert "the lease was renewed late (this host stalled)" in err
+    job = get_job(db, (1, index))
+    assert (job.state, job.attempt) == ("succeeded", 1)
+    _, stdout = stdout_of(db, (1, index))
+    assert stdout["sha256"] == hashlib.sha256(b"finished while frozen\n").hexdigest()
+
+
 def test_a_lost_reply_to_complete_is_retried_and_already_finished_is_final(
     upgraded, tmp_path, monkeypatch, state_dir
 ):

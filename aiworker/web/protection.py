@@ -180,7 +180,7 @@ class Protection:
     async def _bounded(self, receive: Receive) -> Receive | None:
         """The body read whole (a body sent in chunks, or with an untruthful length, is
         bounded as it comes), replayed to the app; None when it is past the bound."""
-        body, message = b"", await receive()
+        body, message = bytearray(), await receive()  # appended in place: no copy a piece
         while message["type"] == "http.request":
             body += message.get("body", b"")
             if len(body) > self.max_body:
@@ -188,7 +188,7 @@ class Protection:
             if not message.get("more_body", False):
                 break
             message = await receive()
-        whole: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+        whole: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
         if message["type"] != "http.request":  # the client went away meanwhile
             whole = [message]
 

@@ -150,6 +150,8 @@ class Dispatch:
         finally:
             # Whatever happened, the job ends here: nobody else would take it.
             why = outcome.delivered if outcome else "was interrupted"
+            if why == "lease_lost":  # nobody else takes an embedded job: this host stalled
+                why = "lost its lease: this host stalled longer than runners.lease_seconds"
             abandon(self.db, pair, {"error": f"the embedded runner's job {why}"})
 
     def _wait(self, pair: tuple[int, int], timeout_ms: int) -> None:

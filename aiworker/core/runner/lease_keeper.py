@@ -1,7 +1,8 @@
 """The lease keeper: the runner's heartbeat thread for one job, which the job cannot
 starve. It beats one at a time, each beat given no longer than the lease has left; it
 wakes at the expiry itself; and when the controller refuses the lease (gone, or the
-token refused) or no beat succeeded before it ran out, it sets LOST and the job's
+token refused) or no beat succeeded before it ran out and a last one is refused too (a
+host frozen past the lease keeps a job nobody took over), it sets LOST and the job's
 CANCEL, which kills the job at once."""
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class LeaseKeeper(threading.Thread):
         # Counted on this host's clock (the controller's may differ), each less a margin
         # for the time the answer took to arrive.
         left, renewed = leases
-        self.lease_s = renewed - min(2.0, renewed / 5)
+        self.margin = min(2.0, renewed / 5)
+        self.lease_s = renewed - self.margin
         self.expires = time.monotonic() + left - min(2.0, left / 5)
         self.interval = max(0.2, min(heartbeat_interval_s, renewed / 3))
         self.first_beat = max(0.2, min(self.interval, left / 3))
@@ -49,8 +51,10 @@ class LeaseKeeper(threading.Thread):
         while not self.done.wait(max(0.0, min(next_beat, self.expires) - time.monotonic())):
             sent = time.monotonic()
             if sent >= self.expires:  # woken at the expiry itself, not a beat later
-                self._lose("no heartbeat succeeded before the lease expired")
-                return
+                if not self._late_beat(sent):
+                    return
+                next_beat = sent + self.interval
+                continue
             if sent < next_beat:
                 continue
             next_beat = sent + self.interval
@@ -77,6 +81,26 @@ class LeaseKeeper(threading.Thread):
             return False
         except Exception as exc:  # any failed beat: the expiry decides
             log.warning("worker job %d/%d: heartbeat failed: %s", *self.pair, exc)
+        return True
+
+    def _late_beat(self, sent: float) -> bool:
+        """The lease ran out on this host's clock (the host froze, or its beats could not
+        get through): the controller decides. It keeps a lease nobody took over, so one
+        last beat it accepts goes on with the job, finished work included; anything else
+        ends it. True when the lease holds."""
+        try:
+            # Given no longer than the margin this host keeps before the controller's own
+            # expiry: a runner cut off from it stops before another may start the job.
+            self.controller.heartbeat(self.pair, self.token, max(0.5, self.margin))
+        except (LeaseGone, Refused) as exc:
+            if not self.delivering:
+                self._lose(f"the lease expired and the controller refuses it: {exc.message}")
+            return False
+        except Exception as exc:
+            self._lose(f"no heartbeat succeeded before the lease expired (last: {exc})")
+            return False
+        self.expires = sent + self.lease_s
+        log.warning("worker job %d/%d: the lease was renewed late (this host stalled)", *self.pair)
         return True
 
     def _lose(self, why: str) -> None:

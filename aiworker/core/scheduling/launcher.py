@@ -91,7 +91,8 @@ def request_follow_up(env: Environment) -> FollowUpReport:
     join it: the request stays recorded past that tick's start, so the next tick (the
     timer's) answers it; a hundred clicks started a hundred ticks, 4.6 GiB at once."""
     state = request_check(env)
-    paused = f"{state.paused_reason} (by {state.paused_by})" if state.paused else None
+    why = state.paused_reason or "no reason given"
+    paused = f"{why} (by {state.paused_by})" if state.paused else None
     if env.loaded.config.scheduler.launcher == "systemd":
         _systemctl_start("aiworker-scheduler.service")  # systemd starts it once
         return FollowUpReport(True, "aiworker-scheduler.service", None, paused)

@@ -12,6 +12,7 @@ unfinished milestones are cancelled with it, their jobs stopped alike.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from aiworker.adapters.forgejo.models import PullRequest
 
 STOP_GRACE_S = 10.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -206,26 +208,27 @@ def _settle_pull(env: Environment, db: Database, task: Task, report: CancelRepor
     """The task's pull request as the forge has it now (a publish or merge the cancel
     stopped may have reached the forge first, unrecorded): one that merged is recorded
     as merged, one still open gets the comment (its number recorded when the publish
-    that opened it could not record it)."""
+    that opened it, stopped after its push, could not record it)."""
     from aiworker.core.forge_access import ForgeAccess
 
     with db.read() as session:
         publications = publications_of(session, task.id)
         repo = session.get(Repository, task.repository_id)
-    if not publications:
-        return
-    assert repo is not None
     recorded = [p.pr_number for p in publications if p.pr_number]
+    pushed = [p for p in publications if p.state == "pushed" and not p.pr_number]
+    if not (recorded or pushed):
+        return  # never published, or stopped before its push: no PR can be open
+    assert repo is not None
     try:
         # A courtesy the cancel can do without: a stalled forge costs one timeout, not
         # the retries' minutes.
         worker = ForgeAccess(env.loaded, attempts=1).required("worker")
         if recorded:
             pull: PullRequest | None = worker.pull(repo.owner, repo.name, recorded[-1])
-        else:
-            markers = [p.ownership_marker for p in publications]
-            found = worker.pulls(repo.owner, repo.name, state="all")
-            pull = next((f for f in found if any(m in f.body for m in markers)), None)
+        else:  # only the open ones: aiworker merges no PR it did not record
+            marker = pushed[-1].ownership_marker
+            found = worker.pulls(repo.owner, repo.name, state="open")
+            pull = next((f for f in found if marker in f.body), None)
         if pull is None or (pull.state != "open" and not pull.merged):
             return
         if pull.merged:
@@ -234,22 +237,21 @@ def _settle_pull(env: Environment, db: Database, task: Task, report: CancelRepor
             return
         if not recorded:
             with db.write() as session:
-                advance_publication(session, publications[-1].id, "opened", pr_number=pull.number)
-        posted = worker.create_comment(
+                advance_publication(session, pushed[-1].id, "opened", pr_number=pull.number)
+        report.pr_comment = worker.create_comment(
             repo.owner,
             repo.name,
             pull.number,
             "An operator cancelled this task in aiworker: it will not update, review or "
             "merge this pull request. It is left open for a person to decide.",
-        )
+        ).id
     except AiworkerError as exc:
-        with db.write() as session:
-            append_event(
-                session, "pr.comment_failed", task_id=task.id, data={"reason": exc.message}
-            )
-        return
-    report.pr_comment = posted.id
-    return
+        try:
+            with db.write() as session:
+                data = {"reason": exc.message}
+                append_event(session, "pr.comment_failed", task_id=task.id, data=data)
+        except AiworkerError:  # the cancel itself is recorded; this note is not needed
+            log.warning("task %d: the PR was not settled: %s", task.id, exc.message)
 
 
 def _merged_before(db: Database, task: Task, pull: PullRequest) -> None:
