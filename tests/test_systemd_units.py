@@ -518,6 +518,36 @@ def test_a_slot_unit_that_dies_before_its_phase_counts_against_the_budget(
     assert query(upgraded, "select phase, used from budgets") == [("implementation", 1)]
 
 
+def test_a_slot_unit_slow_to_start_keeps_its_claim_while_systemd_starts_it(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """On a starved host a slot unit may take minutes to start: while systemd says it is
+    still activating, its claim is no dead job's, past the hand-over grace too; once the
+    unit failed, the claim is recovered as a dead job's."""
+    from tests.helpers import configure
+    from tests.test_implement import query
+
+    configure(tmp_path, forge, monkeypatch)
+    assert cli("config", "set", "scheduler.launcher", "systemd").exit_code == 0
+    assert cli("poll").exit_code == 0
+    slow = _systemctl(tmp_path, 'if [ "$2" = is-active ]; then echo activating; exit 3; fi')
+    assert run_process("--json", "scheduler", "tick", env=slow).exit_code == 0
+    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(upgraded) as connection:
+        connection.execute("update tasks set claimed_at = ?", (past,))
+    still = run_process("--json", "scheduler", "tick", env=slow)
+    assert still.exit_code == 0, still
+    assert still.json()["recovered"] == []
+    assert query(upgraded, "select state, claim_token from tasks") == [("claimed", "1-unit")]
+    assert "--user is-active aiworker-slot@1.service" in (tmp_path / "systemctl.log").read_text()
+    failed = _systemctl(tmp_path, 'if [ "$2" = is-active ]; then echo failed; exit 3; fi')
+    again = run_process("--json", "scheduler", "tick", env=failed)
+    assert [r["task"] for r in again.json()["recovered"]] == [1]
+    assert query(upgraded, "select phase, outcome from attempts") == [
+        ("implementation", "abandoned")
+    ]
+
+
 def test_a_token_read_from_the_environment_is_named_in_the_install_notes(tmp_path, upgraded):
     """The units get none of the installing shell's environment: a token read from a
     variable would be missing in every job, and Environment= would show it to anyone."""

@@ -33,7 +33,7 @@ from aiworker.core.tasks.hosts import gone, ours
 from aiworker.core.tasks.lifecycle import Refusal, try_advance
 from aiworker.core.tasks.signs_of_life import watched
 from aiworker.core.tasks.states import HOLDS_SLOT, TaskState
-from aiworker.runtime.processes import runs_with_arguments
+from aiworker.runtime.processes import run_command, runs_with_arguments
 from aiworker.store.attempts import open_attempts
 from aiworker.store.claims import active_claims
 from aiworker.store.controllers import last_seen, server_now
@@ -117,9 +117,19 @@ def _dead_here(
     fresh = row.claimed_at is not None and now - row.claimed_at < HANDOVER_GRACE
     if row.state in UNSTARTED and launched is None and fresh:
         return False  # a claim by hand, or a unit still starting
+    if row.state in UNSTARTED and started_as_unit(row.token) and _unit_starting(row.slot):
+        return False  # systemd still starts it: a starved host may take minutes
     with db.read() as session:
         pids = [launched, *(a.pid for a in open_attempts(session, row.id))]
     return not any(job_alive(pid, row.id) for pid in pids)
+
+
+def _unit_starting(slot: int) -> bool:
+    """Whether systemd still starts (or runs) the slot's unit: its job has not taken the
+    slot up yet, and is no dead job's (systemd's own start timeout ends a stuck one)."""
+    unit = f"aiworker-slot@{slot}.service"
+    state = run_command(["systemctl", "--user", "is-active", unit], timeout=10).stdout
+    return state.strip() in ("activating", "active", "reloading")
 
 
 def launched_pid(token: str | None) -> int | None:
