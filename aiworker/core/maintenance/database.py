@@ -146,17 +146,16 @@ def _no_work_running(env: Environment, db: Any, doing: str) -> None:
     An attempt whose job died on this host (its process gone: killed, a reboot) holds
     nothing: the first tick after recovers it, as any dead job's, so it must not stop the
     migration that tick needs (the old version's tick is gone with the old version)."""
+    from aiworker.core.tasks.hosts import ours
     from aiworker.core.tasks.recovery import job_alive
 
     with db.read_connection() as connection:
         found = open_attempt_jobs(connection)
-    dead = {a for a in found if a[3] in (None, db.host) and a[2] and not job_alive(a[2], a[1])}
+    dead = {a for a in found if ours(db, a[3]) and a[2] and not job_alive(a[2], a[1])}
     running = [a for a in found if a not in dead]
     working = env.locks.working()
     if running or working:
-        other = {
-            a: f" on controller {a[3]}" if a[3] not in (None, db.host) else "" for a in running
-        }
+        other = {a: "" if ours(db, a[3]) else f" on controller {a[3]}" for a in running}
         named = [f"attempt {a[0]} of task {a[1]}{other[a]}" for a in running]
         what = ", ".join(working or named[:5])
         raise LockHeld(
