@@ -97,13 +97,18 @@ def runner_listener(listen: str = "127.0.0.1:0", env: dict | None = None, prefix
         assert line.startswith("aiworker runner API at "), line
         yield Listener(process, line.split(" at ", 1)[1].strip().rstrip("/"), operator)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout=30)
         process.stdout.close()
+
+
+def stop(process: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, as systemd stops a unit; SIGKILL if it has not ended within TIMEOUT."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def runner_argv(*args: str, prefix=()) -> list[str]:

@@ -11,7 +11,7 @@ import sys
 
 from aiworker.core.runner.snapshots import published
 from tests.delivery_fixtures import write_scenario
-from tests.fleet_fixtures import TOKEN, runner_argv, runner_env, runner_listener
+from tests.fleet_fixtures import TOKEN, runner_argv, runner_env, runner_listener, stop
 from tests.helpers import run_process
 from tests.test_artifact_transfers import wait_for
 from tests.test_delivery import REVIEW_OK
@@ -26,15 +26,6 @@ def fleet_runner(url: str, attempts):
         stderr=subprocess.DEVNULL,
         env=runner_env(),
     )
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def test_ci_waits_for_the_fleet_and_a_stopped_wait_ends_its_job(

@@ -180,26 +180,14 @@ def test_pause_resume_and_the_maintenance_gate(scheduled, state_dir):
 
 
 def test_a_pause_is_acknowledged_once_no_claim_of_a_running_tick_can_follow_it(
-    scheduled, state_dir
+    scheduled, state_dir, hold_in_child
 ):
     """A tick that reached its claims when the operator paused: the pause is said only
     once that claim is over, and the tick claims nothing after it. Before, the pause was
     acknowledged at once and the tick went on to claim and start jobs."""
-    holder = subprocess.Popen(  # a claim under way: discovery.lock held
-        [
-            sys.executable,
-            "-c",
-            "import sys,time; from pathlib import Path; from aiworker.runtime.locks import LockDir;"
-            "l=LockDir(Path(sys.argv[1])).lock('discovery'); l.try_acquire();"
-            "print('held', flush=True); time.sleep(60)",
-            str(state_dir),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold_in_child(state_dir, "discovery")  # a claim under way
     argv = [sys.executable, "-m", "aiworker", "--json", "scheduler"]
     try:
-        assert holder.stdout.readline().strip() == "held"
         tick = subprocess.Popen([*argv, "tick"], stdout=subprocess.PIPE, text=True)
         time.sleep(2)  # it waits for the lock at its first claim
         pause = subprocess.Popen([*argv, "pause"], stdout=subprocess.PIPE, text=True)
@@ -208,7 +196,6 @@ def test_a_pause_is_acknowledged_once_no_claim_of_a_running_tick_can_follow_it(
     finally:
         holder.kill()
         holder.wait()
-        holder.stdout.close()
     paused, _ = pause.communicate(timeout=60)
     ticked, _ = tick.communicate(timeout=60)
     assert (pause.returncode, json.loads(paused)["paused"]) == (0, True)
@@ -222,32 +209,17 @@ def test_a_pause_is_acknowledged_once_no_claim_of_a_running_tick_can_follow_it(
 
 
 def test_a_pause_that_outwaits_a_long_claim_says_one_more_job_may_start(
-    upgraded, state_dir, cli, monkeypatch
+    upgraded, state_dir, cli, monkeypatch, hold_in_child
 ):
     """A tick polling a slow forge holds discovery.lock past the pause's wait: the pause
     is acknowledged (it stands), and says that this tick may still start one job."""
     from aiworker.core import scheduler_state
 
     monkeypatch.setattr(scheduler_state, "DISCOVERY_WAIT_SECONDS", 1.0)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys,time; from pathlib import Path; from aiworker.runtime.locks import LockDir;"
-            "l=LockDir(Path(sys.argv[1])).lock('discovery'); l.try_acquire();"
-            "print('held', flush=True); time.sleep(60)",
-            str(state_dir),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        paused = cli("scheduler", "pause", "--reason", "forge upgrade")
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
+    holder = hold_in_child(state_dir, "discovery")  # a tick's claim that goes on
+    paused = cli("scheduler", "pause", "--reason", "forge upgrade")
+    holder.kill()
+    holder.wait()
     assert paused.exit_code == 0, paused
     assert paused.stdout.strip() == (
         "scheduler paused; a tick has claimed for over 1 s (a slow forge?): it may start one "
