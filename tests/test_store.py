@@ -137,8 +137,10 @@ def test_a_migration_waits_for_running_work_to_end(cli, upgraded):
         connection.exec_driver_sql(
             "UPDATE alembic_version SET version_num = '0008_authorized_scope'"
         )
-    (upgraded.parent / "controller-instance").unlink()
+    (upgraded.parent / "controller-instance").unlink(missing_ok=True)
     assert cli("status").exit_code == 2  # older than this aiworker, and nothing written
+    assert cli("db", "current").exit_code == 0  # readers of an old store write nothing
+    assert cli("doctor").exit_code != 0
     assert not (upgraded.parent / "controller-instance").exists()
     refused = cli("--json", "db", "upgrade")
     assert refused.exit_code == 75, refused

@@ -150,7 +150,8 @@ class Environment:
             except BaseException:
                 db.dispose()
                 raise
-        db.instance = self.controller_instance  # its key is made once the store may be used
+        if require_current:  # its key is made once the store may be used: not by a reader
+            db.instance = self.controller_instance  # of an old one (doctor, `db current`)
         return db
 
 
