@@ -127,6 +127,7 @@ class WorkerJob(Base):
         result: Mapped[dict[str, Any] | None]
         claim_key: Mapped[str | None]
         worker_id: Mapped[str | None]
+        attempt_id: Mapped[int | None]
         created_at: Mapped[datetime]
         updated_at: Mapped[datetime]
 

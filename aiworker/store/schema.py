@@ -31,6 +31,7 @@ KNOWN_REVISIONS = (
     "0007_controller_instance",
     "0008_authorized_scope",
     "0009_mend_edited_migrations",
+    "0010_worker_job_waiter",
 )
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 

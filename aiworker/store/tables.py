@@ -196,6 +196,8 @@ worker_jobs = Table(
     # The claim's client request key: a retried claim after a lost reply gets this lease.
     Column("claim_key", String(128)),
     Column("worker_id", String(128)),
+    # The attempt waiting for its delivery (none: a tool's): its recovery ends the job.
+    Column("attempt_id", Integer),
     _at("created_at"),
     _at("updated_at"),
     Index("ix_worker_jobs_state_lease", "state", "lease_expires_at"),

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, tuple_, update
+from sqlalchemy.engine import Connection
 
 from aiworker.store.engine import Database
 from aiworker.store.tables import utcnow, worker_jobs
@@ -59,18 +60,35 @@ def abandon(db: Database, index: tuple[int, int], result: dict[str, Any]) -> boo
     """End job INDEX as failed with RESULT unless it already ended; whatever lease it has
     is void from now (a runner still running it gets lease_lost). True if this ended it."""
     with db.transaction() as connection:
-        changed = connection.execute(
-            update(worker_jobs)
-            .where(
-                worker_jobs.c.repository_index == index[0],
-                worker_jobs.c.worker_job_index == index[1],
-                worker_jobs.c.state.in_((QUEUED, LEASED)),
-            )
-            .values(**ended_failed(result, utcnow()))
+        return _end_open(connection, index, result)
+
+
+def _end_open(connection: Connection, index: tuple[int, int], result: dict[str, Any]) -> bool:
+    changed = connection.execute(
+        update(worker_jobs)
+        .where(
+            worker_jobs.c.repository_index == index[0],
+            worker_jobs.c.worker_job_index == index[1],
+            worker_jobs.c.state.in_((QUEUED, LEASED)),
         )
-        if changed.rowcount == 1:
-            event(connection, "abandoned", index, (None, FAILED), why=result.get("error"))
+        .values(**ended_failed(result, utcnow()))
+    )
+    if changed.rowcount == 1:
+        event(connection, "abandoned", index, (None, FAILED), why=result.get("error"))
     return bool(changed.rowcount == 1)
+
+
+def end_awaited_by(db: Database, attempt: int, result: dict[str, Any]) -> int:
+    """End as failed, with RESULT, the open jobs whose delivery ATTEMPT awaited (it was
+    abandoned: nobody will read them); how many."""
+    job = (worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+    with db.transaction() as connection:
+        awaited = connection.execute(
+            select(*job).where(
+                worker_jobs.c.attempt_id == attempt, worker_jobs.c.state.in_((QUEUED, LEASED))
+            )
+        ).all()
+        return sum(_end_open(connection, (int(r[0]), int(r[1])), result) for r in awaited)
 
 
 def end_orphans(

@@ -51,19 +51,23 @@ class Lease:
         return max(0, int((self.expires_at - utcnow()).total_seconds() * 1000))
 
 
-def enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
-    """Queue REQUEST for repository REPOSITORY_INDEX; returns its worker job index (the
-    next one: on a database without SQLite's write lock, a racing enqueuer's index is
-    taken, and the next is tried)."""
+def enqueue(
+    db: Database, repository_index: int, request: dict[str, Any], attempt: int | None = None
+) -> int:
+    """Queue REQUEST for repository REPOSITORY_INDEX, its delivery awaited by ATTEMPT;
+    returns its worker job index (the next one: on a database without SQLite's write
+    lock, a racing enqueuer's index is taken, and the next is tried)."""
     for _ in range(20):
         try:
-            return _enqueue(db, repository_index, request)
+            return _enqueue(db, repository_index, request, attempt)
         except IntegrityError:
             continue
     raise RuntimeError(f"could not enqueue a worker job for repository {repository_index}")
 
 
-def _enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> int:
+def _enqueue(
+    db: Database, repository_index: int, request: dict[str, Any], attempt: int | None
+) -> int:
     with db.transaction() as connection:
         last = connection.scalar(
             select(func.max(worker_jobs.c.worker_job_index)).where(
@@ -77,6 +81,7 @@ def _enqueue(db: Database, repository_index: int, request: dict[str, Any]) -> in
                 repository_index=repository_index,
                 worker_job_index=index,
                 request=request,
+                attempt_id=attempt,
                 state=QUEUED,
                 version=1,
                 attempt_count=0,

@@ -55,7 +55,7 @@ def gate_at(
     (OPTIONS: the phase they are for, the result a model claimed)."""
     return run_checks(
         job.db,
-        Dispatch.of(job.env, job.db),
+        Dispatch.of(job.env, job.db, job.attempt),
         index=job.repo.index,
         head=head,
         base=base,

@@ -39,7 +39,7 @@ def judge(
     """Run the quality gate on the imported result and decide."""
     gate = run_gate(
         job.db,
-        Dispatch.of(job.env, job.db),
+        Dispatch.of(job.env, job.db, job.attempt),
         index=job.repo.index,
         slot=job.slot or 0,
         task_id=job.task.id,

@@ -62,9 +62,10 @@ class Dispatch:
     place: Any = None
     # How long the evidence of what ran is kept (retention.artifact_days).
     artifact_days: int = 7
+    attempt: int | None = None  # the attempt that awaits the jobs: its recovery ends them
 
     @classmethod
-    def of(cls, env: Environment, db: Database) -> Dispatch:
+    def of(cls, env: Environment, db: Database, attempt: int | None = None) -> Dispatch:
         from aiworker.core.guests.backends import checks_place
 
         config = env.loaded.config
@@ -77,6 +78,7 @@ class Dispatch:
             names,
             checks_place(env),
             config.retention.artifact_days,
+            attempt,
         )
 
     def run(
@@ -106,7 +108,7 @@ class Dispatch:
                 "timeout_ms": timeout_ms,
                 "suite_id": suite,
             }
-            pair = (index, enqueue(self.db, index, request))
+            pair = (index, enqueue(self.db, index, request, self.attempt))
         try:
             if self.runners.mode == "embedded":
                 self._run_here(pair)

@@ -25,6 +25,7 @@ from aiworker.store.cleanup import record_cleanup
 from aiworker.store.engine import Database
 from aiworker.store.task_records import last_task_event
 from aiworker.store.tasks import append_event
+from aiworker.store.worker_job_records import end_awaited_by
 
 LOG_TAIL_BYTES = 2000
 SECRET_MARGIN = 8192  # longer than any token the redactor masks
@@ -92,6 +93,8 @@ def abandon(
                         "log_tail": tail,
                     },
                 )
+        # The checks and CI it queued for runners: nobody will read their delivery.
+        end_awaited_by(db, attempt_id, {"error": f"the attempt awaiting it was abandoned: {died}"})
         if silent is None:
             _clear_local(env, db, task_id, closed_phase, attempt_id, workspace)
         hook = NAMES[closed_phase].abandoned if closed_phase in NAMES else ""

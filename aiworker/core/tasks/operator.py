@@ -37,6 +37,7 @@ from aiworker.store.models import Repository, Task
 from aiworker.store.publications import advance_publication, close_publication, publications_of
 from aiworker.store.task_records import children_of, existing_task
 from aiworker.store.tasks import append_event
+from aiworker.store.worker_job_records import end_awaited_by
 
 if TYPE_CHECKING:
     from aiworker.adapters.forgejo.models import PullRequest
@@ -81,6 +82,8 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
                         session, attempt.id, "cancelled", reason="cancelled by an operator"
                     ):
                         report.attempts_closed.append(attempt.id)
+            for attempt_id in report.attempts_closed:  # no runner runs its checks for nobody
+                end_awaited_by(db, attempt_id, {"error": f"task {one.id} was cancelled"})
             report.removed += _remove_workspaces(env, db, one.id)
         _settle_pull(env, db, task, report)
         return report
