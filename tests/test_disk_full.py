@@ -358,3 +358,49 @@ def test_a_workspace_that_cannot_grow_is_a_full_disk_and_costs_no_attempt(
     assert query(database, "select state, claim_slot from tasks") == [("ready", None)]
     rows = query(database, "select outcome, refunded from attempts")
     assert rows == [("unavailable", 1)]  # recovery charged nothing more
+
+
+def test_a_cancel_of_a_plan_on_a_full_disk_stops_its_milestone_s_job(
+    small_disk,  # noqa: F811
+    forge,
+    tmp_path,
+    monkeypatch,
+    cli,
+):
+    """The disk is full while a plan's milestone runs: cancelling the plan cannot be
+    recorded, but the milestone's job is stopped all the same, and the refusal names it;
+    run again once there is space, the plan and its milestones are cancelled."""
+    import copy
+
+    from tests.test_lifecycle import attempt_tag, start_implement, wait_for, wait_for_provider
+    from tests.test_plan import SCENARIO, planned, step
+
+    assert cli("db", "upgrade").exit_code == 0
+    database = small_disk / "aiworker.db"
+    planned(forge, database, tmp_path, monkeypatch, cli)
+    scenario = copy.deepcopy(SCENARIO)
+    scenario["phases"]["implementation"]["by_milestone"]["1"]["sleep_s"] = 600
+    write_scenario(tmp_path / "scenario.json", **scenario)
+    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
+    assert step(cli)["started"] == 2
+    assert cli("--json", "claim", "--slot", "1").json()["task"] == 2
+    job = start_implement(2)
+    try:
+        [attempt] = wait_for(database, "select id from attempts where task_id = 2")
+        wait_for_provider(attempt_tag(small_disk, attempt))  # sleeping out its 600 s
+        filler = _fill(small_disk)
+        refused = run_process("--json", "task", "cancel", "1")
+        assert refused.exit_code == 75, refused
+        message = refused.json()["error"]["message"]
+        assert f"task 2's job was stopped (pids {job.pid}" in message, message
+        assert "run `aiworker task cancel 1` again once there is space" in message
+        job.communicate(timeout=60)  # stopped, not left to sleep out its 600 s
+    finally:
+        job.kill()
+        job.communicate()
+    filler.unlink()
+    cancelled = run_process("--json", "task", "cancel", "1")
+    assert cancelled.exit_code == 0, cancelled
+    states = query(database, "select id, state from tasks order by id")
+    assert states == [(1, "cancelled"), (2, "cancelled"), (3, "cancelled")]
+    assert query(database, "select count(*) from attempts where finished_at is null") == [(0,)]

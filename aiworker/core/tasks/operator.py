@@ -92,29 +92,39 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
 
 
 def _stop_unrecorded(env: Environment, db: Database, task_id: int, exc: AiworkerError) -> None:
-    """The disk is too full to record the cancel: the job is stopped all the same (a job
-    filling the disk must not be beyond the operator's reach), and EXC says so."""
+    """The disk is too full to record the cancel: the job is stopped all the same, a plan's
+    milestones' too (a job filling the disk must not be beyond the operator's reach), and
+    EXC says so."""
     try:
-        stopped = stop_jobs(env, db, _task(db, task_id), record=False)
+        task = _task(db, task_id)
+        stopped = {one.id: stop_jobs(env, db, one, record=False) for one in _unfinished(db, task)}
     except AiworkerError as unreadable:
         exc.message += f"; task {task_id}'s job could not be found to stop it: {unreadable}"
         return
-    if stopped:
+    said = [
+        f"task {one}'s job was stopped (pids {', '.join(map(str, pids))})"
+        for one, pids in stopped.items()
+        if pids
+    ]
+    if said:
         exc.message += (
-            f"; task {task_id}'s job was stopped (pids {', '.join(map(str, stopped))}), but "
-            f"its cancel is not recorded: run `aiworker task cancel {task_id}` again once "
-            "there is space"
+            f"; {'; '.join(said)}, but its cancel is not recorded: run `aiworker task cancel "
+            f"{task_id}` again once there is space"
         )
+
+
+def _unfinished(db: Database, task: Task) -> list[Task]:
+    """TASK, and a plan's milestones that did not finish."""
+    if task.kind != "plan":
+        return [task]
+    with db.read() as session:
+        return [task, *(c for c in children_of(session, task.id) if c.state not in TERMINAL)]
 
 
 def _milestones_cancelled(db: Database, task: Task) -> list[Task]:
     """PLAN's milestones that were not finished, each cancelled now (as they were)."""
-    if task.kind != "plan":
-        return []
-    with db.read() as session:
-        unfinished = [c.id for c in children_of(session, task.id) if c.state not in TERMINAL]
     cancelled = []
-    for child in unfinished:
+    for child in (one.id for one in _unfinished(db, task)[1:]):
         with contextlib.suppress(Conflict):  # finished meanwhile: nothing to cancel
             cancelled.append(_cancel_record(db, child))
     return cancelled
