@@ -122,9 +122,18 @@ def test_a_read_only_database_is_named_and_nothing_is_written(upgraded, state_di
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only root writes where it does not own")
-@pytest.mark.parametrize("command", [("scheduler", "tick"), ("status",), ("poll",)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("scheduler", "tick"),
+        ("status",),
+        ("poll",),
+        ("web", "serve", "--listen", "127.0.0.1:0"),
+        ("scheduler", "install", "--dir", "{units}"),
+    ],
+)
 def test_a_state_directory_of_another_user_is_refused_and_nothing_is_written(
-    upgraded, state_dir, command
+    upgraded, state_dir, command, tmp_path
 ):
     """Root runs a command on the service user's state directory (as `nobody` here): what
     it made there (0600 files, 0700 directories, locks) would shut the service out, so it
@@ -132,6 +141,7 @@ def test_a_state_directory_of_another_user_is_refused_and_nothing_is_written(
     for path in (state_dir, *state_dir.rglob("*")):
         os.chown(path, 65534, 65534)
     before = snapshot(state_dir)
+    command = [part.format(units=tmp_path / "units") for part in command]
     argv = [sys.executable, "-m", "aiworker", "--json", "--state-dir", str(state_dir), *command]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stdout + done.stderr

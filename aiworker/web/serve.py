@@ -115,7 +115,9 @@ def serve(
         loaded = load_config(config_path, required=config_required)
         return Environment(state_dir.absolute(), loaded)
 
-    loaded = environment().loaded  # a broken configuration is reported now, not later
+    env = environment()  # a broken configuration is reported now, not later
+    env.ensure_state_dir()  # as every command refuses it: another user's, read-only
+    loaded = env.loaded
     # The origin the configuration publishes (status links) is one the server answers to.
     public_origin = public_origin or loaded.config.web.public_url
     # Provider keys are registered where the providers run; this process masks them too.
