@@ -31,6 +31,13 @@ def register_secret(value: str) -> None:
             _secrets.update(form for form in forms if len(form) >= MIN_SECRET_LENGTH)
 
 
+def registered() -> list[str]:
+    """Every registered secret, in each of its forms: for masking output that is not text
+    of this process (a job's streams)."""
+    with _lock:
+        return sorted(_secrets)
+
+
 def redact(text: str) -> str:
     with _lock:
         values = sorted(_secrets, key=len, reverse=True)

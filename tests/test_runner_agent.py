@@ -7,6 +7,7 @@ SIGTERM lets the running job finish."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -155,6 +156,7 @@ def test_doctor_proves_the_path_and_claims_nothing(controller, state_dir, tmp_pa
         "clock",
         "attempt_root",
         "containment",
+        "privileges",
     }
     assert get_job(db, (1, index)).state == "queued"
     wrong = run(argv, token="x")
@@ -608,3 +610,36 @@ def _get(url: str) -> bytes:
         return f"{requests.get(url, timeout=5).status_code}".encode()
     except requests.RequestException:
         return b""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a runner as root: its jobs may read its process")
+def test_a_job_that_reads_the_runner_s_token_gets_it_masked_in_its_evidence(
+    controller, state_dir, tmp_path
+):
+    """A runner run as root runs its jobs as root, which may read its environment from
+    /proc despite its being undumpable: what a job prints of the token is masked in the
+    evidence it delivers, as every secret is, and never stored."""
+    db, url, _ = controller
+    repo = tmp_path / "reader"
+    reader = '#!/bin/sh\ntr "\\0" "\\n" < /proc/$PPID/environ | grep AIWORKER_SERVER_TOKEN\n'
+    commit_tree(repo, {"ci/run": reader})
+    index = queue_job(db, state_dir, repo, 1)
+    done = serve(url, "--worker-id", "r1", "--once", attempt_root=tmp_path / "a")
+    assert done.returncode == 0, done.stderr
+    _, stdout = stdout_of(db, (1, index))
+    assert stdout["masked"] is True
+    assert base64.b64decode(stdout["tail_base64"]) == b"AIWORKER_SERVER_TOKEN=***\n"
+    assert TOKEN not in json.dumps(get_job(db, (1, index)).result)
+    # Its doctor says so; without CAP_SYS_PTRACE (its unit has none), a job cannot.
+    argv = runner_argv("doctor", "--server", url, "--attempt-root", str(tmp_path / "d"))
+
+    def privileges(done):
+        assert done.returncode == 0, done.stdout + done.stderr  # a warning fails nothing
+        [check] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "privileges"]
+        return check["status"], check["detail"]
+
+    status, detail = privileges(run(argv))
+    assert status == "warn"
+    assert detail.startswith("runs as root with CAP_SYS_PTRACE: its jobs run so too")
+    dropped = ["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-all", *argv]
+    assert privileges(run(dropped)) == ("ok", "its jobs cannot read its token from its process")

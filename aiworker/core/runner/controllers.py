@@ -126,7 +126,7 @@ def remote_controller(server: str, timeout_s: float = 10.0) -> RemoteController:
 
     from aiworker.config.origins import http_origin
     from aiworker.errors import InvalidInput
-    from aiworker.secrets import TOKEN, TOKEN_RULE
+    from aiworker.secrets import TOKEN, TOKEN_RULE, register_secret
 
     server = http_origin(server, "--server", code="bad_server")
     token = os.environ.get(TOKEN_VARIABLE, "").strip()
@@ -134,4 +134,5 @@ def remote_controller(server: str, timeout_s: float = 10.0) -> RemoteController:
         raise InvalidInput(f"{TOKEN_VARIABLE} is not set: the runner's token is read from it")
     if not TOKEN.match(token):
         raise InvalidInput(f"{TOKEN_VARIABLE} is malformed: expected {TOKEN_RULE}")
+    register_secret(token)  # masked wherever it might show: logs, errors, jobs' evidence
     return RemoteController(RunnerApi(server, token, timeout_s))

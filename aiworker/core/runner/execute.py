@@ -33,6 +33,7 @@ from aiworker.runtime.attempts import (
 )
 from aiworker.runtime.evidence import DEFAULT_TAIL_BYTES
 from aiworker.runtime.execution import Limits, Outcome, run_job
+from aiworker.secrets import registered
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -139,7 +140,10 @@ def run_attempt(
         if logs is not None:
             logs.mkdir(mode=0o700)
         env = job_environment(request, attempt.attempt_id, attempt.workspace, home)
+        # The request's secrets, and this process's own (a runner's token, which a job
+        # run as root can read from its environment; the controller's, embedded).
         secrets = [command["environment"][n].encode() for n in command["secret_environment"]]
+        secrets += [value.encode() for value in registered()]
         argv = [str(workdir / entry), *command["argv"][1:]]
         log.info("attempt %s: running %s in %s", attempt.attempt_id, entry, workdir)
         limits = Limits(

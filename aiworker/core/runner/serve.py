@@ -259,7 +259,32 @@ def doctor(controller: Controller, attempt_root: Path) -> HealthReport:
         check("controller", False, "the answer is not the runner API's health document")
     check(*_attempt_root_check(attempt_root))
     checks.append(_containment_check())
+    checks.append(_privilege_check())
     return HealthReport.of(checks)
+
+
+CAP_SYS_PTRACE = 19
+
+
+def _privilege_check() -> Check:
+    """Whether a job could read this runner's token: one run by root with CAP_SYS_PTRACE
+    is root too, and reads the runner's environment from /proc, undumpable or not."""
+    try:
+        status = Path("/proc/self/status").read_text(encoding="ascii")
+        effective = int(
+            next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16
+        )
+    except (OSError, StopIteration, ValueError):
+        effective = 0
+    if os.geteuid() == 0 and effective >> CAP_SYS_PTRACE & 1:
+        return Check(
+            "privileges",
+            "warn",
+            "runs as root with CAP_SYS_PTRACE: its jobs run so too, and can read its token "
+            "(masked in their evidence, but theirs to use); run it as its own user in its "
+            "unit (`scheduler install --runner-server`)",
+        )
+    return Check("privileges", "ok", "its jobs cannot read its token from its process")
 
 
 def _containment_check() -> Check:
@@ -272,7 +297,7 @@ def _containment_check() -> Check:
             "warn",
             "no cgroup can be made for a job here (cgroup2 is not mounted writable, or not "
             "delegated to this user): a process a job detaches (setsid, a double fork) may "
-            "outlive it; run the runner as root, or in its unit (Delegate=yes)",
+            "outlive it; run the runner in its unit (Delegate=yes)",
         )
     made.remove()
     return Check("containment", "ok", "each job runs in a cgroup of its own, killed whole")
