@@ -11,11 +11,13 @@ import base64
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -643,3 +645,86 @@ def test_a_job_that_reads_the_runner_s_token_gets_it_masked_in_its_evidence(
     assert detail.startswith("runs as root with CAP_SYS_PTRACE: its jobs run so too")
     dropped = ["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-all", *argv]
     assert privileges(run(dropped)) == ("ok", "its jobs cannot read its token from its process")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_runner_whose_attempt_root_is_full_hands_its_jobs_back_and_waits_for_room(
+    controller, state_dir, tmp_path
+):
+    """The runner's attempt root fills up (a job left a cache behind, another tenant): a
+    job it cannot even lay out is handed back, not failed, and the runner waits before it
+    claims again instead of draining the queue; once there is room, it runs them all."""
+    from tests.test_disk_full import _fill
+    from tests.test_implement import query
+
+    db, url, repo = controller
+    root = tmp_path / "small"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
+    log = tmp_path / "runner.log"
+    try:
+        filler = _fill(root)
+        jobs = [queue_job(db, state_dir, repo, 1, ("./ci/run", str(n))) for n in (1, 2, 3)]
+        argv = runner_argv(
+            "serve", "--server", url, "--worker-id", "r1", "--attempt-root", str(root)
+        )
+        with open(log, "w") as err:
+            runner = subprocess.Popen(argv, stdout=err, stderr=err, env=runner_env())
+        try:
+            released = "select count(*) from events where kind = 'worker_job.released'"
+            deadline = time.monotonic() + 60
+            while query(state_dir / "aiworker.db", released) == [(0,)]:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            time.sleep(2)  # it waits: nothing else is claimed meanwhile
+            assert [get_job(db, (1, n)).state for n in jobs] == ["queued"] * 3
+            assert query(state_dir / "aiworker.db", released) == [(1,)]
+            filler.unlink()
+            deadline = time.monotonic() + 120
+            while any(get_job(db, (1, n)).state != "succeeded" for n in jobs):
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        finally:
+            runner.send_signal(signal.SIGTERM)
+            runner.wait(timeout=60)
+    finally:
+        subprocess.run(["umount", "--lazy", str(root)], check=False)
+    said = log.read_text()
+    assert f"worker job 1/{jobs[0]}: handed back, this host's disk is full" in said
+    assert f"attempt root {root} is full" in said
+    assert "claiming again in 5 s" in said
+
+
+def test_a_controller_stops_within_its_unit_s_grace_while_a_runner_long_polls(
+    upgraded, tmp_path, monkeypatch
+):
+    """A runner waits in a long-poll (25 s by default) when the controller's listener is
+    stopped, as systemd stops its unit (SIGTERM, then SIGKILL after TimeoutStopSec=15):
+    the waiting claim ends with nothing leased and the listener exits well within that,
+    so that its stop is clean; the runner then waits for the controller to come back."""
+    monkeypatch.setenv("AIWORKER_CONFIG", str(write_config(tmp_path)))
+    unit = (Path(__file__).parents[1] / "contrib/systemd/aiworker-web.service").read_text()
+    grace = int(re.search(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE).group(1))
+    log = tmp_path / "runner.log"
+    with runner_listener() as (listener, url, _operator):
+        argv = [sys.executable, "-m", "aiworker", "--verbose", "runner", "serve"]
+        argv += ["--server", url, "--worker-id", "r1", "--attempt-root", str(tmp_path / "a")]
+        with open(log, "w") as err:
+            runner = subprocess.Popen(
+                [*argv, "--long-poll-ms", "25000"],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=runner_env(),
+            )
+        try:
+            deadline = time.monotonic() + 60
+            while "serving, contract" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            time.sleep(1)  # its first claim is waiting now
+            listener.terminate()
+            listener.wait(timeout=grace - 2)  # not killed: it stopped by itself
+        finally:
+            runner.terminate()
+            runner.wait(timeout=60)
+    assert listener.returncode in (0, -signal.SIGTERM)  # systemd takes either as clean

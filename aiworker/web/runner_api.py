@@ -70,7 +70,9 @@ class Failure(LeaseProof):
     error: dict[str, Any]  # ait.runner.error.v1: why the runner could not run the job
 
 
-def create_runner_app(environment: Callable[[], Environment]) -> Protection:
+def create_runner_app(
+    environment: Callable[[], Environment], stopping: Callable[[], bool] = lambda: False
+) -> Protection:
     from aiworker.core.runner import fleet
     from aiworker.core.runner.runner_tokens import holder_of
 
@@ -176,6 +178,8 @@ def create_runner_app(environment: Callable[[], Environment]) -> Protection:
             while lease is None and not request.repeat_only and time.monotonic() < deadline:
                 await asyncio.sleep(POLL_STEP_S)
                 if await http.is_disconnected():  # the runner went: lease it nothing
+                    return None
+                if stopping():  # the server stops: the runner asks again, of the next one
                     return None
                 # A read, no write lock: waiting claims look often and claim (one write)
                 # only when there is something to take.

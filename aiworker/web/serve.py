@@ -21,6 +21,9 @@ from aiworker.errors import InvalidInput, Unavailable
 from aiworker.runtime.listen import is_loopback, parse_listen
 from aiworker.secrets import register_secret
 
+# How long a stop waits for requests in flight: within the unit's TimeoutStopSec (15 s).
+STOP_GRACE_S = 10
+
 
 def allowed_hosts(host: str, port: int) -> set[str]:
     """The Host headers this server answers to: its own address (and, on loopback, the
@@ -133,6 +136,7 @@ def serve(
         origin, proxied = public_origin_of(public_origin)
         hosts, origins = hosts | {proxied}, origins | {origin}
     servers = [(create_app(environment, hosts, origins), sock)]
+    running: list[uvicorn.Server] = []  # once serving: a stop sets should_exit on each
     shown = {"web": _shown(host, port), "runner_api": None}
     if runner_listen is not None:
         # The runner API alone, on its own address (it may face other hosts); bound before
@@ -142,27 +146,30 @@ def serve(
         except BaseException:
             sock.close()
             raise
-        servers.append((create_runner_app(environment), runner_sock))
+        stopping = lambda: any(server.should_exit for server in running)  # noqa: E731
+        servers.append((create_runner_app(environment, stopping), runner_sock))
         shown["runner_api"] = _shown(runner_host, runner_port)
     _announce(shown, remote=not is_loopback(host), json_mode=json_mode)
 
-    async def run_all() -> None:
-        await asyncio.gather(
-            *(
-                uvicorn.Server(
-                    uvicorn.Config(
-                        app,
-                        log_level="warning",
-                        access_log=False,
-                        lifespan="off",
-                        # Longer than a runner's heartbeat interval: a connection it keeps
-                        # for the next beat is not closed under it (a reset, not retried).
-                        timeout_keep_alive=KEEP_ALIVE_S,
-                        http=HeadLimited,  # a head that does not come in time closes it
-                    )
-                ).serve(sockets=[bound])
-                for app, bound in servers
+    running += [
+        uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                # Longer than a runner's heartbeat interval: a connection it keeps for the
+                # next beat is not closed under it (a reset, not retried).
+                timeout_keep_alive=KEEP_ALIVE_S,
+                http=HeadLimited,  # a head that does not come in time closes it
+                timeout_graceful_shutdown=STOP_GRACE_S,  # then what is in flight ends
             )
         )
+        for app, _ in servers
+    ]
+
+    async def run_all() -> None:
+        sockets = (bound for _, bound in servers)
+        await asyncio.gather(*(s.serve(sockets=[b]) for s, b in zip(running, sockets, strict=True)))
 
     asyncio.run(run_all())

@@ -37,7 +37,7 @@ from aiworker.core.runner.lease_keeper import LeaseKeeper
 from aiworker.core.runner.materialise import GIB, Bounds, materialise
 from aiworker.core.runner.requests import RequestRejected, parse_request, source_of
 from aiworker.core.runner.uploads import keep_logs
-from aiworker.errors import AiworkerError, InvalidInput, Refused
+from aiworker.errors import AiworkerError, InvalidInput, Refused, disk_full
 from aiworker.runtime.attempts import default_attempt_root
 from aiworker.secrets import redact
 
@@ -138,6 +138,10 @@ def run_leased(
             kind, status = "complete", str(result["status"])
             body: dict[str, Any] = {"result": result}
         except (RequestRejected, AiworkerError, OSError) as exc:
+            if disk_full(exc) and not keeper.lost.is_set():
+                # This host's disk, not the job: another runner, with room, takes it.
+                _hand_back(controller, pair, token)
+                raise
             # Whatever kept the job from running is its outcome, with the reason.
             code = getattr(exc, "code", None) or "runner_error"
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -153,6 +157,14 @@ def run_leased(
         keeper.stop()
         logs.job_id.reset(named)  # the next job's lines name their own
     return JobOutcome(pair, claimed["attempt"], delivered, status, _ms(began) - ran_ms)
+
+
+def _hand_back(controller: Controller, pair: tuple[int, int], token: str) -> None:
+    try:
+        controller.release(pair, token)
+        log.warning("worker job %d/%d: handed back, this host's disk is full", *pair)
+    except AiworkerError as exc:
+        log.warning("worker job %d/%d could not be handed back: %s", *pair, exc.message)
 
 
 def _lease_left(claimed: dict[str, Any]) -> float:

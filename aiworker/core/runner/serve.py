@@ -34,7 +34,14 @@ from aiworker.core.runner.agent import (
     select_contract,
 )
 from aiworker.core.runner.controllers import Controller
-from aiworker.errors import EXIT_FAILED, EXIT_OK, AiworkerError, InvalidInput, LockHeld
+from aiworker.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    AiworkerError,
+    InvalidInput,
+    LockHeld,
+    disk_full,
+)
 from aiworker.runtime.attempts import ensure_private_root
 from aiworker.runtime.cgroups import AttemptCgroup
 from aiworker.runtime.locks import FileLock
@@ -42,6 +49,7 @@ from aiworker.runtime.processes import keep_memory_private
 
 log = logging.getLogger(__name__)
 MIN_FREE_BYTES = 1024**3
+FULL_WAIT_S, FULL_WAIT_CAP_S = 5.0, 300.0  # a full attempt root: the wait before a claim
 
 
 @dataclass
@@ -116,16 +124,12 @@ def serve(
             log.info("runner %s: stopped before the controller answered", options.worker_id)
             return report
         log.info("runner %s: serving, contract %s", options.worker_id, contract)
-        failures = 0
+        failures = full = 0
         key = new_key()
         while not signals.stop.is_set():
             asked = time.monotonic()
             try:
-                try:
-                    signals.idle = True
-                    claimed = controller.claim(claim_body(options, key, options.long_poll_ms))
-                finally:
-                    signals.idle = False
+                claimed = _claim(controller, options, key, signals)
             except _Stop:
                 _give_back(controller, options, key)
                 break
@@ -143,12 +147,29 @@ def serve(
                     signals.stop.wait(options.poll_interval_s)
                 continue
             key = new_key()
-            report.jobs.append(_job(_run(controller, claimed, options, signals)))
+            try:
+                outcome = _run(controller, claimed, options, signals)
+            except Exception as exc:
+                full = _wait_for_room(exc, once, options, signals, full + 1)
+                continue
+            full = 0
+            report.jobs.append(_job(outcome))
             if once:
                 break
         return report
     finally:
         lock.release()
+
+
+def _claim(
+    controller: Controller, options: AgentOptions, key: str, signals: Signals
+) -> dict[str, Any] | None:
+    """A job, or None once the long-poll ended without one (a signal meanwhile: _Stop)."""
+    signals.idle = True
+    try:
+        return controller.claim(claim_body(options, key, options.long_poll_ms))
+    finally:
+        signals.idle = False
 
 
 def _run(
@@ -190,6 +211,22 @@ def _connect(controller: Controller, once: bool, signals: Signals) -> str:
                 raise
             failures = _back_off(signals, failures, exc)
     return ""
+
+
+def _wait_for_room(
+    exc: Exception, once: bool, options: AgentOptions, signals: Signals, full: int
+) -> int:
+    """The attempt root was too full for a job (handed back): wait before claiming again,
+    from 5 s doubling to 5 minutes, so that a full host does not take every job queued.
+    Any other failure of a job, or one of `--once`, is raised."""
+    if once or not disk_full(exc):
+        raise exc
+    root = options.settings.attempt_root
+    delay = min(FULL_WAIT_S * 2 ** (full - 1), FULL_WAIT_CAP_S)
+    free = shutil.disk_usage(root).free // 1024**2
+    log.warning("attempt root %s is full (%d MiB free); claiming again in %d s", root, free, delay)
+    signals.stop.wait(delay)
+    return full
 
 
 def _back_off(signals: Signals, failures: int, exc: ServerUnavailable) -> int:
