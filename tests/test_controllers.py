@@ -228,3 +228,24 @@ def test_a_database_restart_mid_tick_loses_and_doubles_nothing(controllers):
     assert sorted(task for task, _ in held) == sorted(claimed)
     assert Counter(host for _, host in held) == {"host-a": 3, "host-b": 3}
     assert controllers.sql("select count(*) from attempts") == [(0,)]  # nothing was spent
+
+
+@pytest.mark.parametrize("controllers", [12], indirect=True)
+def test_a_database_down_longer_than_the_lease_gives_no_live_host_up(controllers):
+    """PostgreSQL is down longer than a controller's lease (an upgrade, its host
+    rebooted): nobody could renew meanwhile, so host A, whose jobs ran on through it, is
+    not taken for gone by host B the moment the server is back; it is once it stays
+    silent for a lease after that."""
+    controllers.seed(6)
+    victims = {job["task"] for job in controllers.run_tick("host-a", seconds=600)["started"]}
+    assert len(victims) == 3
+    assert controllers.run_tick("host-b", seconds=600)["recovered"] == []  # B watches A
+    controllers.server.stop()
+    time.sleep(15)  # longer than the 12 s lease
+    controllers.server.start()
+    back = time.monotonic()
+    report = controllers.run_tick("host-b", seconds=600)
+    if time.monotonic() - back < 12:  # a starved host may take that long to tick
+        assert not {r["task"] for r in report["recovered"]} & victims, report
+    controllers.run_tick("host-a")  # A renews, as its jobs' heartbeats would
+    assert not {r["task"] for r in controllers.run_tick("host-b")["recovered"]} & victims
