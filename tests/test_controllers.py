@@ -249,3 +249,28 @@ def test_a_database_down_longer_than_the_lease_gives_no_live_host_up(controllers
         assert not {r["task"] for r in report["recovered"]} & victims, report
     controllers.run_tick("host-a")  # A renews, as its jobs' heartbeats would
     assert not {r["task"] for r in controllers.run_tick("host-b")["recovered"]} & victims
+
+
+def test_a_tick_whose_network_goes_mid_query_ends_instead_of_waiting_for_ever(controllers):
+    """Host A's network goes while its tick waits for the server's answer (here, for the
+    write lock a session holds): no answer can ever arrive, and nothing is sent that
+    could fail; the client's own keepalives find the connection dead, and the tick ends
+    as unavailable instead of hanging until the kernel gives up, hours later."""
+    import psycopg
+
+    controllers.seed(3)
+    blocker = psycopg.connect(controllers.server.url(controllers.database))
+    try:
+        blocker.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+        tick = controllers.tick("host-a")
+        waiting = "select count(*) from pg_stat_activity where wait_event = 'advisory'"
+        deadline = time.monotonic() + 60
+        while controllers.sql(waiting) != [(1,)]:
+            assert time.monotonic() < deadline, "the tick never reached the database"
+            time.sleep(0.1)
+        controllers.net.cut(1)
+        out, err = tick.communicate(timeout=240)  # keepalives: dead within about a minute
+    finally:
+        blocker.close()
+    assert tick.returncode == 75, (out, err)
+    assert "PostgreSQL at" in json.loads(out)["error"]["message"]

@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from aiworker.store.schema import HEAD_REVISION, KNOWN_REVISIONS, migrations_dir
 from aiworker.store.task_records import create_task, ensure_repository
 from aiworker.store.tasks import claim, compare_and_update
 from tests.helpers import run_process
-from tests.pg_fixtures import configure_database, rows
+from tests.pg_fixtures import configure_database, rows, start_server
 
 
 def sqlite_cli(db: Path, sql: str) -> str:
@@ -562,6 +563,55 @@ def test_a_server_that_refuses_for_a_while_or_an_option_is_named(
         assert postgres.password not in result.output
 
 
+def test_a_job_started_while_the_server_is_down_waits_for_it(tmp_path, monkeypatch):
+    """The tick launched a job just as PostgreSQL went down for a restart: the job waits
+    for the server from its first look (its own store's check) instead of failing at
+    once, which its next recovery would charge as a job that died."""
+    server = start_server()
+    try:
+        name = server.create_database()
+        configure_database(server.url(name), tmp_path / "pg.toml", monkeypatch)
+        assert run_process("db", "upgrade").exit_code == 0
+        server.stop()
+        job = subprocess.Popen(
+            [sys.executable, "-m", "aiworker", "--json", "publish", "--task", "7"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(3)
+        assert job.poll() is None, job.communicate()  # still waiting
+        server.start()
+        out, err = job.communicate(timeout=120)
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(server.folder, ignore_errors=True)
+    assert "waiting for it" in err
+    # It went on once the server was back: to the task, which does not exist here.
+    assert json.loads(out)["error"]["message"] == "no task 7", out
+
+
+def test_a_url_without_the_password_the_server_asks_for_says_where_to_put_it(
+    cli, postgres, monkeypatch, tmp_path
+):
+    """database.url names no password and ~/.pgpass has none (or is one libpq ignores):
+    the tick and doctor say where the password goes (exit 2), not the driver's words."""
+    name = postgres.create_database()
+    url = f"postgresql://{postgres.user}@127.0.0.1:{postgres.port}/{name}"
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+    configure_database(url, tmp_path / "pg.toml", monkeypatch)
+    tick = cli("--json", "scheduler", "tick")
+    assert tick.exit_code == 2, tick
+    message = tick.json()["error"]["message"]
+    assert message.startswith(
+        f"PostgreSQL at 127.0.0.1:{postgres.port}/{name} asks for a password database.url "
+        "does not give: put it there, or in ~/.pgpass"
+    )
+    checks = {c["name"]: c for c in cli("--json", "doctor").json()["checks"]}
+    assert checks["database"]["status"] == "fail"
+    assert checks["database"]["detail"] == message
+
+
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (.ci/run)")
 def test_a_controller_whose_clock_is_off_the_servers_is_told_and_refused(
     postgres_url, tmp_path, monkeypatch
@@ -592,6 +642,7 @@ def test_a_controller_whose_clock_is_off_the_servers_is_told_and_refused(
 
 HEARTBEAT = """
 import sys
+import time
 from aiworker.store.controllers import renew
 from aiworker.store.engine import Database
 db = Database(sys.argv[1], host="host-a", lease_s=60, instance="key-a host-a:/state")

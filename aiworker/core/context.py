@@ -117,10 +117,11 @@ class Environment:
                 "nothing was checked against the forge; remove the directory and restore again"
             )
 
-    def open_database(self, *, require_current: bool = True) -> Database:
+    def open_database(self, *, require_current: bool = True, patience: float = 0.0) -> Database:
         """Open the store; by default refuse a schema that is missing, older or newer. A
         file that is not a database, or is newer than this code, is refused before
-        anything is written to it."""
+        anything is written to it. PATIENCE: seconds a server that is down is waited for,
+        from the first look on (a job's)."""
         from aiworker.store.engine import Database, default_url, sqlite_path
         from aiworker.store.schema import ensure_current, not_initialised, probe_file
 
@@ -144,8 +145,10 @@ class Environment:
             raise not_initialised(self.database_url)
         lease = self.loaded.config.controller_lease
         db = Database(self.database_url, host=self.controller_id, lease_s=lease)
+        db.patience = patience
         if require_current:
             try:
+                db.await_server()
                 ensure_current(db)
             except BaseException:
                 db.dispose()

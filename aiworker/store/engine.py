@@ -225,7 +225,7 @@ class Database:
                 raise
             raise named from None
 
-    def _await_server(self) -> None:
+    def await_server(self) -> None:
         """A PostgreSQL server that is down or restarting is waited for, up to PATIENCE
         seconds, before a session begins: a job's records (its attempt, its result) then
         outlast a short outage; a tick or a command (no patience) fails at once."""
@@ -258,7 +258,7 @@ class Database:
 
     @contextlib.contextmanager
     def _session(self, engine: Engine) -> Iterator[Session]:
-        self._await_server()
+        self.await_server()
         with (
             self.explaining(),
             Session(engine, expire_on_commit=False) as session,
@@ -269,7 +269,7 @@ class Database:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A bare connection in a write transaction: the lean path for hot statements."""
-        self._await_server()
+        self.await_server()
         with self.explaining(), self.write_engine.begin() as connection:
             yield connection
 

@@ -32,6 +32,16 @@ WRITE_LOCK_KEY = 0x6169_7777_7269_7465
 CONNECT_TIMEOUT_S = 10
 LOCK_TIMEOUT_MS = 30_000
 KEEPALIVES = ("tcp_keepalives_idle=20", "tcp_keepalives_interval=5", "tcp_keepalives_count=4")
+# The same on this side (libpq's): a client waiting for an answer on a connection whose
+# network went (a cable, a route, a firewall) learns it within a minute, instead of
+# waiting for ever on a socket nothing will ever arrive on.
+CLIENT_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 20,
+    "keepalives_interval": 5,
+    "keepalives_count": 4,
+    "tcp_user_timeout": 60_000,  # ms: what was sent and never acknowledged
+}
 # The namespace of the named locks held across controllers (pg_try_advisory_lock(int, int):
 # a key space apart from the write lock's bigint).
 NAMED_LOCKS = 0x61697721
@@ -79,8 +89,8 @@ def make_engine(url: str) -> Engine:
     # its sessions held (the write lock mid-transaction, a step's lock).
     options = [f"lock_timeout={LOCK_TIMEOUT_MS}", *KEEPALIVES]
     connect_args: dict[str, Any] = {"options": " ".join(f"-c {o}" for o in options)}
-    if "connect_timeout" not in parsed.query:
-        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    defaults = {"connect_timeout": CONNECT_TIMEOUT_S, **CLIENT_KEEPALIVES}
+    connect_args |= {k: v for k, v in defaults.items() if k not in parsed.query}
     engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
     event.listen(engine, "begin", _on_begin)
     event.listen(engine, "before_cursor_execute", _text_without_nul, retval=True)
@@ -146,6 +156,25 @@ FAILURES: tuple[tuple[str, type[AiworkerError], str], ...] = (
         "database.url at the primary",
     ),
     ("server closed the connection", Unavailable, "closed the connection; try again"),
+    # The network went under a connection (found by the keepalives), or before one.
+    (
+        "could not receive data from server",
+        Unavailable,
+        "was lost mid-answer (the network, or its host, went); try again",
+    ),
+    (
+        "could not send data to server",
+        Unavailable,
+        "was lost mid-request (the network, or its host, went); try again",
+    ),
+    ("network is unreachable", Unavailable, "cannot be reached: no route to it from here"),
+    ("no route to host", Unavailable, "cannot be reached: no route to it from here"),
+    (
+        "no password supplied",
+        ConfigInvalid,
+        "asks for a password database.url does not give: put it there, or in ~/.pgpass "
+        "(mode 0600: libpq ignores a file others may read)",
+    ),
     ("terminating connection", Unavailable, "ended the connection; try again"),
     ("no space left on device", DiskFull, "cannot write: its disk is full"),
     (

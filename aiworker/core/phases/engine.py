@@ -42,8 +42,7 @@ class BudgetSpent(Conflict):
 
 def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = None) -> Outcome:
     """Run PHASE for TASK_ID (on SLOT, for a slot phase); the Outcome it ended with."""
-    db = env.open_database()
-    db.patience = OUTAGE_WAIT_S  # a restart of the database costs no finished work
+    db = env.open_database(patience=OUTAGE_WAIT_S)  # a database restart costs no work
     try:
         job = _load(env, db, phase, task_id, slot)
         _take_up(job)
