@@ -143,6 +143,31 @@ def test_a_byte_order_mark_is_named_not_taken_for_a_bad_statement(cli, tmp_path)
     assert "starts with a UTF-8 byte-order mark" in result.stderr
 
 
+def test_a_file_or_value_nested_too_deeply_or_not_utf8_is_refused_and_kept(tmp_path):
+    """A configuration nested thousands deep (a generated file gone wrong), a value so
+    nested given to `config set`, and a `config set` on a file that is not UTF-8 are
+    refused with exit 2 naming the problem (the interpreter's recursion error or the
+    decoder's, exit 1, said nothing), and the file is left as it was."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfeshares = 2\n")
+    plain = tmp_path / "plain.toml"
+    plain.write_text("shares = 2\n")
+    nested = "[" * 3000 + "]" * 3000
+    cases = [
+        (deep, ("status",), "nested too deeply to be a configuration"),
+        (binary, ("config", "set", "shares", "1"), "not UTF-8 text"),
+        (plain, ("config", "set", "repositories", nested), "nested too deeply to be a setting"),
+    ]
+    for path, args, said in cases:
+        before = path.read_bytes()
+        done = run_process("--json", "--config", str(path), *args)
+        assert done.exit_code == 2, (args, done)
+        assert said in done.json()["error"]["message"], (args, done)
+        assert path.read_bytes() == before
+
+
 def test_two_kinds_of_work_given_one_label_are_refused(cli, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[labels]\nplan = "aiworker"\napproved = "aiworker"\n')

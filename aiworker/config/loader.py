@@ -55,6 +55,8 @@ def parse_toml(data: bytes, origin: str) -> dict[str, Any]:
         raise ConfigInvalid(f"{origin}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigInvalid(f"{origin}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigInvalid(f"{origin}: nested too deeply to be a configuration") from None
 
 
 def parse_config(data: bytes, origin: str) -> Config:
@@ -64,6 +66,8 @@ def parse_config(data: bytes, origin: str) -> Config:
 def validate_document(document: dict[str, Any], origin: str) -> Config:
     try:
         return Config.model_validate(document)
+    except RecursionError:
+        raise ConfigInvalid(f"{origin}: nested too deeply to be a configuration") from None
     except ValidationError as exc:
         problems = problems_of(exc)
         count = f"{len(problems)} problem" + ("s" if len(problems) != 1 else "")

@@ -83,6 +83,8 @@ def parse_value(raw: str) -> Any:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    except RecursionError:
+        raise InvalidInput("the value is nested too deeply to be a setting") from None
 
 
 def edited(data: bytes | None, path: Path, changes: dict[str, Any]) -> bytes:
@@ -91,9 +93,9 @@ def edited(data: bytes | None, path: Path, changes: dict[str, Any]) -> bytes:
     import tomlkit
     from tomlkit.exceptions import ConvertError
 
-    text = data.decode("utf-8") if data else ""
     if data:
         parse_toml(data, str(path))  # a broken file is refused with the loader's own words
+    text = data.decode("utf-8") if data else ""
     document = tomlkit.parse(text)
     for key, value in changes.items():
         parts = key.split(".")
