@@ -263,3 +263,15 @@ def test_a_negative_number_read_as_an_option_is_said_to_be_one(cli):
         "No such option: -1 (-1 is a negative number, read as an option; a value that "
         "starts with '-' goes after `--`)"
     )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_wait_that_is_no_number_of_seconds_is_refused(cli, tmp_path, value):
+    """nan passes every range check and would wait for ever, holding maintenance.lock
+    while every tick exits 75: it is refused with exit 2, before anything is built."""
+    script = tmp_path / "layer.sh"
+    script.write_text("true\n")
+    for args in (("qemu", "layer", "cache", "--script", str(script)), ("qemu", "provision")):
+        result = cli("--json", *args, "--wait", value)
+        assert result.exit_code == 2, (args, result)
+        assert result.json()["error"]["message"] == f"--wait {value}: a number of seconds"

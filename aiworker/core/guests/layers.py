@@ -17,7 +17,7 @@ from pathlib import Path
 from aiworker.core.context import Environment
 from aiworker.core.guests.backends import accel_of, require_image
 from aiworker.core.guests.paths import for_the_owner
-from aiworker.core.guests.provision import boot_and_save, sha256_of, wait_for_jobs
+from aiworker.core.guests.provision import boot_and_save, checked_wait, sha256_of, wait_for_jobs
 from aiworker.core.progress import Stages, quiet
 from aiworker.core.report import Report
 from aiworker.errors import AiworkerError, InvalidInput, Unavailable
@@ -42,8 +42,9 @@ class LayerReport(Report):
 def provision_layer(
     env: Environment, name: str, script: Path, *, wait_s: float = 0, stages: Stages = quiet
 ) -> LayerReport:
+    checked_wait(wait_s)
     if not LAYER_NAME.match(name):
-        raise InvalidInput(f"--layer {name!r}: 1-32 of a-z 0-9 - (starting with a letter or digit)")
+        raise InvalidInput(f"layer name {name!r}: 1-32 of a-z 0-9 - (starting with a letter or digit)")
     if not script.is_file():
         raise InvalidInput(f"--script {script}: no such file")
     store, image = require_image(env, layered=False)

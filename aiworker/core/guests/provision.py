@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -75,6 +76,7 @@ def provision(
 ) -> ProvisionReport:
     """Build, boot and publish a new image; STAGES hears each stage as it begins (and,
     as passing detail, each line the build prints)."""
+    checked_wait(wait_s)
     recipe = recipe or recipe_dir()
     if not (recipe / "build.sh").is_file():
         raise InvalidInput(f"no image recipe at {recipe} (build.sh missing); give --recipe")
@@ -99,6 +101,13 @@ def running_jobs(env: Environment, store: ImageStore) -> list[str]:
     ]
     guests = [g for g in store.guests() if g.record.get("owner_pid") and g.owner_alive]
     return busy + [f"guest {g.name}" for g in guests]
+
+
+def checked_wait(wait_s: float) -> None:
+    """Refuse a --wait that is no number of seconds: nan passes every range check, and
+    would hold maintenance.lock for ever once a job runs."""
+    if not math.isfinite(wait_s):
+        raise InvalidInput(f"--wait {wait_s}: a number of seconds")
 
 
 def wait_for_jobs(env: Environment, store: ImageStore, wait_s: float) -> None:
