@@ -44,7 +44,7 @@ def provision_layer(
 ) -> LayerReport:
     checked_wait(wait_s)
     if not LAYER_NAME.match(name):
-        raise InvalidInput(f"layer name {name!r}: 1-32 of a-z 0-9 - (starting with a letter or digit)")
+        raise InvalidInput(f"layer name {name!r}: 1-32 of a-z 0-9 - (starting with one of a-z 0-9)")
     if not script.is_file():
         raise InvalidInput(f"--script {script}: no such file")
     store, image = require_image(env, layered=False)
