@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from aiworker.store.engine import Database
-from aiworker.store.models import Event
+from aiworker.store.models import Event, Task
 from aiworker.store.task_records import create_task, ensure_repository
 from tests.helpers import run_process
 from tests.json_keys import assert_keys
@@ -367,3 +367,34 @@ def test_a_poll_refused_for_an_older_store_is_no_poll_failure_after_the_upgrade(
     scheduler = run_process("--json", "status").json()["scheduler"]
     assert (scheduler["poll_error"], scheduler["poll_failures"]) == (None, 0)
     assert run_process("--json", "scheduler", "tick", "--if-due").exit_code == 0
+
+
+def test_a_phase_command_that_cannot_start_fails_the_tick_saying_so_and_charges_nothing(
+    scheduled, tmp_path
+):
+    """scheduler.phase_commands names a program that is not there (a wrapper on another
+    host's path): the tick fails (exit 1, seen where the unit fails) saying which program
+    and which setting, its claim is given back and nothing is charged; an empty program
+    is refused by the configuration itself."""
+    db_path, _ = scheduled
+    config = Path(os.environ["AIWORKER_CONFIG"])
+    config.write_text('shares = 1\n[scheduler.phase_commands]\nimplement = ["/nonexistent/wrap"]\n')
+    failed = run_process("--json", "scheduler", "tick")
+    assert failed.exit_code == 1, failed
+    message = failed.json()["error"]["message"]
+    assert message == (
+        "'/nonexistent/wrap' cannot be started: No such file or directory; check "
+        "scheduler.phase_commands in the configuration; the claim of task 1 was given back"
+    )
+    db = Database(f"sqlite:///{db_path}")
+    with db.read() as session:
+        task = session.get(Task, 1)
+        assert (task.state, task.claim_slot) == ("ready", None)
+        assert session.scalars(select(Event).where(Event.kind == "attempt.started")).all() == []
+    db.dispose()
+    config.write_text('[scheduler.phase_commands]\nimplement = [""]\n')
+    refused = run_process("--json", "scheduler", "tick")
+    assert refused.exit_code == 2, refused
+    assert refused.json()["error"]["details"] == [
+        "scheduler.phase_commands: implement: its first word must name the program to run"
+    ]

@@ -233,6 +233,14 @@ class Scheduler(Strict):
 
     _known = field_validator("phase_commands")(phases_among(PHASES))
 
+    @field_validator("phase_commands")
+    @classmethod
+    def _a_program_first(cls, commands: dict[str, list[str]]) -> dict[str, list[str]]:
+        for phase, argv in commands.items():
+            if not argv[0].strip():
+                raise ValueError(f"{phase}: its first word must name the program to run")
+        return commands
+
 
 class Runners(Strict):
     # The tokens runners present (Authorization: Bearer), each from a file or a variable.

@@ -25,7 +25,7 @@ from aiworker.core.scheduler_state import request_check
 from aiworker.core.scheduling.phase_commands import aiworker_argv, argv_for, phase_command
 from aiworker.core.tasks.claim_jobs import name_job
 from aiworker.core.tasks.hosts import published_elsewhere
-from aiworker.errors import AiworkerError, InvalidInput, Unavailable
+from aiworker.errors import FULL_ERRNOS, AiworkerError, InvalidInput, Unavailable
 from aiworker.logs import STAMP_ENV
 from aiworker.runtime.locks import FileLock
 from aiworker.runtime.logfiles import Rotation
@@ -59,9 +59,18 @@ def _detached(
     """ARGV started detached, its output appended, stamped line by line, to LOG_PATH; a
     job (it holds a lock, KEEP_FDS) is asked to request a check when it made progress."""
     extra = {STAMP_ENV: "1", **({FOLLOW_UP: "1"} if keep_fds else {})}
-    return spawn_detached(
-        argv, log_path=log_path, keep_fds=keep_fds, env=extra, rotation=log_rotation(env)
-    )
+    try:
+        return spawn_detached(
+            argv, log_path=log_path, keep_fds=keep_fds, env=extra, rotation=log_rotation(env)
+        )
+    except OSError as exc:
+        if exc.filename not in (argv[0], None) or exc.errno in FULL_ERRNOS:
+            raise  # its log, not the command: said as such (a full disk, a mode)
+        setting = "scheduler.phase_commands" if env.loaded.config.scheduler.phase_commands else ""
+        raise LaunchFailed(
+            f"{argv[0]!r} cannot be started: {exc.strerror}"
+            + (f"; check {setting} in the configuration" if setting else "")
+        ) from None
 
 
 class LaunchFailed(AiworkerError):
@@ -195,7 +204,11 @@ def start_delivery_steps(env: Environment, db: Database) -> list[dict[str, Any]]
             _systemctl_start(entry["unit"])
         else:
             argv = [*command, "--task", str(task_id)]
-            entry["pid"] = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
+            try:
+                entry["pid"] = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
+            except LaunchFailed:
+                lock.release()
+                raise
             lock.hand_over(entry["pid"])
         started.append(entry)
     return started
@@ -229,7 +242,14 @@ def launch(
             ) from None
         name_job(db, task_id, slot, None, unit)
         return {"slot": slot, "task": task_id, "unit": unit}
-    pid = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
+    try:
+        pid = _detached(env, argv, task_log(env, task_id), (lock.fileno,))
+    except LaunchFailed as exc:
+        from aiworker.core.tasks.recovery import give_back
+
+        give_back(db, task_id, f"{exc.message}; the claim was given back")
+        exc.message += f"; the claim of task {task_id} was given back"
+        raise
     lock.hand_over(pid)
     name_job(db, task_id, slot, pid)
     log.info("slot %d: started %s for task %d as pid %d", slot, argv[:4], task_id, pid)
