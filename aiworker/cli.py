@@ -241,7 +241,7 @@ def _usage(json_mode: bool, exc: typer.TyperException) -> int:
 
 # A state directory or file the file system refuses: named, with what to do.
 FILE_SYSTEM_REFUSALS = {
-    errno.EROFS: (EXIT_INVALID, "the file system is mounted read-only; use another --state-dir"),
+    errno.EROFS: (EXIT_INVALID, "remount it read-write, or use a path on another file system"),
     errno.EACCES: (EXIT_INVALID, "this user may not write there; fix its owner or mode"),
     errno.EPERM: (EXIT_INVALID, "this user may not change it; fix its owner or mode"),
     errno.ENAMETOOLONG: (EXIT_INVALID, "a name in it is longer than the file system allows"),

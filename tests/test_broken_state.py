@@ -341,3 +341,21 @@ def test_a_path_the_file_system_cannot_hold_is_named_with_exit_2(cli, upgraded, 
             "exists and is not a directory",
         )
     )
+
+
+@needs_mounts
+def test_units_refused_a_read_only_folder_leave_nothing_made(tmp_path):
+    """`scheduler install --dir` names a folder on a read-only file system: refused with
+    exit 2, saying so of that folder (not of the state directory), and nothing is made
+    for a state directory that did not exist."""
+    folder, state = tmp_path / "ro", tmp_path / "fresh-state"
+    folder.mkdir()
+    done = read_only(
+        folder, "--state-dir", str(state), "scheduler", "install", "--dir", str(folder / "u")
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert json.loads(done.stdout)["error"]["message"] == (
+        f"{folder / 'u'}: Read-only file system; remount it read-write, or use a path on "
+        "another file system"
+    )
+    assert not state.exists()

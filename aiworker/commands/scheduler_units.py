@@ -60,7 +60,8 @@ def install(
         raise InvalidInput("choose one of --user (systemd user units) and --dir DIR")
     target = (directory or user_unit_dir()).absolute()
     env = inv.environment()
-    env.ensure_state_dir()  # another user's refused before anything is made in it
+    if env.state_dir.exists():  # another user's refused before anything is made in it
+        env.ensure_state_dir()
     config, interval = inv.config_path.absolute(), env.loaded.config.check_interval
     state_dir = env.state_dir.absolute()
     homes, places = provider_homes(env), written_places(env)

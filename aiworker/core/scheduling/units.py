@@ -120,6 +120,7 @@ def install_units(
     if target.exists() and not target.is_dir():  # refused before anything is made
         raise InvalidInput(f"--dir {target}: exists and is not a directory")
     units = render_units(config_path, state_dir, interval, [*homes, *places], web, runner_server)
+    target.mkdir(parents=True, exist_ok=True)  # where they go first: refused, nothing made
     # Every path a unit makes writable must exist when it starts (else 226/NAMESPACE).
     for home in [state_dir, *homes]:
         private_directory(home)
@@ -129,7 +130,6 @@ def install_units(
         config_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if runner_server is not None:
         private_directory(state_dir / "runner-attempts")
-    target.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in units.items():
         path = target / name
