@@ -728,3 +728,15 @@ def test_a_controller_stops_within_its_unit_s_grace_while_a_runner_long_polls(
             runner.terminate()
             runner.wait(timeout=60)
     assert listener.returncode in (0, -signal.SIGTERM)  # systemd takes either as clean
+
+
+def test_a_server_that_refuses_the_token_but_is_no_runner_api_is_named_as_such(forge):
+    """--server names the forge by mistake, which answers 401 for a path it does not
+    know: that is said to be no runner API (exit 2, an operator's mistake), not a token
+    the controller refused (exit 77, which would send them to rotate a good token)."""
+    argv = runner_argv("run-job", "--server", forge.url, "--repository-index", "1")
+    done = run([*argv, "--worker-job-index", "1"], token="x" * 32)
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = json.loads(done.stdout)["error"]["message"]
+    assert "that is not from aiworker's runner API" in message, message
+    assert "token is not accepted" not in message

@@ -11,7 +11,7 @@ import json
 import os
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import requests
 
@@ -75,7 +75,7 @@ class RunnerApi:
         if response.status_code >= 500:
             raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
         if response.status_code == 401:
-            raise Unauthorized(f"{self.base}: the runner token is not accepted")
+            self._refused(response, path)
         if response.status_code in (400, 404, 409, 413, 422):
             error = _error_of(response, self.base + path)
             kind = LeaseGone if response.status_code == 409 else Rejected
@@ -179,9 +179,17 @@ class RunnerApi:
         if response.status_code >= 500:
             raise ServerUnavailable(f"{self.base}{path}: HTTP {response.status_code}")
         if response.status_code == 401:
-            raise Unauthorized(f"{self.base}: the runner token is not accepted")
+            self._refused(response, path)
         error = _error_of(response, self.base + path)
         raise Rejected(error["message"], code=error["code"])
+
+    def _refused(self, response: requests.Response, path: str) -> NoReturn:
+        """A 401: the runner API refusing the token, or something else at the address
+        (a forge answers 401 for a path it does not know): said as what it is."""
+        error = _error_of(response, self.base + path)
+        if error["code"] == "http_error":
+            raise Rejected(error["message"], code=error["code"])
+        raise Unauthorized(f"{self.base}: the runner token is not accepted")
 
 
 def _create_new(path: Path) -> Any:
