@@ -88,6 +88,34 @@ def test_missing_token_fails(cli, tmp_path):
     assert checks_by_name(result)["token:worker"]["status"] == "fail"
 
 
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ('token_file = "missing.token"', "{dir}/missing.token: No such file or directory"),
+        ('token_file = "folder"', "{dir}/folder is a directory, not a file"),
+        ('token_file = "empty.token"', "{dir}/empty.token is empty"),
+        ('token_file = "latin1.token"', "{dir}/latin1.token: not UTF-8 text"),
+        ('token_env = "AIWORKER_TEST_UNSET_TOKEN"', "$AIWORKER_TEST_UNSET_TOKEN is not set"),
+    ],
+)
+def test_a_token_that_cannot_be_read_says_which_source_and_why(cli, tmp_path, source, why):
+    """doctor and the commands that need the token name the source and what is wrong
+    with it, not only that no token could be read."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "empty.token").write_text("\n")
+    (tmp_path / "latin1.token").write_bytes(b"caf\xe9\n")
+    path = tmp_path / "c.toml"
+    path.write_text(f'[forge]\nurl = "http://127.0.0.1:1"\n[forge.identities.worker]\n{source}\n')
+    why = why.format(dir=tmp_path)
+    result = cli("--json", "--config", str(path), "doctor")
+    assert checks_by_name(result)["token:worker"]["detail"] == f"no token readable: {why}"
+    polled = cli("--json", "--config", str(path), "poll")
+    assert polled.exit_code == 2, polled
+    assert polled.json()["error"]["message"] == (
+        f"forge.identities.worker: no token readable: {why}"
+    )
+
+
 def test_open_state_dir_is_a_warning(cli, upgraded, state_dir):
     os.chmod(state_dir, 0o755)
     result = cli("--json", "doctor")

@@ -121,14 +121,35 @@ def token_path(identity: Identity, base: Path) -> Path:
 
 
 def _raw_token(identity: Identity, base: Path) -> str:
+    return _read_token(identity, base)[0]
+
+
+def _read_token(identity: Identity, base: Path) -> tuple[str, str]:
+    """The identity's token as its source holds it (stripped), or "" and why not."""
     if identity.token_env is not None:
-        return os.environ.get(identity.token_env, "").strip()
+        name = identity.token_env
+        value = os.environ.get(name, "").strip()
+        return value, "" if value else f"${name} is {'empty' if name in os.environ else 'not set'}"
+    path = token_path(identity, base)
     try:
         # Read no more than a token can be: more (or a device) is a malformed source.
-        with token_path(identity, base).open("rb") as handle:
-            return handle.read(TOKEN_MAX_BYTES + 1).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
+        with path.open("rb") as handle:
+            value = handle.read(TOKEN_MAX_BYTES + 1).decode("utf-8").strip()
+    except IsADirectoryError:
+        return "", f"{path} is a directory, not a file"
+    except PermissionError:
+        return "", f"{path}: this user may not read it"
+    except OSError as exc:
+        return "", f"{path}: {exc.strerror or exc}"
+    except UnicodeDecodeError:
+        return "", f"{path}: not UTF-8 text"
+    return value, "" if value else f"{path} is empty"
+
+
+def why_no_token(identity: Identity, base: Path) -> str:
+    """Why no token can be read from the identity's source (not set, no such file, not
+    readable by this user, empty): for the error that says so."""
+    return _read_token(identity, base)[1] or f"no token in {token_source(identity, base)}"
 
 
 def token_state(identity: Identity, base: Path) -> str:

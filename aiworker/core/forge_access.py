@@ -8,7 +8,7 @@ from functools import cached_property
 from aiworker.adapters.forgejo import ForgejoClient
 from aiworker.adapters.forgejo.errors import ForgeError
 from aiworker.config.identities import Identity
-from aiworker.config.loader import LoadedConfig, read_token, token_source
+from aiworker.config.loader import LoadedConfig, read_token, token_source, why_no_token
 from aiworker.errors import ConfigInvalid
 
 
@@ -25,7 +25,8 @@ class ForgeAccess:
             return None
         token = read_token(identity, self.loaded.path.parent)
         if token is None:
-            raise ConfigInvalid(f"forge.identities.{role}: no token readable from its source")
+            why = why_no_token(identity, self.loaded.path.parent)
+            raise ConfigInvalid(f"forge.identities.{role}: no token readable: {why}")
         if self.attempts is not None:
             return ForgejoClient(
                 forge.url, token, timeout=forge.timeout_seconds, attempts=self.attempts
@@ -73,7 +74,8 @@ class ForgeAccess:
         identity = getattr(forge.identities, role, None) if forge else None
         token = read_token(identity, self.loaded.path.parent) if identity else None
         if token is None:
-            raise ConfigInvalid(f"forge.identities.{role}: no token readable from its source")
+            why = why_no_token(identity, self.loaded.path.parent) if identity else "none set"
+            raise ConfigInvalid(f"forge.identities.{role}: no token readable: {why}")
         return token
 
     def bots(self) -> dict[str, ForgejoClient]:

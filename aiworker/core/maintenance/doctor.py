@@ -15,6 +15,7 @@ from aiworker.config.loader import (
     read_token,
     token_path,
     token_state,
+    why_no_token,
 )
 from aiworker.core.context import Environment, state_dir_mode
 from aiworker.core.health import Check, HealthReport
@@ -99,7 +100,8 @@ def _check_tokens(loaded: LoadedConfig) -> list[Check]:
         source = f"${identity.token_env}" if identity.token_env else str(identity.token_file)
         state = token_state(identity, base)
         if state == "missing":
-            checks.append(Check(f"token:{name}", "fail", f"no token readable from {source}"))
+            why = why_no_token(identity, base)
+            checks.append(Check(f"token:{name}", "fail", f"no token readable: {why}"))
         elif state == "malformed":
             checks.append(
                 Check(f"token:{name}", "fail", f"{source} must hold exactly one token on one line")
