@@ -176,11 +176,22 @@ def test_path_options_that_cannot_work_are_refused(roots):
     a_file.write_text("x")
     as_file = execute(request(source), source_root=root, attempt_root=a_file)
     inside = execute(request(source), source_root=root, attempt_root=source / "attempts")
-    for result, code in (
+    # One that cannot be made (under /proc), and another user's folder: refused alike.
+    unmakeable = execute(request(source), source_root=root, attempt_root=Path("/proc/1/x"))
+    refused = [
         (missing, "request_unreadable"),
         (as_file, "attempt_root_invalid"),
         (inside, "attempt_root_inside_source"),
-    ):
+        (unmakeable, "attempt_root_invalid"),
+    ]
+    others = root / "others"
+    if os.geteuid() == 0:  # only root makes a folder another user's
+        others.mkdir()
+        os.chown(others, 65534, 65534)
+        foreign = execute(request(source), source_root=root, attempt_root=others)
+        assert foreign.json()["message"] == f"attempt root {others}: belongs to another user"
+        refused.append((foreign, "attempt_root_invalid"))
+    for result, code in refused:
         assert result.exit_code == 2, result
         error = result.json()
         assert (error["contract"], error["code"]) == ("ait.runner.error.v1", code)

@@ -10,7 +10,7 @@ from aiworker.contracts.native_job import MAX_REQUEST_BYTES, error_document
 from aiworker.core.runner.execute import RunnerSettings, execute_request
 from aiworker.core.runner.requests import RequestRejected, parse_request, resolve_source
 from aiworker.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE, FULL_ERRNOS
-from aiworker.runtime.attempts import default_attempt_root
+from aiworker.runtime.attempts import default_attempt_root, ensure_private_root
 
 
 def read_request_bytes(source: str, stdin: IO[bytes]) -> bytes:
@@ -40,6 +40,13 @@ def check_attempt_root(attempt_root: Path, source: Path) -> Path:
             "attempt_root_inside_source",
             f"attempt root {root} lies inside the source {source}; choose one outside it",
         )
+    try:
+        ensure_private_root(root)  # made, this user's: refused as a document if not
+    except OSError as exc:
+        if exc.errno in FULL_ERRNOS:
+            raise
+        why = exc.strerror or str(exc).removeprefix(f"attempt root {root} ")
+        raise RequestRejected("attempt_root_invalid", f"attempt root {root}: {why}") from None
     return root
 
 
