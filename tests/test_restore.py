@@ -148,6 +148,21 @@ def test_a_restore_without_the_artifacts_keeps_their_records_marked_removed(
     assert all(removed for (removed,) in rows)
 
 
+def test_a_pause_set_before_the_restore_is_kept_by_it(upgraded, tmp_path):
+    """The operator pauses the scheduler in the new, empty state directory first, so that
+    no tick starts work on what is restored before they looked: the restore accepts that
+    directory, and it is still paused afterwards."""
+    snapshot, folder, _made = _backup(tmp_path)
+    target = tmp_path / "new-host"
+    base = ("--state-dir", str(target), "--json")
+    paused = run_process(*base, "scheduler", "pause", "--reason", "restoring")
+    assert paused.exit_code == 0, paused
+    restored = _restore(target, snapshot, folder)
+    assert restored.exit_code == 0, restored
+    shown = run_process(*base, "scheduler", "status").json()
+    assert (shown["paused"], shown["paused_reason"]) == (True, "restoring")
+
+
 def test_what_cannot_be_restored_is_refused_and_nothing_is_written(upgraded, tmp_path):
     snapshot, folder, _made = _backup(tmp_path)
     busy = tmp_path / "busy"

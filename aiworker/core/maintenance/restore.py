@@ -43,6 +43,10 @@ from aiworker.store.schema import ensure_not_newer, upgrade
 
 log = logging.getLogger(__name__)
 LOCKS = "locks"  # LockDir's folder in a state directory
+# What a state directory may hold before a restore, and keeps after one that failed: its
+# locks, and the scheduler's state (an operator pauses before restoring, so that no tick
+# starts work on what was restored before they looked at it).
+KEPT = (LOCKS, "scheduler.json")
 
 
 @dataclass
@@ -97,8 +101,9 @@ def _refuse_another_snapshot_s(artifacts: Path, backup: Path) -> None:
 
 
 def _refuse_unless_empty(state_dir: Path) -> None:
-    """Only its lock files (a refused or failed restore's) may be there."""
-    present = sorted(set(os.listdir(state_dir)) - {LOCKS})
+    """Only its lock files (a refused or failed restore's) and a pause the operator set
+    before restoring may be there."""
+    present = sorted(set(os.listdir(state_dir)) - set(KEPT))
     if present:
         raise InvalidInput(
             f"state directory {state_dir} is not empty ({', '.join(present[:5])}); "
@@ -168,7 +173,7 @@ def _empty(folder: Path) -> None:
     work on a store never checked. A second signal must not cut it short (the command's
     end puts the handlers back)."""
     ignore_signals()
-    made = [p for p in folder.iterdir() if p.name not in (LOCKS, RESTORING)]
+    made = [p for p in folder.iterdir() if p.name not in (*KEPT, RESTORING)]
     left = False
     for path in sorted(made, key=lambda p: not p.name.startswith("aiworker.db")):
         try:
