@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+# Imported here, not where used: an error is said even when no file can be opened any
+# more (a host out of descriptors cannot read a module's source).
+from aiworker.humanize import fold, one_line, printable
 from aiworker.secrets import redact
 
 
 def emit(json_mode: bool, data: Any, human: Callable[[Any], None] | None = None) -> None:
     """Write DATA to stdout: JSON with --json, else HUMAN(console) or the JSON pretty-printed."""
     if json_mode or human is None:
-        import json
-
         text = json.dumps(data, indent=None if json_mode else 2, default=str, sort_keys=False)
         sys.stdout.write(redact(text) + "\n")
         sys.stdout.flush()
@@ -27,7 +29,6 @@ class PlainConsole:
     """Prints text lines without importing rich; anything richer (a table) goes through rich."""
 
     def print(self, *objects: Any, markup: bool = True, **options: Any) -> None:
-        from aiworker.humanize import printable
 
         objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
         if all(isinstance(o, str) for o in objects) and not markup:
@@ -47,8 +48,6 @@ def emit_health(json_mode: bool, document: dict[str, Any]) -> None:
 
     def human(out: Any) -> None:
         from rich.markup import escape
-
-        from aiworker.humanize import fold
 
         for check in document["checks"]:
             style = _STYLE[check["status"]]
@@ -72,8 +71,6 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
         yield quiet
         return
-    from aiworker.humanize import printable
-
     started = time.monotonic()
 
     def elapsed() -> str:
@@ -106,12 +103,8 @@ def stages_shown(json_mode: bool) -> Iterator[Any]:
 
 
 def emit_error(json_mode: bool, code: str, message: str, details: list[str] | None = None) -> None:
-    from aiworker.humanize import one_line
-
     message = redact(message) if json_mode else one_line(redact(message))
     if json_mode:
-        import json
-
         error: dict[str, Any] = {"code": code, "message": message}
         if details:
             error["details"] = [redact(d) for d in details]
