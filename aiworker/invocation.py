@@ -18,17 +18,32 @@ if TYPE_CHECKING:
 
 def default_config_path() -> tuple[Path, bool]:
     """The configuration path and whether the operator named it explicitly."""
-    if value := os.environ.get("AIWORKER_CONFIG"):
+    if value := _named("AIWORKER_CONFIG"):
         return Path(value), True
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "aiworker" / "config.toml", False
+    return _xdg("XDG_CONFIG_HOME", Path.home() / ".config") / "aiworker" / "config.toml", False
 
 
 def default_state_dir() -> Path:
-    if value := os.environ.get("AIWORKER_STATE_DIR"):
+    if value := _named("AIWORKER_STATE_DIR"):
         return Path(value)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "aiworker"
+    return _xdg("XDG_STATE_HOME", Path.home() / ".local" / "state") / "aiworker"
+
+
+def _named(variable: str) -> str:
+    """VARIABLE's path; one of blanks is refused (Path(" ") would be a folder named so in
+    the working directory), as --config and --state-dir refuse it."""
+    value = os.environ.get(variable, "")
+    if value and not value.strip():
+        from aiworker.errors import InvalidInput
+
+        raise InvalidInput(f"{variable} is blank: unset it, or name a path")
+    return value
+
+
+def _xdg(variable: str, fallback: Path) -> Path:
+    """An XDG base directory: a relative one is ignored, as the specification says."""
+    value = os.environ.get(variable, "")
+    return Path(value) if os.path.isabs(value) else fallback
 
 
 @dataclass

@@ -172,6 +172,39 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("variable", ["AIWORKER_STATE_DIR", "AIWORKER_CONFIG"])
+def test_a_blank_path_from_the_environment_is_refused_too(cli, tmp_path, monkeypatch, variable):
+    """A variable holding only blanks (a unit's `Environment=AIWORKER_STATE_DIR= `) made a
+    folder named " " in the working directory: refused with exit 2, as the options are."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, " ")
+    result = cli("--json", "db", "upgrade")
+    assert result.exit_code == 2, result
+    assert result.json()["error"]["message"] == f"{variable} is blank: unset it, or name a path"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_xdg_home_is_ignored_and_a_mistyped_state_dir_is_not_made(
+    cli, tmp_path, monkeypatch
+):
+    """A relative XDG_STATE_HOME is ignored (as its specification says), not resolved
+    against wherever the command runs; `status` on a state directory that does not exist
+    says it is not initialised and makes nothing there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AIWORKER_STATE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    result = cli("--json", "db", "upgrade")
+    assert result.exit_code == 0, result
+    assert (tmp_path / "home/.local/state/aiworker/aiworker.db").is_file()
+    assert not (tmp_path / "relative").exists()
+    typo = tmp_path / "stat-dir"
+    missing = cli("--json", "--state-dir", str(typo), "status")
+    assert missing.exit_code == 2, missing
+    assert "is not initialised" in missing.json()["error"]["message"]
+    assert not typo.exists()
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -127,6 +127,8 @@ class Environment:
 
         path = sqlite_path(self.database_url)
         if self.database_url == default_url(self.state_dir):
+            if require_current and not self.state_dir.exists():
+                raise not_initialised(self.database_url)  # a mistyped path: nothing made
             self.ensure_state_dir()
             self.ensure_restored()
         if path is not None and path.exists():
