@@ -168,6 +168,40 @@ def test_a_file_or_value_nested_too_deeply_or_not_utf8_is_refused_and_kept(tmp_p
         assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "said"),
+    [
+        ('[labels]\nplan = " "\n', "labels.plan", "must be one line of text, not blank"),
+        ('[labels]\nsimple = "a\\nb"\n', "labels.simple", "must be one line of text, not blank"),
+        ('[execution]\nguests_dir = ""\n', "execution.guests_dir", "must be one line of text"),
+        (
+            '[provider_options.script]\nscenario = ""\n',
+            "provider_options.script.scenario",
+            "must be one line of text, not blank",
+        ),
+        (
+            '[phases.review.providers.script]\nmodel = " "\n',
+            "phases.review.providers.script.model",
+            "must be one line of text, not blank",
+        ),
+        (
+            '[provider_options.llama]\nbase_url = "http://"\n',
+            "provider_options.llama.base_url",
+            "must be http(s)://HOST[:PORT][/PATH]",
+        ),
+    ],
+)
+def test_values_that_cannot_work_are_refused_in_words(cli, tmp_path, text, key, said):
+    """A blank label (every issue would carry it or none), an empty guests_dir (the
+    configuration's own folder), an empty scenario, a blank model, a base URL with no
+    host: each refused by the configuration, naming the key and what it must be."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    result = cli("--json", "--config", str(path), "config", "validate")
+    assert result.exit_code == 2, result
+    assert f"{key}: {said}" in "\n".join(result.json()["error"]["details"])
+
+
 def test_two_kinds_of_work_given_one_label_are_refused(cli, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[labels]\nplan = "aiworker"\napproved = "aiworker"\n')

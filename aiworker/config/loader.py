@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from aiworker.config.defaults import CONFIG_MAX_BYTES
 from aiworker.config.identities import Identity
-from aiworker.config.models import Config
+from aiworker.config.models import PATTERN_WORDS, Config
 from aiworker.errors import ConfigInvalid, key_path, short_of
 from aiworker.secrets import TOKEN, register_secret, url_passwords
 
@@ -37,6 +37,8 @@ def problems_of(error: ValidationError) -> list[str]:
     for item in error.errors(include_input=False, include_url=False):
         loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
         message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "string_pattern_mismatch":
+            message = PATTERN_WORDS.get(item["ctx"]["pattern"], message)
         # A check across keys (the whole document's) names its keys itself.
         lines.append(f"{key_path(loc)}: {message}" if loc else message)
     return lines

@@ -21,6 +21,15 @@ T = TypeVar("T")
 PROVIDER_NAMES = ("codex", "claude", "kimi", "deepseek", "opencode", "llama", "script")
 ProviderName = Literal["codex", "claude", "kimi", "deepseek", "opencode", "llama", "script"]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# One line of text that is not blank: a name, a label, a path (no control characters,
+# which would split a log line or a header, and something besides spaces).
+ONE_LINE = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+BASE_URL = r"^https?://[^\s/?#]+(/\S*)?$"
+# What such a pattern asks for, in an operator's words (the loader says it, not the regex).
+PATTERN_WORDS = {
+    ONE_LINE: "must be one line of text, not blank",
+    BASE_URL: "must be http(s)://HOST[:PORT][/PATH]",
+}
 
 
 class Forge(Strict):
@@ -94,7 +103,7 @@ class Repository(Strict):
 class ProviderPhaseSettings(Strict):
     enabled: bool = True
     # At most what an attempt's record holds (PostgreSQL enforces it, SQLite would not).
-    model: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    model: Annotated[str, Field(max_length=100, pattern=ONE_LINE)] | None = None
     effort: Literal["minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
@@ -155,18 +164,18 @@ class ProviderOptions(Strict):
     """Provider-specific settings; each provider reads the ones it documents."""
 
     # script: the scenario file replayed instead of a model (dry runs, demo, tests).
-    scenario: str | None = None
+    scenario: Annotated[str, Field(pattern=ONE_LINE)] | None = None
     # llama: the llama.cpp server; deepseek/kimi: an API base URL override.
-    base_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    base_url: Annotated[str, Field(pattern=BASE_URL)] | None = None
     # deepseek: a paid key must be enabled explicitly.
     paid_enabled: bool = False
     # The CLI's private configuration home (CODEX_HOME, CLAUDE_CONFIG_DIR, KIMI_CODE_HOME);
     # default $STATE_DIR/providers/NAME.
-    home: str | None = None
+    home: Annotated[str, Field(pattern=ONE_LINE)] | None = None
     # deepseek: the environment variable holding the key.
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "DEEPSEEK_API_KEY"
     # opencode: the verified zero-spend budget guard (JSON).
-    guard: str | None = None
+    guard: Annotated[str, Field(pattern=ONE_LINE)] | None = None
     # llama: the most changed lines (added + removed) its one local try may produce.
     diff_budget_lines: Annotated[int, Field(ge=1, le=100_000)] = 200
     # llama: the bounds of that try (tokens, requests, seconds, context).
@@ -178,12 +187,12 @@ class ProviderOptions(Strict):
 class Labels(Strict):
     """Label names that mark work; configurable per installation."""
 
-    plan: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-plan"
-    feature: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-feature"
+    plan: Annotated[str, Field(max_length=100, pattern=ONE_LINE)] = "aiworker-plan"
+    feature: Annotated[str, Field(max_length=100, pattern=ONE_LINE)] = "aiworker-feature"
     # Marks work small enough for simple_implementation settings and the local model.
-    simple: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-simple"
+    simple: Annotated[str, Field(max_length=100, pattern=ONE_LINE)] = "aiworker-simple"
     # A writer applies it to a plan issue to approve the posted plan.
-    approved: Annotated[str, Field(min_length=1, max_length=100)] = "aiworker-approved"
+    approved: Annotated[str, Field(max_length=100, pattern=ONE_LINE)] = "aiworker-approved"
 
     @model_validator(mode="after")
     def _distinct(self) -> Labels:
@@ -202,7 +211,9 @@ class Planning(Strict):
     # The most milestones a plan may propose; a plan with more is not accepted.
     max_milestones: Annotated[int, Field(ge=1, le=32)] = 8
     # A writer's comment that is exactly this (case and surrounding space aside) approves.
-    approve_command: Annotated[str, Field(min_length=2, max_length=100)] = "/aiworker approve"
+    approve_command: Annotated[str, Field(min_length=2, max_length=100, pattern=ONE_LINE)] = (
+        "/aiworker approve"
+    )
 
 
 def phases_among(known: tuple[str, ...]) -> Callable[[dict[str, T]], dict[str, T]]:
@@ -270,7 +281,7 @@ class Execution(Strict):
     # where it can read everything this user can: tokens, the database, other logins.
     local_unsandboxed: bool = False
     # Images, overlays and running guests; default $STATE_DIR/guests.
-    guests_dir: str | None = None
+    guests_dir: Annotated[str, Field(pattern=ONE_LINE)] | None = None
     memory_mib: Annotated[int, Field(ge=256, le=262_144)] = 1024
     cpus: Annotated[int, Field(ge=1, le=64)] = 2
     # The guest's root filesystem (the image recipe's DISK_SIZE).
