@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -79,6 +79,40 @@ def test_models_match_migrated_schema(store_url):
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     db.dispose()
     assert diff == []
+
+
+def test_worker_jobs_left_open_by_steps_that_died_before_the_upgrade_end_with_it(cli, store_url):
+    """A fleet job queued or leased by a step of the old version that died (a reboot)
+    has no waiter left, and none the new schema could record: the upgrade to 0010 ends
+    it failed, saying so, so that no runner runs it for nobody; a finished job stays."""
+    from aiworker.store.worker_jobs import claim, enqueue, finish
+
+    db = Database(store_url)
+    done, leased, queued = (enqueue(db, 1, {"n": n}) for n in range(3))
+    for index, key in ((done, "a"), (leased, "b")):
+        lease = claim(db, "r1", key, lease_for=timedelta(minutes=5), max_attempts=3)
+        assert lease.worker_job_index == index
+    finish(db, (1, done), lease_token(db, done), "succeeded", {"ok": True})
+    with db.transaction() as connection:
+        connection.exec_driver_sql(
+            "UPDATE alembic_version SET version_num = '0009_mend_edited_migrations'"
+        )
+    db.dispose()
+    assert cli("db", "upgrade").exit_code == 0
+    ended = rows(store_url, "select worker_job_index, state, result from worker_jobs")
+    by_index = {index: (state, str(result)) for index, state, result in ended}
+    assert by_index[done][0] == "succeeded"
+    for index in (leased, queued):
+        state, result = by_index[index]
+        assert state == "failed"
+        assert "its controller's step ended before the upgrade" in result
+
+
+def lease_token(db, index):
+    [(token,)] = rows(
+        db.url, f"select lease_token from worker_jobs where worker_job_index = {index}"
+    )
+    return token
 
 
 def test_a_store_that_edited_migrations_left_short_is_mended_by_upgrade(
