@@ -14,7 +14,14 @@ from datetime import timedelta
 import pytest
 
 from aiworker.store.engine import Database
-from aiworker.store.worker_jobs import LeaseLost, claim, enqueue, finish, heartbeat
+from aiworker.store.worker_jobs import (
+    LeaseLost,
+    anything_claimable,
+    claim,
+    enqueue,
+    finish,
+    heartbeat,
+)
 from tests.pg_fixtures import rows
 
 LONG = timedelta(seconds=60)
@@ -135,6 +142,26 @@ def test_a_job_whose_every_lease_expired_ends_failed(db):
     [(state, result)] = rows(db.url, "select state, result from worker_jobs")
     assert state == "failed"
     assert "the lease expired on each of 2 attempts" in str(result)  # JSON: text or a dict
+
+
+def test_a_job_handed_back_on_each_of_its_attempts_ends_failed_and_frees_the_queue(db):
+    """Runners hand a job back unrun (none has room for it, or each was stopped while
+    claiming): it counts its attempts, and after the last one it ends failed with the
+    reason instead of staying first in the queue for ever; the job behind it is taken."""
+    from aiworker.store.worker_job_records import release
+
+    first, second = enqueue(db, 1, {}), enqueue(db, 1, {})
+    for attempt in (1, 2):
+        lease = take(db, key=f"k{attempt}", max_attempts=2)
+        assert (lease.worker_job_index, lease.attempt) == (first, attempt)
+        assert release(db, (1, first), lease.token)
+    assert anything_claimable(db, max_attempts=2)
+    assert take(db, key="k3", max_attempts=2).worker_job_index == second
+    [(state, result)] = rows(
+        db.url, f"select state, result from worker_jobs where worker_job_index = {first}"
+    )
+    assert state == "failed"
+    assert "handed back unrun on each of its 2 attempts" in str(result)  # JSON: text or a dict
 
 
 WORKER = textwrap.dedent(

@@ -168,6 +168,21 @@ def claim(
         ).all()
         for ended in exhausted:
             event(connection, "expired", (ended[0], ended[1]), (LEASED, FAILED), why=why)
+        # One handed back on each of its attempts (by runners stopped mid-claim, or with
+        # no room for it) ends so too: it never holds the head of the queue for ever.
+        why_back = f"handed back unrun on each of its {max_attempts} attempts"
+        handed_back = connection.execute(
+            update(worker_jobs)
+            .where(
+                worker_jobs.c.state == QUEUED,
+                worker_jobs.c.attempt_count >= max_attempts,
+                *_filters(repository_indexes, exact),
+            )
+            .values(**ended_failed({"error": why_back}, now))
+            .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+        ).all()
+        for ended in handed_back:
+            event(connection, "expired", (ended[0], ended[1]), (QUEUED, FAILED), why=why_back)
         claimable = _claimable(now, max_attempts)
         conditions = [claimable, *_filters(repository_indexes, exact)]
         oldest = connection.execute(
@@ -211,7 +226,7 @@ def claim(
 
 def _claimable(now: datetime, max_attempts: int) -> Any:
     return or_(
-        worker_jobs.c.state == QUEUED,
+        and_(worker_jobs.c.state == QUEUED, worker_jobs.c.attempt_count < max_attempts),
         and_(
             worker_jobs.c.state == LEASED,
             worker_jobs.c.lease_expires_at <= now,
@@ -243,8 +258,8 @@ def anything_claimable(
     look often and claim only when there is something to take."""
     now = utcnow()
     exhausted = and_(  # claim() ends these as failed: that is something to do too
-        worker_jobs.c.state == LEASED,
-        worker_jobs.c.lease_expires_at <= now,
+        or_(worker_jobs.c.state == QUEUED, worker_jobs.c.lease_expires_at <= now),
+        worker_jobs.c.state.in_((QUEUED, LEASED)),
         worker_jobs.c.attempt_count >= max_attempts,
     )
     with db.read() as session:
