@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,12 +65,12 @@ def _detached(
             argv, log_path=log_path, keep_fds=keep_fds, env=extra, rotation=log_rotation(env)
         )
     except OSError as exc:
-        if exc.filename not in (argv[0], None) or exc.errno in FULL_ERRNOS:
-            raise  # its log, not the command: said as such (a full disk, a mode)
-        setting = "scheduler.phase_commands" if env.loaded.config.scheduler.phase_commands else ""
+        if exc.filename != argv[0] or exc.errno in FULL_ERRNOS:
+            raise  # its log, or this host short of processes or memory: said as such
+        configured = argv[0] != sys.executable  # the program scheduler.phase_commands names
         raise LaunchFailed(
             f"{argv[0]!r} cannot be started: {exc.strerror}"
-            + (f"; check {setting} in the configuration" if setting else "")
+            + ("; check scheduler.phase_commands in the configuration" if configured else "")
         ) from None
 
 
