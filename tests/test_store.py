@@ -5,6 +5,7 @@ Tests that take `store_url` run on SQLite and on a real PostgreSQL server."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -599,30 +600,43 @@ def test_a_server_that_refuses_for_a_while_or_an_option_is_named(
 
 def test_a_job_started_while_the_server_is_down_waits_for_it(tmp_path, monkeypatch):
     """The tick launched a job just as PostgreSQL went down for a restart: the job waits
-    for the server from its first look (its own store's check) instead of failing at
-    once, which its next recovery would charge as a job that died."""
+    for the server from its first look (its own store's check; a systemd unit's read of
+    its task) instead of failing at once, which its next recovery would charge as a job
+    that died."""
     server = start_server()
+    jobs = []
     try:
         name = server.create_database()
         configure_database(server.url(name), tmp_path / "pg.toml", monkeypatch)
         assert run_process("db", "upgrade").exit_code == 0
         server.stop()
-        job = subprocess.Popen(
-            [sys.executable, "-m", "aiworker", "--json", "publish", "--task", "7"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(3)
-        assert job.poll() is None, job.communicate()  # still waiting
+        for argv in (("publish", "--task", "7"), ("scheduler", "run-step", "7")):
+            err = tmp_path / f"{argv[0]}.err"
+            with err.open("w") as stream:
+                command = [sys.executable, "-m", "aiworker", "--json", *argv]
+                jobs.append(
+                    (
+                        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stream, text=True),
+                        err,
+                    )
+                )
+        deadline = time.monotonic() + 120
+        while not all("waiting for it" in err.read_text() for _, err in jobs):
+            assert time.monotonic() < deadline, [err.read_text() for _, err in jobs]
+            assert all(job.poll() is None for job, _ in jobs)
+            time.sleep(0.1)
         server.start()
-        out, err = job.communicate(timeout=120)
+        outs = [job.communicate(timeout=120)[0] for job, _ in jobs]
     finally:
-        server.stop("immediate")
+        for job, _ in jobs:
+            job.kill()
+            job.communicate()
+        with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
+            server.stop("immediate")
         shutil.rmtree(server.folder, ignore_errors=True)
-    assert "waiting for it" in err
-    # It went on once the server was back: to the task, which does not exist here.
-    assert json.loads(out)["error"]["message"] == "no task 7", out
+    # Each went on once the server was back: to the task, which does not exist here.
+    said = [json.loads(out)["error"]["message"] for out in outs]
+    assert said == ["no task 7", "task 7 waits on no step (it is gone)"]
 
 
 def test_a_url_without_the_password_the_server_asks_for_says_where_to_put_it(

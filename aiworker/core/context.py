@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from aiworker.store.engine import Database
 
 
+# How long a job waits for a database server that is down or restarting (a tick or a
+# command waits for none): its finished work outlasts a restart.
+JOB_OUTAGE_WAIT_S = 120.0
 # What an installation leaves in its state directory besides its database.
 USED_BY_AN_INSTALLATION = ("controller-instance", "git-cache", "attempts", "artifacts")
 

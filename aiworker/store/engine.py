@@ -319,6 +319,7 @@ class Database:
         """A bare connection in a read transaction: no ORM on the way. SNAPSHOT: every
         statement sees the same moment (PostgreSQL's default, READ COMMITTED, takes a new
         snapshot per statement; a SQLite read transaction keeps its first one anyway)."""
+        self.await_server()
         with self.explaining(), self.engine.connect() as bare:
             connection = (
                 bare.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from aiworker import logs
-from aiworker.core.context import Environment
+from aiworker.core.context import JOB_OUTAGE_WAIT_S, Environment
 from aiworker.core.guests.backends import backend_for
 from aiworker.core.phases.job import Job
 from aiworker.core.phases.outcome import Outcome
@@ -33,7 +33,6 @@ from aiworker.store.publications import current_publication
 from aiworker.store.task_records import existing_task
 
 log = logging.getLogger(__name__)
-OUTAGE_WAIT_S = 120.0
 
 
 class BudgetSpent(Conflict):
@@ -42,7 +41,7 @@ class BudgetSpent(Conflict):
 
 def run_phase(env: Environment, phase: Phase, task_id: int, slot: int | None = None) -> Outcome:
     """Run PHASE for TASK_ID (on SLOT, for a slot phase); the Outcome it ended with."""
-    db = env.open_database(patience=OUTAGE_WAIT_S)  # a database restart costs no work
+    db = env.open_database(patience=JOB_OUTAGE_WAIT_S)  # a database restart costs no work
     try:
         job = _load(env, db, phase, task_id, slot)
         _take_up(job)

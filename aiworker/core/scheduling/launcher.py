@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiworker.core.context import Environment, task_log
+from aiworker.core.context import JOB_OUTAGE_WAIT_S, Environment, task_log
 from aiworker.core.phases.table import PUBLISH, TASK, starting, step_states
 from aiworker.core.report import Report
 from aiworker.core.scheduler_state import request_check
@@ -155,8 +155,9 @@ def run_step(env: Environment, task_id: int) -> None:
 
 
 def _read(env: Environment, query: Callable[[Any], T]) -> T:
-    """QUERY's answer from a database opened for it alone (a unit's job execs next)."""
-    db = env.open_database()
+    """QUERY's answer from a database opened for it alone (a unit's job execs next): its
+    first look, so it waits for a server that is down as the job would."""
+    db = env.open_database(patience=JOB_OUTAGE_WAIT_S)
     try:
         with db.read_connection() as connection:
             return query(connection)
