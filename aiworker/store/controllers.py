@@ -102,14 +102,15 @@ class Sighting(NamedTuple):
     watched_s: float | None = None
 
 
-def last_seen(connection: Connection) -> dict[str, Sighting]:
-    """Each controller's last sign of life, and its own lease. None could renew while the
-    database server was down: a sign older than the server's start counts from it (a
-    PostgreSQL restart, an upgrade, its host rebooted), so that a controller whose jobs
-    ran on through the outage is not taken for gone the moment it is back."""
+def last_seen(connection: Connection, *, judged: bool = False) -> dict[str, Sighting]:
+    """Each controller's last sign of life, and its own lease. JUDGED (whether it is
+    gone): none could renew while the database server was down, so a sign older than the
+    server's start counts from it (a PostgreSQL restart, an upgrade, its host rebooted),
+    and a controller whose jobs ran on through the outage is not taken for gone the
+    moment it is back; shown, each is as it was recorded."""
     columns = (controllers.c.id, controllers.c.seen_at, controllers.c.lease_s)
     started = None
-    if connection.dialect.name == "postgresql":
+    if judged and connection.dialect.name == "postgresql":
         started = connection.exec_driver_sql("SELECT pg_postmaster_start_time()").scalar()
     return {
         str(host): Sighting(max(at, started) if started else at, lease)

@@ -67,7 +67,7 @@ def gone(
 def _alive(env: Environment, db: Database, hosts: Iterable[str]) -> set[str]:
     """Of HOSTS (other controllers), those that still renew."""
     with db.read_connection() as connection:
-        seen = watched(env.state_dir, last_seen(connection))
+        seen = watched(env.state_dir, last_seen(connection, judged=True))
         now = server_now(connection)
     return {host for host in hosts if gone(db, seen, host, now, None) is None}
 

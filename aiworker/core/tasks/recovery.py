@@ -69,7 +69,7 @@ def recover_slots(
     with db.read_connection() as connection:
         claims = [r for r in active_claims(connection) if r.state in HOLDS_SLOT]
         others = any(not ours(db, r.host) for r in claims)
-        seen = watched(env.state_dir, last_seen(connection)) if others else {}
+        seen = watched(env.state_dir, last_seen(connection, judged=True)) if others else {}
         judged = server_now(connection) if others else now  # as signs of life are written
     for row in claims:
         # A job the tick started (as a process or a unit) that died before it began
@@ -175,7 +175,7 @@ def recover_attempts(env: Environment, db: Database) -> list[Recovered]:
     with db.read() as session:
         dead: dict[int, list[str]] = {}
         away: dict[int, str] = {}  # task: why its attempts' controller counts as gone
-        seen = watched(env.state_dir, last_seen(session.connection()))
+        seen = watched(env.state_dir, last_seen(session.connection(), judged=True))
         now = server_now(session.connection())  # the clock signs of life are written by
         for attempt in open_attempts(session):
             if ours(db, attempt.host):
