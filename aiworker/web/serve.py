@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiworker.config.origins import http_origin
@@ -89,13 +90,12 @@ def serve(
     runner_listen: str | None = None,
     json_mode: bool = False,
 ) -> None:
-    import asyncio
 
     import uvicorn
 
     from aiworker.config.loader import load_config
     from aiworker.web.app import create_app
-    from aiworker.web.connections import KEEP_ALIVE_S, HeadLimited, allow_descriptors
+    from aiworker.web.connections import allow_descriptors
     from aiworker.web.runner_api import create_runner_app
 
     host, _ = parse_listen(listen)
@@ -151,6 +151,18 @@ def serve(
         shown["runner_api"] = _shown(runner_host, runner_port)
     _announce(shown, remote=not is_loopback(host), json_mode=json_mode)
 
+    _serve_all(servers, running)
+
+
+def _serve_all(servers: list[tuple[Any, socket.socket]], running: list[Any]) -> None:
+    """Serve each app on its socket until a signal stops them all; RUNNING gets their
+    servers as they are made (the runner API's waiting claims watch them)."""
+    import asyncio
+
+    import uvicorn
+
+    from aiworker.web.connections import KEEP_ALIVE_S, HeadLimited
+
     running += [
         uvicorn.Server(
             uvicorn.Config(
@@ -168,8 +180,17 @@ def serve(
         for app, _ in servers
     ]
 
+    async def stop_together() -> None:
+        """A signal reaches one server (each takes the handlers over from the last): the
+        others stop with it, so that they wind down at once, within one grace."""
+        while not any(server.should_exit for server in running):
+            await asyncio.sleep(0.1)
+        for server in running:
+            server.should_exit = True
+
     async def run_all() -> None:
         sockets = (bound for _, bound in servers)
-        await asyncio.gather(*(s.serve(sockets=[b]) for s, b in zip(running, sockets, strict=True)))
+        serving = (s.serve(sockets=[b]) for s, b in zip(running, sockets, strict=True))
+        await asyncio.gather(*serving, stop_together())
 
     asyncio.run(run_all())
