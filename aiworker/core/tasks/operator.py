@@ -77,12 +77,15 @@ def cancel_task(env: Environment, task_id: int) -> CancelReport:
         for one in (task, *_milestones_cancelled(db, task)):
             report.stopped += stop_jobs(env, db, one)
             with db.write() as session:
-                for attempt in open_attempts(session, one.id):
+                closed = [
+                    attempt.id
+                    for attempt in open_attempts(session, one.id)
                     if finish_attempt(
                         session, attempt.id, "cancelled", reason="cancelled by an operator"
-                    ):
-                        report.attempts_closed.append(attempt.id)
-            for attempt_id in report.attempts_closed:  # no runner runs its checks for nobody
+                    )
+                ]
+            report.attempts_closed += closed
+            for attempt_id in closed:  # no runner runs their checks for nobody
                 end_awaited_by(db, attempt_id, {"error": f"task {one.id} was cancelled"})
             report.removed += _remove_workspaces(env, db, one.id)
         _settle_pull(env, db, task, report)
