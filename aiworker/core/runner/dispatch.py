@@ -31,6 +31,7 @@ from aiworker.errors import (
     AiworkerError,
     ShortOfResources,
     Unavailable,
+    disk_full,
     failure_reason,
 )
 from aiworker.runtime.attempts import default_attempt_root
@@ -146,12 +147,16 @@ class Dispatch:
         )
         if claimed is None:
             raise WorkerJobFailed(f"worker job {pair[0]}/{pair[1]} could not be claimed here")
-        outcome = None
+        outcome, why = None, "was interrupted"
         try:
             outcome = run_leased(controller, claimed, options)
+        except Exception as exc:
+            if disk_full(exc):
+                why = "found this host's disk full"
+            raise
         finally:
             # Whatever happened, the job ends here: nobody else would take it.
-            why = outcome.delivered if outcome else "was interrupted"
+            why = outcome.delivered if outcome else why
             if why == "lease_lost":  # nobody else takes an embedded job: this host stalled
                 why = "lost its lease: this host stalled longer than runners.lease_seconds"
             abandon(self.db, pair, {"error": f"the embedded runner's job {why}"})
