@@ -194,3 +194,23 @@ def test_an_attempt_closed_meanwhile_keeps_its_outcome_and_gets_no_second_event(
         ("cancelled", "cancelled by an operator")
     ]
     assert query(upgraded, "select count(*) from events where kind = 'attempt.finished'") == [(0,)]
+
+
+def test_a_job_queued_for_an_attempt_that_ended_ends_with_it(upgraded, task):
+    """A step queued a check for a runner and failed before it waited for it (a signal
+    between the two): its attempt ends, and the job, whose delivery nobody will read, ends
+    with it instead of waiting for a runner to run it for nobody."""
+    from aiworker.store.worker_jobs import enqueue
+
+    db, task_id = task
+
+    def ci(job):
+        job.start(None, {})
+        enqueue(db, 1, {"contract": "test"}, job.attempt)
+        raise RuntimeError("stopped between queueing and waiting")
+
+    with pytest.raises(RuntimeError):
+        guarded(db, task_id, "ci", ci, "awaiting_ci")
+    [(state, result)] = query(upgraded, "select state, result from worker_jobs")
+    assert state == "failed"
+    assert "the attempt awaiting it ended as error" in result

@@ -31,6 +31,7 @@ from aiworker.store.controllers import Heartbeat
 from aiworker.store.engine import Database
 from aiworker.store.models import Repository, Task
 from aiworker.store.tasks import Writer, append_event, stop_requested
+from aiworker.store.worker_job_records import end_awaited_by
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,10 @@ class Job:
         self.finished = True
         if closed:
             self._log("%s%s", outcome, f": {reason}" if reason else "")
+            # A check it queued and stopped waiting for: nobody will read its delivery.
+            end_awaited_by(
+                self.db, self.attempt, {"error": f"the attempt awaiting it ended as {outcome}"}
+            )
 
     def _event(
         self, session: Writer, kind: str, actor: str | None, data: Mapping[str, object]
