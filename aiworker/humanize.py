@@ -17,7 +17,7 @@ from typing import Any
 # The bidirectional overrides and isolates too: they reorder what follows them on the
 # line, so that a title could show as something it is not.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_LINE = re.compile(r"[\t\n]")
+_LINE = re.compile(r"[\t\n\u2028\u2029]")  # line and paragraph separators too
 
 
 def printable(text: str) -> str:

@@ -252,7 +252,8 @@ def test_escape_sequences_from_the_forge_never_reach_the_terminal(cli, upgraded)
     assert not any(line.lstrip().startswith("2      issue") for line in listed.splitlines())
     # An operator's pause reason is one line of text: a line break would forge status
     # lines, an escape would reach every later reader's terminal.
-    for reason in ("disk\x1b[2J", "full\nScheduler: running"):
+    # A line separator or a right-to-left override does the same in other readers.
+    for reason in ("disk\x1b[2J", "full\nScheduler: running", "a\u2028b", "\u202eksid"):
         refused = cli("--json", "scheduler", "pause", "--reason", reason)
         assert refused.exit_code == 2, refused
         assert refused.json()["error"]["message"] == (

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiworker.core.report import Report
 from aiworker.errors import InvalidInput, LockHeld
+from aiworker.humanize import one_line
 from aiworker.runtime.atomic import write_private_file
 from aiworker.runtime.clocks import mark
 
@@ -122,7 +123,7 @@ def pause(env: Environment, reason: str, by: str) -> PauseReport:
     line of text: a line break or control character would forge status lines or reach
     the operator's terminal as an escape sequence. A pause while paused leaves the first
     standing (its reason, who and since when)."""
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in reason):
+    if one_line(reason) != reason:  # a control, a line separator, a bidi override
         raise InvalidInput("the pause reason must be one line without control characters")
     if len(reason) > PAUSE_REASON_MAX:
         raise InvalidInput(
