@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, true, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -152,37 +152,27 @@ def claim(
         if again is not None or repeat_only:
             return None if again is None else _lease(again)
         # A job of this claim's (its filters: an exact claim touches no other job) whose
-        # every attempt's lease expired ends failed, with the reason: never left leased
-        # for ever, never run again.
-        why = f"the lease expired on each of {max_attempts} attempts"
-        exhausted = connection.execute(
-            update(worker_jobs)
-            .where(
-                worker_jobs.c.state == LEASED,
-                worker_jobs.c.lease_expires_at <= now,
-                worker_jobs.c.attempt_count >= max_attempts,
-                *_filters(repository_indexes, exact),
-            )
-            .values(**ended_failed({"error": why}, now))
-            .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
-        ).all()
-        for ended in exhausted:
-            event(connection, "expired", (ended[0], ended[1]), (LEASED, FAILED), why=why)
-        # One handed back on each of its attempts (by runners stopped mid-claim, or with
-        # no room for it) ends so too: it never holds the head of the queue for ever.
-        why_back = f"handed back unrun on each of its {max_attempts} attempts"
-        handed_back = connection.execute(
-            update(worker_jobs)
-            .where(
-                worker_jobs.c.state == QUEUED,
-                worker_jobs.c.attempt_count >= max_attempts,
-                *_filters(repository_indexes, exact),
-            )
-            .values(**ended_failed({"error": why_back}, now))
-            .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
-        ).all()
-        for ended in handed_back:
-            event(connection, "expired", (ended[0], ended[1]), (QUEUED, FAILED), why=why_back)
+        # every attempt's lease expired, or that was handed back unrun on each (runners
+        # stopped mid-claim, or with no room for it), ends failed, with the reason: never
+        # left leased for ever, never holding the head of the queue, never run again.
+        for state, spent, how in (
+            (LEASED, worker_jobs.c.lease_expires_at <= now, "the lease expired on each of"),
+            (QUEUED, true(), "handed back unrun on each of its"),
+        ):
+            why = f"{how} {max_attempts} attempts"
+            ended = connection.execute(
+                update(worker_jobs)
+                .where(
+                    worker_jobs.c.state == state,
+                    spent,
+                    worker_jobs.c.attempt_count >= max_attempts,
+                    *_filters(repository_indexes, exact),
+                )
+                .values(**ended_failed({"error": why}, now))
+                .returning(worker_jobs.c.repository_index, worker_jobs.c.worker_job_index)
+            ).all()
+            for job in ended:
+                event(connection, "expired", (job[0], job[1]), (state, FAILED), why=why)
         claimable = _claimable(now, max_attempts)
         conditions = [claimable, *_filters(repository_indexes, exact)]
         oldest = connection.execute(
