@@ -148,10 +148,10 @@ class Job:
         self.finished = True
         if closed:
             self._log("%s%s", outcome, f": {reason}" if reason else "")
+        if closed and outcome != "succeeded":  # (a success read every delivery it awaited)
             # A check it queued and stopped waiting for: nobody will read its delivery.
-            end_awaited_by(
-                self.db, self.attempt, {"error": f"the attempt awaiting it ended as {outcome}"}
-            )
+            ended = {"error": f"the attempt awaiting it ended as {outcome}"}
+            self._settle(functools.partial(end_awaited_by, self.db, self.attempt, ended))
 
     def _event(
         self, session: Writer, kind: str, actor: str | None, data: Mapping[str, object]
