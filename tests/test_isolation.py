@@ -238,3 +238,19 @@ def test_a_sqlite_store_kept_outside_the_state_directory_is_hidden_from_jobs(tmp
     hidden = host_secrets(env)
     for end in ("", "-wal", "-shm"):
         assert Path(f"{database}{end}") in hidden, hidden
+
+
+def test_a_runner_token_file_anywhere_is_hidden_from_jobs_like_the_forge_s(tmp_path):
+    """A runner token kept outside the configuration's folder (runners.tokens) was readable
+    by checks and local agents, which could print it in a form masking misses (base64) or
+    use it to claim jobs: every token file the configuration names is hidden."""
+    from aiworker.config.loader import load_config
+    from aiworker.core.context import Environment
+    from aiworker.core.guests.backends import host_secrets
+
+    token = tmp_path / "secrets" / "runner.token"
+    config = tmp_path / "etc" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(f'[runners]\ntokens = [{{token_file = "{token}"}}]\n')
+    env = Environment(tmp_path / "state", load_config(config, required=True))
+    assert token in host_secrets(env)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiworker.config.loader import token_path
+from aiworker.config.loader import identities_of, token_path
 from aiworker.core.context import Environment
 from aiworker.core.guests.paths import guests_root
 from aiworker.errors import InvalidInput
@@ -120,11 +120,8 @@ def host_secrets(env: Environment) -> list[Path]:
     shared = folder in SHARED_FOLDERS or folder == Path.home().absolute()
     keep_folder = shared or folder == runtime or folder in runtime.parents
     secrets = [env.state_dir.absolute(), config_file if keep_folder else folder]
-    forge = env.loaded.config.forge
-    identities = forge.identities if forge else None
-    for role in ("planner", "worker", "reviewer", "operator", "ci"):
-        identity = getattr(identities, role, None)
-        if identity is not None and identity.token_file:
+    for _name, identity in identities_of(env.loaded.config):  # the runners' tokens too
+        if identity.token_file:
             secrets.append(token_path(identity, folder).absolute())
     database = sqlite_path(env.database_url)  # a SQLite store kept elsewhere
     if database is not None and env.state_dir.absolute() not in database.absolute().parents:
