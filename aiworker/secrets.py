@@ -48,10 +48,11 @@ def redact(text: str) -> str:
 
 
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)", re.IGNORECASE)
-# libpq also takes the password as a query parameter (postgresql://u@host/db?password=...).
+# libpq also takes the password as a query parameter (postgresql://u@host/db?password=...),
+# and the client key's passphrase as sslpassword=.
 # It ends where the parameter or the quoted string holding the URL ends (a JSON document
 # stays one).
-_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#\s\"'\\]+)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#\s\"'\\]+)", re.IGNORECASE)
 
 
 def redact_url_password(text: str) -> str:

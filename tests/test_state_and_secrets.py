@@ -105,6 +105,20 @@ def test_a_password_in_a_urls_query_is_masked_and_a_json_document_stays_one():
     }
 
 
+def test_the_client_key_s_passphrase_in_a_database_url_is_masked_in_config_show(cli, tmp_path):
+    """sslpassword= (the passphrase of the client key libpq decrypts) is as secret as the
+    password: `config show` masks it in both output modes."""
+    config = tmp_path / "c.toml"
+    url = "postgresql://u:pw-canary-1@db/x?sslmode=require&sslpassword=ssl-canary-2"
+    config.write_text(f'[database]\nurl = "{url}"\n')
+    for args in (("config", "show"), ("--json", "config", "show")):
+        shown = cli("--config", str(config), *args)
+        assert shown.exit_code == 0, shown
+        assert "ssl-canary-2" not in shown.stdout + shown.stderr
+        assert "pw-canary-1" not in shown.stdout + shown.stderr
+        assert "sslpassword=***" in shown.stdout
+
+
 def test_config_show_renders_any_configuration(cli, tmp_path, monkeypatch, forge):
     assert cli("config", "show").exit_code == 0  # the built-in defaults
     configure(tmp_path, forge, monkeypatch)
