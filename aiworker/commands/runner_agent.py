@@ -142,7 +142,7 @@ def run_job(
 def doctor(ctx: typer.Context, server: Server, attempt_root: AttemptRoot = None) -> int:
     """Check the controller, the token, the contract, the clock and the attempt root."""
     from aiworker.core.runner.controllers import remote_controller
-    from aiworker.core.runner.serve import doctor as check
+    from aiworker.core.runner.runner_doctor import doctor as check
     from aiworker.runtime.attempts import default_attempt_root
 
     report = check(remote_controller(server, 2.0), attempt_root or default_attempt_root())
