@@ -370,21 +370,12 @@ def test_a_cancel_of_a_plan_on_a_full_disk_stops_its_milestone_s_job(
     """The disk is full while a plan's milestone runs: cancelling the plan cannot be
     recorded, but the milestone's job is stopped all the same, and the refusal names it;
     run again once there is space, the plan and its milestones are cancelled."""
-    import copy
-
-    from tests.test_lifecycle import attempt_tag, start_implement, wait_for, wait_for_provider
-    from tests.test_plan import SCENARIO, planned, step
+    from tests.test_lifecycle import attempt_tag, wait_for, wait_for_provider
+    from tests.test_plan import first_milestone_running
 
     assert cli("db", "upgrade").exit_code == 0
     database = small_disk / "aiworker.db"
-    planned(forge, database, tmp_path, monkeypatch, cli)
-    scenario = copy.deepcopy(SCENARIO)
-    scenario["phases"]["implementation"]["by_milestone"]["1"]["sleep_s"] = 600
-    write_scenario(tmp_path / "scenario.json", **scenario)
-    forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
-    assert step(cli)["started"] == 2
-    assert cli("--json", "claim", "--slot", "1").json()["task"] == 2
-    job = start_implement(2)
+    job = first_milestone_running(forge, database, tmp_path, monkeypatch, cli)
     try:
         [attempt] = wait_for(database, "select id from attempts where task_id = 2")
         wait_for_provider(attempt_tag(small_disk, attempt))  # sleeping out its 600 s

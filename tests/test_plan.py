@@ -325,24 +325,32 @@ def test_a_plan_planned_again_builds_its_new_milestones_on_its_new_base(
     assert (ran["outcome"], ran["base"]) == ("implemented", replanned["base"]), ran
 
 
-def test_cancelling_a_plan_stops_and_cancels_its_milestones(
-    forge, upgraded, tmp_path, monkeypatch, cli
-):
-    """An operator cancels a plan while its first milestone's provider runs: that job is
-    stopped (no more inference, no checks after it), and every milestone not finished is
-    cancelled with the plan, none left waiting for a plan that will never take it."""
+def first_milestone_running(forge, database, tmp_path, monkeypatch, cli):
+    """Plan 1 planned and approved, its first milestone (task 2) claimed on slot 1 and its
+    job started, its provider set to sleep 600 s: the job, running."""
     import copy
 
-    from tests.test_lifecycle import start_implement, wait_for
+    from tests.test_lifecycle import start_implement
 
-    planned(forge, upgraded, tmp_path, monkeypatch, cli)
+    planned(forge, database, tmp_path, monkeypatch, cli)
     scenario = copy.deepcopy(SCENARIO)
     scenario["phases"]["implementation"]["by_milestone"]["1"]["sleep_s"] = 600
     write_scenario(tmp_path / "scenario.json", **scenario)
     forge.client("alice").add_labels("team", "app", 1, ["aiworker-approved"])
     assert step(cli)["started"] == 2
     assert cli("--json", "claim", "--slot", "1").json()["task"] == 2
-    phase = start_implement(2)
+    return start_implement(2)
+
+
+def test_cancelling_a_plan_stops_and_cancels_its_milestones(
+    forge, upgraded, tmp_path, monkeypatch, cli
+):
+    """An operator cancels a plan while its first milestone's provider runs: that job is
+    stopped (no more inference, no checks after it), and every milestone not finished is
+    cancelled with the plan, none left waiting for a plan that will never take it."""
+    from tests.test_lifecycle import wait_for
+
+    phase = first_milestone_running(forge, upgraded, tmp_path, monkeypatch, cli)
     try:
         wait_for(upgraded, "select id from attempts where task_id = 2 and provider = 'script'")
         cancelled = cli("--json", "task", "cancel", "1")
